@@ -1,0 +1,1 @@
+"""Bundled agent definitions (Markdown with YAML front matter), shipped as package data."""
