@@ -1,0 +1,61 @@
+"""Session keys, per-owner tokens and the peer-uid check.
+
+A supervisor draws one 32-byte session key. Each owner (a child key such as ``a1``, or
+``control``) gets ``HMAC-SHA256(session_key, owner)`` as its token, delivered only inside its
+0600 loadout (or the 0600 control-token file). Tokens are compared in constant time.
+"""
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import socket
+import struct
+from typing import Final
+
+SESSION_KEY_BYTES: Final = 32
+OWNER_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+def new_session_key() -> bytes:
+    """A fresh random session key."""
+    return secrets.token_bytes(SESSION_KEY_BYTES)
+
+
+def derive_token(session_key: bytes, owner: str) -> str:
+    """The token of *owner* under *session_key*, as 64 hex characters."""
+    return hmac.new(session_key, owner.encode(), hashlib.sha256).hexdigest()
+
+
+def tokens_match(presented: str, expected: str) -> bool:
+    """Constant-time comparison of two tokens."""
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def valid_identifier(value: str) -> bool:
+    """Whether *value* is a legal owner / session identifier."""
+    return OWNER_RE.fullmatch(value) is not None
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket.
+
+    Linux answers through ``SO_PEERCRED``, macOS and the BSDs through ``LOCAL_PEERCRED``
+    (``getpeereid``). Raises :class:`OSError` when the platform offers neither.
+    """
+    so_peercred = getattr(socket, "SO_PEERCRED", None)
+    if so_peercred is not None:
+        creds = sock.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return int(uid)
+    local_peercred = getattr(socket, "LOCAL_PEERCRED", 0x001)
+    # struct xucred: u_int cr_version; uid_t cr_uid; short cr_ngroups; gid_t cr_groups[16]
+    creds = sock.getsockopt(0, local_peercred, struct.calcsize("IIh16I"))
+    _version, uid = struct.unpack_from("II", creds)
+    return int(uid)
+
+
+def own_uid() -> int:
+    """Our effective uid (the only uid a peer may have)."""
+    return os.geteuid()

@@ -1,0 +1,338 @@
+"""One authenticated connection: request/response by correlation id, events, and drop policy.
+
+A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
+:func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
+Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
+halfway would desynchronize the stream. Incoming requests run in their own tasks inside
+``serve``'s nursery so a long ``question`` never blocks the reader.
+
+Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
+type, schema error, unexpected correlation id) is dropped and counted by reason; after
+:data:`MAX_DROPS` the channel closes and :attr:`Channel.flagged` is set. The peer is never told
+why. A framing error (zero length, oversize) closes at once: the stream cannot resync.
+"""
+
+import collections
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ipc._auth import tokens_match
+from ipc._errors import (
+    ChannelClosed,
+    FrameError,
+    RemoteError,
+    RequestTimeout,
+    SchemaError,
+)
+from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
+from ipc._messages import (
+    NO_DEADLINE_TYPES,
+    PROTOCOL_VERSION,
+    Answer,
+    Envelope,
+    Message,
+    Reply,
+    decode_envelope,
+    encode_envelope,
+    type_name,
+)
+
+log = logging.getLogger("ipc")
+
+DEFAULT_TIMEOUT: Final = 5.0
+MIN_TIMEOUT: Final = 0.001
+MAX_TIMEOUT: Final = 120.0
+MAX_DROPS: Final = 16
+REPLAY_CACHE: Final = 256
+_RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
+
+RequestHandler = Callable[[Envelope], Awaitable[Message]]
+EventHandler = Callable[[Envelope], Awaitable[None]]
+
+
+class _Default:
+    """Marker for "use the channel's default deadline"."""
+
+
+DEFAULT: Final = _Default()
+
+
+def check_timeout(timeout: float) -> float:
+    """Validate a request deadline against the allowed range (1 ms to 120 s)."""
+    if not (MIN_TIMEOUT <= timeout <= MAX_TIMEOUT) or math.isnan(timeout):
+        raise ValueError(
+            f"request deadline {timeout!r} s is outside {MIN_TIMEOUT}..{MAX_TIMEOUT} s"
+        )
+    return timeout
+
+
+@attrs.define(eq=False)
+class _Pending:
+    type: str
+    done: trio.Event = attrs.Factory(trio.Event)
+    result: Envelope | None = None
+    error: Exception | None = None
+
+
+@attrs.define(eq=False)
+class Channel:
+    """An authenticated, framed connection bound to one owner."""
+
+    stream: trio.abc.Stream
+    owner: str
+    token: str
+    max_frame: int = MAX_FRAME
+    default_timeout: float = attrs.field(default=DEFAULT_TIMEOUT, converter=check_timeout)
+    initial: list[bytes] = attrs.Factory(list)
+    decoder: FrameDecoder | None = None
+
+    drops: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    flagged: bool = attrs.field(default=False, init=False)
+    closed: bool = attrs.field(default=False, init=False)
+    close_reason: str = attrs.field(default="", init=False)
+    _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
+    _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
+    _corr: Iterable[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _replies: collections.OrderedDict[str, Message | None] = attrs.field(
+        factory=collections.OrderedDict, init=False
+    )
+    _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _serving: bool = attrs.field(default=False, init=False)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def _send(self, kind: str, corr: str, message: Message) -> None:
+        if self.closed:
+            raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
+        envelope = Envelope(
+            v=PROTOCOL_VERSION,
+            token=self.token,
+            owner=self.owner,
+            corr=corr,
+            kind=kind,  # type: ignore[arg-type]
+            type=type_name(message),
+            body=message,
+        )
+        frame = encode_frame(encode_envelope(envelope), max_frame=self.max_frame)
+        try:
+            async with self._send_lock:
+                await self.stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._mark_closed("send failed")
+            raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
+
+    async def send_event(self, message: Message) -> None:
+        """Send a fire-and-forget event."""
+        await self._send("event", "", message)
+
+    async def request(
+        self,
+        message: Message,
+        *,
+        timeout: float | _Default | None = DEFAULT,  # noqa: ASYNC109 - the protocol's per-request deadline
+    ) -> Message:
+        """Send a request and return the response body.
+
+        *timeout* defaults to the channel's deadline (5 s). ``None`` waits without a deadline
+        and is allowed only for ``question`` and ``spawn``. Raises :class:`RequestTimeout`,
+        :class:`ChannelClosed`, or :class:`RemoteError` for an error :class:`Reply`.
+        """
+        kind = type_name(message)
+        if timeout is None:
+            if kind not in NO_DEADLINE_TYPES:
+                raise ValueError(f"a {kind!r} request must have a deadline")
+            deadline = math.inf
+        elif isinstance(timeout, _Default):
+            deadline = self.default_timeout
+        else:
+            deadline = check_timeout(timeout)
+        corr = str(next(self._corr))  # type: ignore[call-overload]
+        pending = _Pending(type=kind)
+        self._pending[corr] = pending
+        try:
+            await self._send("request", corr, message)
+            with trio.move_on_after(deadline):
+                await pending.done.wait()
+        finally:
+            self._pending.pop(corr, None)
+        if pending.error is not None:
+            raise pending.error
+        if pending.result is None:
+            raise RequestTimeout(
+                f"{kind} request to {self.owner} got no response within {deadline:g} s"
+            )
+        body = pending.result.body
+        if isinstance(body, Reply) and not body.ok:
+            raise RemoteError(body.error or f"{kind} request to {self.owner} failed")
+        return body
+
+    async def reply(self, corr: str, message: Message) -> None:
+        """Answer the request *corr* (used for the hello reply before :meth:`serve`)."""
+        await self._send("response", corr, message)
+
+    # -- receiving --------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        handler: RequestHandler,
+        on_event: EventHandler,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Read frames until EOF or close; dispatch requests, events and responses.
+
+        Returns when the connection ends; every pending request is then rejected with
+        :class:`ChannelClosed`.
+        """
+        if self._serving:
+            raise RuntimeError("Channel.serve is already running (one reader per connection)")
+        self._serving = True
+        decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                task_status.started()
+                for frame in self.initial:
+                    await self._dispatch(frame, handler, on_event, nursery)
+                self.initial.clear()
+                while not self.closed:
+                    try:
+                        data = bytes(await self.stream.receive_some(65536))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._mark_closed("connection lost")
+                        break
+                    if not data:
+                        self._mark_closed("peer closed")
+                        break
+                    try:
+                        frames = decoder.feed(data)
+                    except FrameError as exc:
+                        log.warning("closing channel %s: %s", self.owner, exc)
+                        self.flagged = True
+                        self._mark_closed("framing error")
+                        break
+                    for frame in frames:
+                        await self._dispatch(frame, handler, on_event, nursery)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._mark_closed(self.close_reason or "cancelled")
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self.drops[reason] += 1
+        total = sum(self.drops.values())
+        # The detail never contains the token: only reasons and schema paths are logged.
+        log.info("dropped frame from %s (%s: %s); %d so far", self.owner, reason, detail, total)
+        if total >= MAX_DROPS:
+            self.flagged = True
+            self._mark_closed(f"{MAX_DROPS} invalid frames")
+
+    async def _dispatch(
+        self,
+        frame: bytes,
+        handler: RequestHandler,
+        on_event: EventHandler,
+        nursery: trio.Nursery,
+    ) -> None:
+        if self.closed:  # frames after a close-worthy drop are ignored
+            return
+        try:
+            envelope = decode_envelope(frame)
+        except SchemaError as exc:
+            self._drop(exc.reason, exc.path)
+            return
+        if not tokens_match(envelope.token, self.token):
+            self._drop("token", "$.token")
+            return
+        if envelope.owner != self.owner:
+            self._drop("owner", "$.owner")
+            return
+        if envelope.kind == "response":
+            pending = self._pending.get(envelope.corr)
+            if pending is None or envelope.type not in _RESPONSE_TYPES or pending.done.is_set():
+                self._drop("corr", "$.corr")
+                return
+            pending.result = envelope
+            pending.done.set()
+        elif envelope.type in _RESPONSE_TYPES:
+            self._drop("type", "$.type")
+        elif envelope.kind == "event":
+            await on_event(envelope)
+        else:
+            await self._start_request(envelope, handler, nursery)
+
+    async def _start_request(
+        self, envelope: Envelope, handler: RequestHandler, nursery: trio.Nursery
+    ) -> None:
+        corr = envelope.corr
+        if corr in self._replies:
+            recorded = self._replies[corr]
+            if recorded is not None:  # None = still running: its response goes out once
+                await self._safe_reply(corr, recorded)
+            return
+        self._replies[corr] = None
+        while len(self._replies) > REPLAY_CACHE:
+            self._replies.popitem(last=False)
+        nursery.start_soon(self._run_handler, envelope, handler)
+
+    async def _run_handler(self, envelope: Envelope, handler: RequestHandler) -> None:
+        try:
+            response = await handler(envelope)
+        except ChannelClosed:
+            return
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", envelope.type, self.owner)
+            response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
+        if not isinstance(response, (Reply, Answer)):
+            response = Reply(ok=False, error=f"{envelope.type} handler returned no reply")
+        if envelope.corr in self._replies:
+            self._replies[envelope.corr] = response
+        await self._safe_reply(envelope.corr, response)
+
+    async def _safe_reply(self, corr: str, response: Message) -> None:
+        try:
+            await self.reply(corr, response)
+        except ChannelClosed:
+            log.debug("could not reply to %s on %s: closed", corr, self.owner)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _mark_closed(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+        for corr, pending in list(self._pending.items()):
+            if not pending.done.is_set():
+                pending.error = ChannelClosed(
+                    f"{pending.type} request to {self.owner} rejected: {self.close_reason}"
+                )
+                pending.done.set()
+            self._pending.pop(corr, None)
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    def close(self, reason: str = "closed") -> None:
+        """Close now: reject every pending request and stop :meth:`serve`."""
+        self._mark_closed(reason)
+
+    async def aclose(self, reason: str = "closed") -> None:
+        """Close and release the stream."""
+        self._mark_closed(reason)
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters for diagnostics: drops by reason, pending requests, flag state."""
+        return {
+            "drops": dict(self.drops),
+            "pending": len(self._pending),
+            "flagged": self.flagged,
+            "closed": self.closed,
+        }

@@ -1,0 +1,67 @@
+"""Sans-IO framing: a 4-byte big-endian unsigned length, then a UTF-8 JSON body.
+
+Bytes go in, whole frame bodies come out; nothing here touches a socket. A zero length or a
+length above the limit is a :class:`FrameError`, after which the stream is unusable.
+"""
+
+import struct
+
+from ipc._errors import FrameError
+
+MAX_FRAME = 1 << 20
+"""Default largest frame body, in bytes (1 MiB)."""
+
+_HEADER = struct.Struct(">I")
+HEADER_SIZE = _HEADER.size
+
+
+def encode_frame(body: bytes, *, max_frame: int = MAX_FRAME) -> bytes:
+    """Prefix *body* with its length; refuse what the peer would refuse."""
+    size = len(body)
+    if size == 0:
+        raise FrameError("encode frame: empty body (a frame carries one JSON document)")
+    if size > max_frame:
+        raise FrameError(f"encode frame: {size} bytes exceeds the {max_frame}-byte limit")
+    return _HEADER.pack(size) + body
+
+
+class FrameDecoder:
+    """Reassemble frames from arbitrary chunks (one byte at a time is fine)."""
+
+    __slots__ = ("_broken", "_buffer", "_max_frame", "_need")
+
+    def __init__(self, *, max_frame: int = MAX_FRAME) -> None:
+        self._max_frame = max_frame
+        self._buffer = bytearray()
+        self._need: int | None = None
+        self._broken = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a whole frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add *data*; return every frame body it completes, in order."""
+        if self._broken:
+            raise FrameError("decode frame: stream already broke framing")
+        self._buffer += data
+        frames: list[bytes] = []
+        while True:
+            if self._need is None:
+                if len(self._buffer) < HEADER_SIZE:
+                    return frames
+                (size,) = _HEADER.unpack_from(self._buffer)
+                if size == 0 or size > self._max_frame:
+                    self._broken = True
+                    what = "zero-length frame" if size == 0 else f"{size}-byte frame"
+                    raise FrameError(
+                        f"decode frame: {what} (limit {self._max_frame}); stream cannot resync"
+                    )
+                del self._buffer[:HEADER_SIZE]
+                self._need = size
+            if len(self._buffer) < self._need:
+                return frames
+            frames.append(bytes(self._buffer[: self._need]))
+            del self._buffer[: self._need]
+            self._need = None

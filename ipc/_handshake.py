@@ -1,0 +1,153 @@
+"""Opening a channel: the client's hello, and the server's checks of it.
+
+The server checks the peer uid before it reads a single frame, then requires the first frame
+to be a ``hello`` request whose envelope carries a valid owner and that owner's token. Anything
+else closes the connection without telling the peer why.
+"""
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from ipc._auth import own_uid, peer_uid, tokens_match, valid_identifier
+from ipc._channel import DEFAULT_TIMEOUT, Channel
+from ipc._errors import ChannelClosed, FrameError, HandshakeError, SchemaError
+from ipc._framing import MAX_FRAME, FrameDecoder
+from ipc._messages import Envelope, Hello, Reply, decode_envelope
+
+HELLO_TIMEOUT = 30.0
+"""Seconds a new connection has to present its hello."""
+
+TokenLookup = Callable[[str], str | None]
+"""Maps an owner to its expected token, or ``None`` for an unknown owner."""
+
+
+async def accept_hello(
+    stream: trio.SocketStream,
+    lookup: TokenLookup,
+    *,
+    timeout: float = HELLO_TIMEOUT,  # noqa: ASYNC109 - the handshake deadline of the protocol
+    max_frame: int = MAX_FRAME,
+    request_timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[Channel, Envelope]:
+    """Authenticate a freshly accepted connection.
+
+    Returns the channel (not yet serving) and the hello envelope; the caller answers the hello
+    with :meth:`Channel.reply` once it has bound the connection. Raises
+    :class:`HandshakeError` (after closing the stream) on any failure.
+    """
+
+    async def refuse(reason: str, message: str) -> HandshakeError:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        return HandshakeError(message, reason=reason)
+
+    try:
+        uid = peer_uid(stream.socket)  # type: ignore[arg-type]
+    except OSError as exc:
+        raise await refuse("peer-uid", f"peer uid unavailable: {exc}") from None
+    if uid != own_uid():
+        raise await refuse("peer-uid", f"connection from uid {uid} refused")
+
+    decoder = FrameDecoder(max_frame=max_frame)
+    frames: list[bytes] = []
+    with trio.move_on_after(timeout) as scope:
+        while not frames:
+            try:
+                data = bytes(await stream.receive_some(65536))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                raise await refuse("eof", "connection closed before hello")
+            try:
+                frames = decoder.feed(data)
+            except FrameError as exc:
+                raise await refuse("frame", str(exc)) from None
+    if scope.cancelled_caught:
+        raise await refuse("timeout", f"no hello within {timeout:g} s")
+
+    try:
+        envelope = decode_envelope(frames[0])
+    except SchemaError as exc:
+        raise await refuse("schema", f"invalid hello: {exc.path}") from None
+    if envelope.kind != "request" or not isinstance(envelope.body, Hello):
+        raise await refuse("not-hello", f"first frame was a {envelope.type} {envelope.kind}")
+    if not valid_identifier(envelope.owner):
+        raise await refuse("owner", "hello from an invalid owner id")
+    expected = lookup(envelope.owner)
+    if expected is None or not tokens_match(envelope.token, expected):
+        raise await refuse("token", f"hello from {envelope.owner} has no valid token")
+
+    channel = Channel(
+        stream=stream,
+        owner=envelope.owner,
+        token=expected,
+        max_frame=max_frame,
+        default_timeout=request_timeout,
+        initial=frames[1:],
+        decoder=decoder,
+    )
+    return channel, envelope
+
+
+async def open_client(
+    path: str | os.PathLike[str],
+    *,
+    owner: str,
+    token: str,
+    hello: Hello,
+    max_frame: int = MAX_FRAME,
+    request_timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[Channel, Reply]:
+    """Connect to a supervisor socket and send the hello.
+
+    The hello reply is read here, before :meth:`Channel.serve` starts, so the caller gets a
+    channel that is authenticated end to end. Raises :class:`HandshakeError` when the server
+    closes the connection instead (it never says why).
+    """
+    stream = await trio.open_unix_socket(os.fspath(Path(path)))
+    channel = Channel(
+        stream=stream,
+        owner=owner,
+        token=token,
+        max_frame=max_frame,
+        default_timeout=request_timeout,
+    )
+    decoder = FrameDecoder(max_frame=max_frame)
+    channel.decoder = decoder
+    try:
+        await channel._send("request", "0", hello)  # the hello precedes serve()
+        with trio.fail_after(request_timeout):
+            frames: list[bytes] = []
+            while not frames:
+                data = bytes(await stream.receive_some(65536))
+                if not data:
+                    break
+                frames = decoder.feed(data)
+    except (trio.TooSlowError, FrameError, ChannelClosed, trio.BrokenResourceError) as exc:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        raise HandshakeError(f"hello to {path} failed: {exc!r}", reason="hello") from None
+    if not frames:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        raise HandshakeError("supervisor closed the connection at hello", reason="eof")
+    try:
+        envelope = decode_envelope(frames[0])
+    except SchemaError as exc:
+        await stream.aclose()
+        raise HandshakeError(f"invalid hello reply: {exc}", reason="schema") from None
+    body = envelope.body
+    if (
+        envelope.kind != "response"
+        or envelope.corr != "0"
+        or not tokens_match(envelope.token, token)
+        or not isinstance(body, Reply)
+        or not body.ok
+    ):
+        await stream.aclose()
+        raise HandshakeError("supervisor refused the hello", reason="refused")
+    channel.initial.extend(frames[1:])
+    return channel, body

@@ -1,0 +1,340 @@
+"""Message types and the envelope every frame carries, with the one converter that reads them.
+
+Every frame body is a JSON envelope::
+
+    {"v": 1, "token": "...", "owner": "a1", "corr": "7", "kind": "request",
+     "type": "prompt", "body": {...}}
+
+``type`` selects the body's class through :data:`MESSAGE_TYPES` (an explicit tag map). Messages
+are frozen attrs classes; this module is the only place that (de)serializes them, through one
+cattrs converter that forbids unknown keys, so a schema error always names its field
+(``$.body.text``).
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import attrs
+import cattrs
+from cattrs.preconf.json import make_converter
+
+from ipc._errors import SchemaError
+
+PROTOCOL_VERSION: Final = 1
+
+Kind = Literal["request", "response", "event"]
+
+# -- parent -> child ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Prompt:
+    """Start a turn with *text* (a fresh task, or a resume of a retained child)."""
+
+    text: str
+    turn: int
+
+
+@attrs.frozen(kw_only=True)
+class Steer:
+    """Redirect the working turn with *text*."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Abort:
+    """Stop the working turn; the child settles it as aborted."""
+
+
+@attrs.frozen(kw_only=True)
+class Ask:
+    """A side ("by the way") question answered in its own short turn."""
+
+    text: str
+    turn: int
+
+
+@attrs.frozen(kw_only=True)
+class Answer:
+    """The parent's reply to a child's :class:`Question` (the response body of that request)."""
+
+    question: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Shutdown:
+    """Close the backend and exit."""
+
+
+# -- child -> parent ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    """The first frame of every connection; its envelope carries the token."""
+
+    pid: int
+    role: Literal["child", "control"] = "child"
+    backend: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Progress:
+    """The child's checklist, as ``peek`` shows it."""
+
+    done: int
+    total: int
+    current: str | None = None
+    next: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Model usage so far in this child's life."""
+
+    tokens: int = 0
+    cost_usd: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Throttled activity: what the child is doing now.
+
+    ``activity`` is one of ``tool_start``, ``tool_update``, ``tool_end``, ``message``,
+    ``todo``, ``usage``, ``status``. ``text`` is a short human line (never a transcript).
+    """
+
+    activity: str
+    text: str = ""
+    tool: str = ""
+    progress: Progress | None = None
+    usage: Usage | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Settled:
+    """A turn ended. ``text`` is the final report; only it reaches the parent agent."""
+
+    turn: int
+    text: str
+    ok: bool = True
+    aborted: bool = False
+    error: str = ""
+    side: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Question:
+    """The child asks its parent; the response is an :class:`Answer` (no deadline)."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Spawn:
+    """A nested spawn request (no deadline); the response carries the grandchild's report."""
+
+    agent: str
+    task: str
+    name: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Ownership:
+    """Ask to own *paths* (paths or globs) before writing them."""
+
+    paths: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class Discuss:
+    """A discussion-paper operation: ``ask``, ``answer`` or ``list``."""
+
+    op: Literal["ask", "answer", "list"]
+    text: str = ""
+    to: str | None = None
+    question: str | None = None
+    since: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Proxy:
+    """A call of a parent-provided tool (for example a browser probe)."""
+
+    tool: str
+    args: dict[str, Any] = attrs.Factory(dict)
+
+
+# -- either direction -----------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Reply:
+    """The generic response body: ``ok`` with ``data``, or an ``error`` line."""
+
+    ok: bool
+    data: dict[str, Any] = attrs.Factory(dict)
+    error: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Control:
+    """A command on the supervisor's control socket (``fleet`` CLI, Python hosts)."""
+
+    op: str
+    args: dict[str, Any] = attrs.Factory(dict)
+
+
+Message = (
+    Prompt
+    | Steer
+    | Abort
+    | Ask
+    | Answer
+    | Shutdown
+    | Hello
+    | Event
+    | Settled
+    | Question
+    | Spawn
+    | Ownership
+    | Discuss
+    | Proxy
+    | Reply
+    | Control
+)
+
+MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
+    "prompt": Prompt,
+    "steer": Steer,
+    "abort": Abort,
+    "ask": Ask,
+    "answer": Answer,
+    "shutdown": Shutdown,
+    "hello": Hello,
+    "event": Event,
+    "settled": Settled,
+    "question": Question,
+    "spawn": Spawn,
+    "ownership": Ownership,
+    "discuss": Discuss,
+    "proxy": Proxy,
+    "reply": Reply,
+    "control": Control,
+}
+TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
+
+NO_DEADLINE_TYPES: Final = frozenset({"question", "spawn"})
+"""Request types that may wait for their response without a deadline."""
+
+
+@attrs.frozen(kw_only=True)
+class Envelope:
+    """One decoded frame."""
+
+    v: int
+    token: str
+    owner: str
+    corr: str
+    kind: Kind
+    type: str
+    body: Message
+
+
+@attrs.frozen(kw_only=True)
+class _RawEnvelope:
+    v: int
+    token: str
+    owner: str
+    corr: str
+    kind: Kind
+    type: str
+    body: dict[str, Any]
+
+
+converter: Final = make_converter(forbid_extra_keys=True)
+
+
+def _strict(expected: type[Any], *accepted: type[Any]) -> Any:
+    # cattrs would coerce 1 -> "1" and "x" -> error late; on the wire a type mismatch is a
+    # schema error, and bool is not an int.
+    def hook(value: Any, _: Any) -> Any:
+        if type(value) not in accepted:
+            raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
+        return expected(value)
+
+    return hook
+
+
+converter.register_structure_hook(str, _strict(str, str))
+converter.register_structure_hook(int, _strict(int, int))
+converter.register_structure_hook(bool, _strict(bool, bool))
+converter.register_structure_hook(float, _strict(float, float, int))
+
+
+def _render_error(exc: Exception, prefix: str) -> tuple[str, str]:
+    """Return (path, first message) for a cattrs failure, e.g. ``$.body.text``."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        messages = cattrs.transform_error(exc, path=prefix)
+        first = messages[0] if messages else f"invalid value @ {prefix}"
+        path = first.rsplit(" @ ", 1)[-1] if " @ " in first else prefix
+        return path, first
+    return prefix, f"{exc} @ {prefix}"
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    """Serialize *envelope* to the compact UTF-8 JSON a frame carries."""
+    raw = {
+        "v": envelope.v,
+        "token": envelope.token,
+        "owner": envelope.owner,
+        "corr": envelope.corr,
+        "kind": envelope.kind,
+        "type": envelope.type,
+        "body": converter.unstructure(envelope.body),
+    }
+    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Parse one frame body; raise :class:`SchemaError` naming the bad field."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SchemaError(f"frame is not UTF-8 JSON: {exc}", reason="json") from None
+    if not isinstance(obj, dict):
+        raise SchemaError("frame is not a JSON object @ $", reason="schema")
+    try:
+        raw = converter.structure(obj, _RawEnvelope)
+    except Exception as exc:
+        path, message = _render_error(exc, "$")
+        raise SchemaError(message, path=path) from None
+    if raw.v != PROTOCOL_VERSION:
+        raise SchemaError(f"unsupported protocol version {raw.v} @ $.v", path="$.v")
+    cls = MESSAGE_TYPES.get(raw.type)
+    if cls is None:
+        raise SchemaError(
+            f"unknown message type {raw.type!r} @ $.type", path="$.type", reason="type"
+        )
+    try:
+        body = converter.structure(raw.body, cls)
+    except Exception as exc:
+        path, message = _render_error(exc, "$.body")
+        raise SchemaError(message, path=path) from None
+    return Envelope(
+        v=raw.v,
+        token=raw.token,
+        owner=raw.owner,
+        corr=raw.corr,
+        kind=raw.kind,
+        type=raw.type,
+        body=body,
+    )
+
+
+def type_name(message: Message) -> str:
+    """The wire ``type`` of *message*."""
+    return TYPE_NAMES[type(message)]
