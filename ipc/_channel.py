@@ -9,14 +9,16 @@ halfway would desynchronize the stream. Incoming requests run in their own tasks
 Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
 type, schema error, unexpected correlation id) is dropped and counted by reason; after
 :data:`MAX_DROPS` the channel closes and :attr:`Channel.flagged` is set. The peer is never told
-why. A framing error (zero length, oversize) closes at once: the stream cannot resync.
+why. A framing error (zero length, oversize) closes at once: the stream cannot resync. A response
+that arrives after its request timed out or was cancelled is discarded without counting: a slow
+peer is not a hostile one.
 """
 
 import collections
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -36,6 +38,7 @@ from ipc._messages import (
     PROTOCOL_VERSION,
     Answer,
     Envelope,
+    Kind,
     Message,
     Reply,
     decode_envelope,
@@ -98,8 +101,13 @@ class Channel:
     close_reason: str = attrs.field(default="", init=False)
     _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
     _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
-    _corr: Iterable[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
-    _replies: collections.OrderedDict[str, Message | None] = attrs.field(
+    _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # corr -> the encoded response frame, or None while the handler still runs.
+    _replies: collections.OrderedDict[str, bytes | None] = attrs.field(
+        factory=collections.OrderedDict, init=False
+    )
+    # corrs of our requests that gave up waiting; a late response to one is not a drop.
+    _expired: collections.OrderedDict[str, None] = attrs.field(
         factory=collections.OrderedDict, init=False
     )
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
@@ -107,25 +115,37 @@ class Channel:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def _send(self, kind: str, corr: str, message: Message) -> None:
-        if self.closed:
-            raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
+    def _frame(self, kind: Kind, corr: str, message: Message) -> bytes:
         envelope = Envelope(
             v=PROTOCOL_VERSION,
             token=self.token,
             owner=self.owner,
             corr=corr,
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             type=type_name(message),
             body=message,
         )
-        frame = encode_frame(encode_envelope(envelope), max_frame=self.max_frame)
+        return encode_frame(encode_envelope(envelope), max_frame=self.max_frame)
+
+    async def _write(self, frame: bytes) -> None:
+        if self.closed:
+            raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
         try:
             async with self._send_lock:
-                await self.stream.send_all(frame)
+                # A cancellation delivered here has written nothing: the stream is intact.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    await self.stream.send_all(frame)
+                except trio.Cancelled:
+                    # Part of the frame may be on the wire; the peer can never resync.
+                    self._mark_closed("send cancelled mid-frame")
+                    raise
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._mark_closed("send failed")
             raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
+
+    async def _send(self, kind: Kind, corr: str, message: Message) -> None:
+        await self._write(self._frame(kind, corr, message))
 
     async def send_event(self, message: Message) -> None:
         """Send a fire-and-forget event."""
@@ -152,15 +172,21 @@ class Channel:
             deadline = self.default_timeout
         else:
             deadline = check_timeout(timeout)
-        corr = str(next(self._corr))  # type: ignore[call-overload]
+        corr = str(next(self._corr))
+        frame = self._frame("request", corr, message)
         pending = _Pending(type=kind)
         self._pending[corr] = pending
         try:
-            await self._send("request", corr, message)
+            await self._write(frame)
             with trio.move_on_after(deadline):
                 await pending.done.wait()
         finally:
-            self._pending.pop(corr, None)
+            # Still registered and unanswered: we timed out or were cancelled (a close would
+            # have removed it), so the peer may yet answer.
+            if self._pending.pop(corr, None) is not None and not pending.done.is_set():
+                self._expired[corr] = None
+                while len(self._expired) > REPLAY_CACHE:
+                    self._expired.popitem(last=False)
         if pending.error is not None:
             raise pending.error
         if pending.result is None:
@@ -169,7 +195,9 @@ class Channel:
             )
         body = pending.result.body
         if isinstance(body, Reply) and not body.ok:
-            raise RemoteError(body.error or f"{kind} request to {self.owner} failed")
+            raise RemoteError(
+                body.error or f"{kind} request to {self.owner} failed", data=body.data
+            )
         return body
 
     async def reply(self, corr: str, message: Message) -> None:
@@ -255,6 +283,10 @@ class Channel:
             self._drop("owner", "$.owner")
             return
         if envelope.kind == "response":
+            if envelope.corr in self._expired:
+                del self._expired[envelope.corr]
+                log.debug("late response %s from %s discarded", envelope.corr, self.owner)
+                return
             pending = self._pending.get(envelope.corr)
             if pending is None or envelope.type not in _RESPONSE_TYPES or pending.done.is_set():
                 self._drop("corr", "$.corr")
@@ -264,7 +296,11 @@ class Channel:
         elif envelope.type in _RESPONSE_TYPES:
             self._drop("type", "$.type")
         elif envelope.kind == "event":
-            await on_event(envelope)
+            try:
+                await on_event(envelope)
+            except Exception:
+                # Like a failing request handler: one bad event must not stop the reader.
+                log.exception("event handler for %s from %s failed", envelope.type, self.owner)
         else:
             await self._start_request(envelope, handler, nursery)
 
@@ -275,7 +311,7 @@ class Channel:
         if corr in self._replies:
             recorded = self._replies[corr]
             if recorded is not None:  # None = still running: its response goes out once
-                await self._safe_reply(corr, recorded)
+                await self._write_quietly(corr, recorded)
             return
         self._replies[corr] = None
         while len(self._replies) > REPLAY_CACHE:
@@ -292,13 +328,22 @@ class Channel:
             response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
         if not isinstance(response, (Reply, Answer)):
             response = Reply(ok=False, error=f"{envelope.type} handler returned no reply")
-        if envelope.corr in self._replies:
-            self._replies[envelope.corr] = response
-        await self._safe_reply(envelope.corr, response)
-
-    async def _safe_reply(self, corr: str, response: Message) -> None:
+        corr = envelope.corr
         try:
-            await self.reply(corr, response)
+            frame = self._frame("response", corr, response)
+        except (SchemaError, FrameError) as exc:
+            # The answer cannot go on the wire (too large, not encodable); the peer still gets
+            # a response instead of a timeout, and the reader survives.
+            log.warning("response to %s from %s cannot be sent: %s", envelope.type, self.owner, exc)
+            failure = Reply(ok=False, error=f"{envelope.type} response could not be encoded")
+            frame = self._frame("response", corr, failure)
+        if corr in self._replies:
+            self._replies[corr] = frame
+        await self._write_quietly(corr, frame)
+
+    async def _write_quietly(self, corr: str, frame: bytes) -> None:
+        try:
+            await self._write(frame)
         except ChannelClosed:
             log.debug("could not reply to %s on %s: closed", corr, self.owner)
 

@@ -13,6 +13,8 @@
     └── LoadoutError        a loadout file failed a safety or schema check
 """
 
+from typing import Any
+
 
 class IpcError(Exception):
     """Root of every error raised by :mod:`ipc`."""
@@ -58,7 +60,11 @@ class ChannelClosed(RequestError):
 
 
 class RemoteError(RequestError):
-    """The peer answered a request with an error reply."""
+    """The peer answered a request with an error reply; ``data`` is the reply's data."""
+
+    def __init__(self, message: str, *, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.data: dict[str, Any] = dict(data or {})
 
 
 class ListenerError(IpcError):
