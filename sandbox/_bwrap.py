@@ -1,0 +1,62 @@
+"""The bubblewrap command line (Linux).
+
+Shape, in this order (bwrap applies mounts in argument order, so later binds win)::
+
+    bwrap --die-with-parent --new-session --unshare-user --unshare-pid [--unshare-net]
+          --unshare-ipc --unshare-uts --cap-drop ALL
+          --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
+          --ro-bind V V ...  --bind SCRATCH SCRATCH  --bind W W ...  [--chdir CWD]
+          -- COMMAND...
+
+Why each flag is there (traps verified on these machines, see docs/sandbox.md):
+
+- ``--unshare-user --cap-drop ALL``: as real root without them the child can
+  ``mount -o remount,rw /`` and write the host through the "read-only" root.
+- ``--unshare-pid``: bwrap becomes the namespace's init, so SIGKILL to bwrap kills every
+  descendant, even ones that called ``setsid``.
+- ``--die-with-parent``: PR_SET_PDEATHSIG, which fires when the spawning *thread* exits — the
+  caller must spawn from a long-lived thread (the trio thread), never a worker-pool thread.
+- ``--new-session``: the child cannot push keystrokes into the caller's terminal (TIOCSTI).
+- ``--tmpfs /tmp`` hides the host's /tmp, so every named path is bound again after it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sandbox._paths import CanonicalPaths
+
+ISOLATION_FLAGS = (
+    "--die-with-parent",
+    "--new-session",
+    "--unshare-user",
+    "--unshare-pid",
+)
+NAMESPACE_FLAGS = ("--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL")
+# /tmp here is a mount point inside the sandbox, not a file we create.
+BASE_MOUNTS = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")  # noqa: S108
+# The mounts above replace these trees, hiding whatever the host had below them.
+HIDDEN_ROOTS = ("/tmp", "/dev", "/proc")  # noqa: S108
+
+
+def bwrap_argv(
+    bwrap: str, paths: CanonicalPaths, command: Sequence[str], *, network: bool
+) -> tuple[str, ...]:
+    """The full bwrap argv running ``command`` (already absolute) inside ``paths``."""
+    argv = [bwrap, *ISOLATION_FLAGS]
+    if not network:
+        argv.append("--unshare-net")
+    argv += [*NAMESPACE_FLAGS, *BASE_MOUNTS]
+    # Every visible path is bound again, not only those under /tmp: /dev/shm and friends are
+    # hidden too, and a bind of an already visible path costs one mount.
+    for kept in (*paths.visible, *paths.sockets):
+        argv += ["--ro-bind", str(kept), str(kept)]
+    argv += ["--bind", str(paths.scratch), str(paths.scratch)]
+    for writable in paths.writable:
+        argv += ["--bind", str(writable), str(writable)]
+    if paths.cwd is not None:
+        argv += ["--chdir", str(paths.cwd)]
+    return (*argv, "--", *command)
