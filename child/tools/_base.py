@@ -1,0 +1,199 @@
+"""What every tool shares: the result, the context, the protocol, paths and output caps.
+
+A tool never raises for a user mistake (a missing file, an ambiguous edit, a path outside the
+workspace): it returns a ``ToolResult`` with ``is_error=True`` and a one-line text the model can
+act on. ``ToolError`` is the internal shortcut for that: tools raise it deep inside a helper and
+``run`` turns it into the error result.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from ._todo import Progress
+
+#: Every tool result is capped at this many UTF-8 bytes and lines (Pi's limits).
+MAX_OUTPUT_BYTES = 50 * 1024
+MAX_OUTPUT_LINES = 2000
+
+#: How much of a file is sniffed for a NUL byte to call it binary (git's heuristic).
+BINARY_SNIFF_BYTES = 8192
+
+
+class ToolError(Exception):
+    """A refusal or failure the model should read; ``str(error)`` is the one-line result text."""
+
+
+@attrs.frozen(kw_only=True)
+class ToolResult:
+    text: str
+    is_error: bool = False
+
+
+def _realpath(path: Path | str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+@attrs.define(eq=False)
+class ToolContext:
+    """What the child runtime lends its tools for one session.
+
+    ``workspace`` is stored as a real path: bash runs there and ``edit``/``write`` are confined
+    to it. ``may_write`` is asked once per resolved path before the first write to it; a string
+    answer refuses the write with that text. ``on_progress`` hears every todo change.
+    """
+
+    workspace: Path = attrs.field(converter=_realpath)
+    may_write: Callable[[Path], Awaitable[str | None]] | None = None
+    on_progress: Callable[[Progress], None] | None = None
+    bash_timeout: float = 120.0
+    # Paths ``may_write`` already allowed: it is asked before the *first* write only.
+    _allowed: set[Path] = attrs.field(factory=set, init=False)
+
+    async def check_may_write(self, path: Path) -> None:
+        """Ask the ownership hook about ``path`` once; raise ``ToolError`` if it refuses."""
+        if self.may_write is None or path in self._allowed:
+            return
+        refusal = await self.may_write(path)
+        if refusal is not None:
+            raise ToolError(refusal)
+        self._allowed.add(path)
+
+    def resolve(self, raw: str) -> Path:
+        """``raw`` made absolute against the workspace (``~`` expanded), ``..`` not yet folded."""
+        path = Path(raw).expanduser()
+        return path if path.is_absolute() else self.workspace / path
+
+    def display(self, path: Path) -> str:
+        """``path`` relative to the workspace when inside it, so the model can pass it back."""
+        try:
+            relative = path.relative_to(self.workspace)
+        except ValueError:
+            return str(path)
+        return str(relative) if relative.parts else "."
+
+
+class Tool(Protocol):
+    """A tool the agent loop can offer a model (OpenAI function-calling shape) and run."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> dict[str, Any]: ...
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolResult: ...
+
+
+class BaseTool(abc.ABC):
+    """Turns the expected failures of a tool into error results so ``run`` never raises them.
+
+    ``ToolError`` carries its own one-line text; an ``OSError`` (permission denied, disk full,
+    a path component that is a file) becomes ``<tool>: <path>: <reason>``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters: ClassVar[dict[str, Any]]
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolResult:
+        try:
+            return await self.execute(ctx, args)
+        except ToolError as error:
+            return ToolResult(text=str(error), is_error=True)
+        except OSError as error:
+            where = f"{error.filename}: " if error.filename is not None else ""
+            reason = error.strerror or str(error)
+            return ToolResult(text=f"{self.name}: {where}{reason}", is_error=True)
+
+    @abc.abstractmethod
+    async def execute(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolResult:
+        """Do the work; raise ``ToolError`` for anything the model should correct."""
+
+
+def clip_head(text: str, *, hint: str = "") -> str:
+    """Keep the start of ``text`` within the output caps, ending with a truncation note."""
+    lines = text.splitlines(keepends=True)
+    kept, whole = _fit(lines[:MAX_OUTPUT_LINES])
+    if whole == len(lines):
+        return text
+    note = f"[truncated: {len(lines) - whole} more lines not shown{'; ' + hint if hint else ''}]"
+    return "".join(kept).rstrip("\n") + "\n" + note
+
+
+def clip_tail(text: str, *, omitted_bytes: int = 0) -> str:
+    """Keep the end of ``text`` within the output caps (where errors usually are)."""
+    lines = text.splitlines(keepends=True)
+    kept, whole = _fit(lines[::-1][:MAX_OUTPUT_LINES], from_end=True)
+    if whole == len(lines) and not omitted_bytes:
+        return text
+    extra = f" and {omitted_bytes} earlier bytes" if omitted_bytes else ""
+    note = f"[truncated: first {len(lines) - whole} lines{extra} not shown]\n"
+    return note + "".join(reversed(kept))
+
+
+def _fit(lines: list[str], *, from_end: bool = False) -> tuple[list[str], int]:
+    """The lines that fit ``MAX_OUTPUT_BYTES`` and how many of them are whole.
+
+    When a line would overflow the budget a cut piece of it is kept too: one huge line
+    (minified JavaScript, a progress bar) must not turn into an empty result.
+    """
+    kept: list[str] = []
+    budget = MAX_OUTPUT_BYTES
+    for line in lines:
+        encoded = line.encode()
+        if len(encoded) > budget:
+            if budget == 0:
+                return kept, len(kept)
+            # errors="ignore" drops the multi-byte character the cut went through.
+            if from_end:
+                kept.append("[line truncated] … " + encoded[-budget:].decode(errors="ignore"))
+            else:
+                kept.append(encoded[:budget].decode(errors="ignore") + " … [line truncated]\n")
+            return kept, len(kept) - 1
+        kept.append(line)
+        budget -= len(encoded)
+    return kept, len(kept)
+
+
+def clip_line(line: str, limit: int) -> str:
+    """One line cut to ``limit`` characters with a visible marker."""
+    return line if len(line) <= limit else line[:limit] + " … [line truncated]"
+
+
+def is_binary(head: bytes) -> bool:
+    return b"\0" in head[:BINARY_SNIFF_BYTES]
+
+
+def require_str(args: Mapping[str, Any], key: str, *, tool: str, empty_ok: bool = False) -> str:
+    value = args.get(key)
+    if not isinstance(value, str):
+        raise ToolError(f"{tool}: argument '{key}' must be a string (got {type(value).__name__})")
+    if not value and not empty_ok:
+        raise ToolError(f"{tool}: argument '{key}' is empty; pass a value")
+    return value
+
+
+def optional_str(args: Mapping[str, Any], key: str, *, tool: str) -> str | None:
+    return None if args.get(key) is None else require_str(args, key, tool=tool)
+
+
+def optional_int(args: Mapping[str, Any], key: str, *, tool: str, minimum: int) -> int | None:
+    value = args.get(key)
+    if value is None:
+        return None
+    # bool is an int subclass; a model sending ``true`` for a line number is a mistake.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ToolError(f"{tool}: argument '{key}' must be an integer >= {minimum} (got {value!r})")
+    return value
