@@ -54,7 +54,6 @@ def pi_command(
     workspace: Path,
     state_dir: Path,
     binary: str = "pi",
-    tools: str = "read,grep,find,ls",
 ) -> CliCommand:
     """``pi --mode rpc`` on provider ``fake``, model ``fake-model``; ``pi-next`` runs 1.6.0."""
     agent_dir = _private_dir(state_dir / "pi-agent")
@@ -92,7 +91,7 @@ def pi_command(
         "--model",
         "fake-model",
         "--tools",
-        tools,
+        "read,grep,find,ls",
         "--no-extensions",
         "--no-skills",
         "--no-prompt-templates",
@@ -107,7 +106,6 @@ def claude_command(
     base_url: str,
     workspace: Path,
     state_dir: Path,
-    allowed_tools: str = "Read,Bash",
     bare: bool = False,
 ) -> CliCommand:
     """``claude -p`` with stream-json in and out; ``bare`` trims each request to ~4 KB."""
@@ -132,7 +130,7 @@ def claude_command(
         "--permission-mode",
         "acceptEdits",
         # With "=": a bare list would swallow the next argument as another tool name.
-        f"--allowedTools={allowed_tools}",
+        "--allowedTools=Read,Bash",
     ]
     if bare:
         argv.append("--bare")
@@ -145,7 +143,6 @@ def codex_command(
     workspace: Path,
     state_dir: Path,
     prompt: str,
-    sandbox: str = "read-only",
 ) -> CliCommand:
     """``codex exec --json``; run it with stdin = /dev/null (an open pipe blocks it)."""
     codex_home = _private_dir(state_dir / "codex-home")
@@ -180,7 +177,7 @@ stream_idle_timeout_ms = 10000
         "--json",
         "--skip-git-repo-check",
         "-s",
-        sandbox,
+        "read-only",
         prompt,
     ]
     return CliCommand(argv=tuple(argv), env=env, cwd=workspace)
