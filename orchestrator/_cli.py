@@ -1,8 +1,409 @@
-"""The ``fleet`` command line (placeholder until the CLI lands)."""
+"""The ``fleet`` command line (contract: ``docs/cli.md``).
 
+Every verb but ``serve``, ``doctor`` and ``demo`` talks to the session's supervisor over its
+control socket, starting it first when none runs. Human output by default, ``--json`` for
+programs; errors are one line on stderr (and an ``error`` object on stdout with ``--json``).
+"""
+
+import argparse
+import json
+import os
+import shutil
 import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import trio
+
+from orchestrator import _render
+from orchestrator._config import Config, load_config
+from orchestrator._control import WAIT_SLICE, call_async, op_timeout
+from orchestrator._daemon import ensure_daemon, serve
+from orchestrator._errors import FleetError, TimedOut, UsageError
+
+WATCH_INTERVAL = 0.25
 
 
-def main() -> None:
-    print("fleet: not built yet", file=sys.stderr)
-    sys.exit(2)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        verb = self.prog.split()[-1] if " " in self.prog else "fleet"
+        print(f"fleet {verb}: {message} (see fleet {verb} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(
+        session=args.session,
+        max_subagents=args.max_subagents,
+        lane=args.lane,
+        model=args.model_default,
+        allow_unsandboxed=True if args.allow_unsandboxed else None,
+    )
+
+
+def _call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+    config = _config(args)
+    token = ensure_daemon(config)
+    paths = config.paths
+    return trio.run(
+        lambda: call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
+    )
+
+
+def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=None if not sys.stdout.isatty() else 2))
+    else:
+        text = human(data)
+        if text:
+            print(text)
+
+
+def _text(words: Sequence[str], what: str) -> str:
+    text = " ".join(words).strip()
+    if not text:
+        raise UsageError(f"{what} is empty")
+    return text
+
+
+# -- verbs ----------------------------------------------------------------------------------
+
+
+def cmd_spawn(args: argparse.Namespace) -> int:
+    if args.batch:
+        try:
+            requests = json.loads(Path(args.batch).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"batch file {args.batch}: {exc}") from None
+        if not isinstance(requests, list):
+            raise UsageError(f"batch file {args.batch}: must hold a JSON list of tasks")
+    else:
+        request: dict[str, Any] = {"task": _text(args.task, "the task"), "agent": args.agent}
+        for key in ("mode", "name", "backend", "model"):
+            if getattr(args, key):
+                request[key] = getattr(args, key)
+        if args.command:
+            request["command"] = args.command
+        requests = [request]
+    data = _call(args, "spawn", {"requests": requests})
+    if args.wait:
+        keys = [a["key"] for a in data["agents"]]
+        return _wait(args, keys, every=True, timeout=None)
+    _out(
+        args,
+        data,
+        lambda d: "\n".join(
+            f"{a['key']} {a['name']} ({a['agent']}, {a['mode']}) {a['state']}" for a in d["agents"]
+        ),
+    )
+    return 0
+
+
+def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: float | None) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            data = _call(
+                args, "wait", {"agents": keys, "all": every, "timeout": min(WAIT_SLICE, remaining)}
+            )
+            break
+        except TimedOut:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimedOut(
+                    f"nothing settled within {timeout:g} s (try again, or fleet peek)"
+                ) from None
+    _out(args, data, lambda d: _render.settled_text(d["settled"]))
+    failed = any(n.get("state") == "failed" for n in data["settled"])
+    return 1 if failed else 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    return _wait(args, list(args.agents), every=args.all, timeout=args.timeout)
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    payload = {"agents": list(args.agents)}
+    if not args.watch:
+        data = _call(args, "peek", payload)
+        _out(args, data, lambda d: _render.peek_table(d, width=shutil.get_terminal_size().columns))
+        return 0
+    tty = sys.stdout.isatty() and not args.json
+    seen_any = False
+    try:
+        while True:
+            data = _call(args, "peek", payload)
+            if tty:
+                text = _render.peek_table(data, width=shutil.get_terminal_size().columns)
+                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+                sys.stdout.flush()
+            else:
+                for agent in data["agents"]:
+                    line = f"{agent['key']} {agent['state']} {agent['activity']}"
+                    print(json.dumps(agent) if args.json else line, flush=True)
+            seen_any = seen_any or bool(data["agents"])
+            if seen_any and not data["agents"]:
+                if tty:
+                    sys.stdout.write("\x1b[H\x1b[2Jfleet is empty\n")
+                return 0
+            time.sleep(WATCH_INTERVAL)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_steer(args: argparse.Namespace) -> int:
+    data = _call(args, "steer", {"agent": args.agent, "text": _text(args.text, "the steer")})
+    _out(args, data, lambda d: f"{d['key']} {d['state']}: steered")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    data = _call(args, "pause", {"agent": args.agent})
+    _out(
+        args,
+        data,
+        lambda d: f"{d['key']} {d['state']}" + ("" if d["settled"] else " (not settled yet)"),
+    )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    data = _call(args, "resume", {"agent": args.agent, "text": _text(args.text, "the prompt")})
+    _out(args, data, lambda d: f"{d['key']} {d['state']}")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    data = _call(args, "ask", {"agent": args.agent, "text": _text(args.text, "the question")})
+    _out(args, data, lambda d: d["answer"])
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    data = _call(
+        args, "answer", {"question": args.question, "text": _text(args.text, "the answer")}
+    )
+    _out(args, data, lambda d: f"answered {d['question']} ({d['key']})")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    if not args.agents and not args.all:
+        raise UsageError("name at least one agent, or pass --all")
+    data = _call(args, "stop", {"agents": list(args.agents), "all": args.all})
+    _out(args, data, lambda d: _render.handoff_text(d["handoffs"]) or "no live children")
+    failed = any(h["state"] == "failed" or h.get("conflicts") for h in data["handoffs"])
+    return 1 if failed else 0
+
+
+def cmd_discard(args: argparse.Namespace) -> int:
+    data = _call(args, "discard", {"agent": args.agent})
+    _out(args, data, lambda d: f"{d['key']} discarded")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    data = _call(args, "logs", {"agent": args.agent, "tail": args.tail})
+    _out(args, data, lambda d: f"{d['path']}\n{d['tail']}")
+    return 0
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    data = _call(args, "agents", {"scope": args.scope})
+    _out(
+        args,
+        data,
+        lambda d: _render.table(
+            ["NAME", "MODE", "SOURCE", "TOOLS", "DESCRIPTION"],
+            [
+                [a["name"], a["mode"], a["source"], ",".join(a["tools"]), a["description"]]
+                for a in d["agents"]
+            ],
+        ),
+    )
+    return 0
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    data = _call(args, "mode", {"name": args.name})
+    _out(args, data, lambda d: d["mode"])
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.stop:
+        paths = config.paths
+        if not paths.control_socket.exists():
+            _out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
+            return 0
+        from orchestrator._control import read_token  # noqa: PLC0415
+
+        token = read_token(paths.control_token)
+        trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
+        _out(args, {"stopped": True}, lambda _: "supervisor stopped")
+        return 0
+    if args.foreground:
+        trio.run(serve, config)
+        return 0
+    ensure_daemon(config)
+    _out(
+        args,
+        {"session": config.session},
+        lambda d: f"supervisor running for session {d['session']}",
+    )
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from orchestrator._doctor import run_checks  # noqa: PLC0415
+
+    checks = run_checks(_config(args))
+    _out(
+        args,
+        {"checks": checks},
+        lambda d: "\n".join(
+            f"{'ok ' if c['ok'] else 'NO '} {c['name']}: {c['detail']}" for c in d["checks"]
+        ),
+    )
+    return 0 if all(c["ok"] or not c.get("required") for c in checks) else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from orchestrator._demo import run_demo  # noqa: PLC0415
+
+    return run_demo(json_output=args.json)
+
+
+# -- parser ---------------------------------------------------------------------------------
+
+
+def _common(*, suppress: bool) -> "_Parser":
+    # The global flags work before and after the verb; after it they must not reset a value
+    # given before it, hence SUPPRESS defaults on the verbs' copy.
+    common = _Parser(add_help=False)
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    common.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+    common.add_argument(
+        "--session", help="session id (default: FLEET_SESSION, else per repo)", **kw
+    )
+    common.add_argument("--debug", action="store_true", help="show tracebacks", **kw)
+    common.add_argument("--max-subagents", type=int, help="retained-fleet cap (2,4,6,8,16)", **kw)
+    common.add_argument("--lane", type=int, help="how many children may work at once", **kw)
+    common.add_argument(
+        "--default-model", dest="model_default", help="model for builtin agents", **kw
+    )
+    common.add_argument(
+        "--allow-unsandboxed", action="store_true", help="run without a sandbox", **kw
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common(suppress=True)
+    parser = _Parser(
+        prog="fleet",
+        description="Delegate tasks to child coding agents.",
+        parents=[_common(suppress=False)],
+    )
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+
+    def verb(
+        name: str, func: Callable[[argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = verb("spawn", cmd_spawn, "start children on tasks")
+    p.add_argument("task", nargs="*", help="the task")
+    p.add_argument("--agent", default="scout")
+    p.add_argument("--mode", choices=["scout", "fork", "worktree"])
+    p.add_argument("--name")
+    p.add_argument("--backend")
+    p.add_argument("--model", help="scripted:FILE or openai:MODEL[@URL]")
+    p.add_argument("--command", nargs="+", help="argv for the command backend")
+    p.add_argument("--surface", help="process (default)")
+    p.add_argument("--batch", help="JSON file with a list of task objects")
+    p.add_argument("--wait", action="store_true", help="wait until they settle")
+
+    p = verb("peek", cmd_peek, "show the fleet from memory")
+    p.add_argument("agents", nargs="*")
+    p.add_argument("--watch", action="store_true")
+    p.add_argument("--locks", action="store_true", help="include ownership locks")
+
+    p = verb("wait", cmd_wait, "wait until a child settles")
+    p.add_argument("agents", nargs="*")
+    p.add_argument("--all", action="store_true", help="wait for every named child")
+    p.add_argument("--timeout", type=float)
+
+    for name, func, help_text in (
+        ("steer", cmd_steer, "redirect a working child"),
+        ("resume", cmd_resume, "give an idle or paused child a new prompt"),
+        ("ask", cmd_ask, "ask a child a side question"),
+    ):
+        p = verb(name, func, help_text)
+        p.add_argument("agent")
+        p.add_argument("text", nargs="+")
+
+    p = verb("pause", cmd_pause, "clear a child's queue and abort its turn")
+    p.add_argument("agent")
+
+    p = verb("answer", cmd_answer, "answer a child's question")
+    p.add_argument("question", help="q<N>, or an agent with one open question")
+    p.add_argument("text", nargs="+")
+
+    p = verb("stop", cmd_stop, "stop children (final) and print their handoffs")
+    p.add_argument("agents", nargs="*")
+    p.add_argument("--all", action="store_true")
+
+    p = verb("discard", cmd_discard, "forget a child and its unresolved state")
+    p.add_argument("agent")
+
+    p = verb("logs", cmd_logs, "a child's diagnostics log")
+    p.add_argument("agent")
+    p.add_argument("--tail", type=int, default=8192)
+
+    p = verb("agents", cmd_agents, "list agent definitions")
+    p.add_argument("--scope", choices=["default", "project", "both"])
+
+    p = verb("mode", cmd_mode, "show or set the workflow mode")
+    p.add_argument("name", nargs="?")
+
+    p = verb("serve", cmd_serve, "run the session's supervisor")
+    p.add_argument("--foreground", action="store_true")
+    p.add_argument("--stop", action="store_true", help="stop the running supervisor")
+
+    verb("doctor", cmd_doctor, "check what fleet needs on this machine")
+    verb("demo", cmd_demo, "three scouts on a sample repository")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except FleetError as exc:
+        message = str(exc)
+        prefix = f"{args.verb}: "
+        line = f"fleet {message}" if message.startswith(prefix) else f"fleet {args.verb}: {message}"
+        if args.json:
+            print(json.dumps({"error": {"kind": exc.kind, "message": message}}))
+        print(line, file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:
+        if args.debug or os.environ.get("FLEET_DEBUG"):
+            raise
+        if args.json:
+            print(json.dumps({"error": {"kind": "internal", "message": str(exc)}}))
+        print(
+            f"fleet {args.verb}: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+            file=sys.stderr,
+        )
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,188 @@
+"""The builtin agent: a model decides, this loop executes the tools for real.
+
+The conversation lives as long as the child, so a resume continues the same context. A steer
+joins the conversation before the next model step. An abort cancels the turn wherever it is
+(a model call, a tool) and the turn settles as aborted.
+"""
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+import ipc
+from child._backend import Host, TurnResult
+from child._host_tools import HOST_TOOLS, build_host_tools
+from child._model import Model, ModelError, SteerInbox, StepContext
+from child._scripted import ScriptedModel
+from child.tools import Progress, Tool, ToolContext, build_tools
+
+MAX_STEPS = 200
+_ARG_PREVIEW = 80
+
+
+def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
+    """The model a loadout names."""
+    if spec.kind == "scripted":
+        script = Path(spec.script)
+        return ScriptedModel.from_file(script if script.is_absolute() else workspace / script)
+    raise ModelError(f"model kind {spec.kind!r} is not known (use scripted or openai)")
+
+
+def _preview(args: Mapping[str, Any]) -> str:
+    text = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= _ARG_PREVIEW else text[: _ARG_PREVIEW - 1] + "…"
+
+
+def _to_ipc(progress: Progress) -> ipc.Progress:
+    return ipc.Progress(
+        done=progress.done,
+        total=progress.total,
+        current=progress.current,
+        next=list(progress.next),
+    )
+
+
+@attrs.define(eq=False)
+class BuiltinBackend:
+    """Backend ``builtin``."""
+
+    model: Model
+    tools: dict[str, Tool]
+    host: Host
+    ctx: ToolContext
+    messages: list[dict[str, Any]]
+    name: str = "builtin"
+    steers: SteerInbox = attrs.Factory(SteerInbox)
+    _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _turn: int = attrs.field(default=0, init=False)
+    _tokens: int = attrs.field(default=0, init=False)
+
+    @classmethod
+    def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "BuiltinBackend":
+        workspace = Path(loadout.workspace)
+
+        async def may_write(path: Path) -> str | None:
+            if not loadout.ownership:
+                return None
+            return await host.ownership([str(path)])
+
+        def on_progress(progress: Progress) -> None:
+            host.emit(ipc.Event(activity="todo", progress=_to_ipc(progress)))
+
+        ctx = ToolContext(workspace=workspace, may_write=may_write, on_progress=on_progress)
+        names = set(loadout.tools)
+        tools: dict[str, Tool] = dict(build_tools(sorted(names - HOST_TOOLS), ctx))
+        tools.update(build_host_tools(names & HOST_TOOLS, host))
+        return cls(
+            model=make_model(loadout.model, workspace),
+            tools=tools,
+            host=host,
+            ctx=ctx,
+            messages=[{"role": "system", "content": loadout.system_prompt}],
+        )
+
+    def _schemas(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in self.tools.values()
+        ]
+
+    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        if not side:
+            self._turn += 1
+        content = (
+            f"By the way (a side question; answer it briefly and do not resume your task): {text}"
+            if side
+            else text
+        )
+        self.messages.append({"role": "user", "content": content})
+        self.steers.new_turn()
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                return await self._loop(text, side=side)
+            except ModelError as exc:
+                return TurnResult(text="", ok=False, error=f"model: {exc}")
+            finally:
+                self._scope = None
+        return TurnResult(text="", ok=True, aborted=True)
+
+    async def _loop(self, task: str, *, side: bool) -> TurnResult:
+        ctx = StepContext(
+            messages=self.messages,
+            tools=self._schemas(),
+            turn=self._turn,
+            side=side,
+            task=task,
+            steers=self.steers,
+            emit=self.host.emit,
+        )
+        for _ in range(MAX_STEPS):
+            for steer in self.steers.drain():
+                self.messages.append({"role": "user", "content": f"Steer from parent: {steer}"})
+            step = await self.model.step(ctx)
+            if step.usage is not None:
+                self._tokens += step.usage.tokens
+                self.host.emit(
+                    ipc.Event(
+                        activity="usage",
+                        usage=ipc.Usage(tokens=self._tokens, cost_usd=step.usage.cost_usd),
+                    )
+                )
+            if not step.tool_calls:
+                self.messages.append({"role": "assistant", "content": step.text})
+                return TurnResult(text=step.text)
+            self.messages.append(
+                {
+                    "role": "assistant",
+                    "content": step.text or None,
+                    "tool_calls": [
+                        {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": json.dumps(call.args)},
+                        }
+                        for call in step.tool_calls
+                    ],
+                }
+            )
+            for call in step.tool_calls:
+                result_text = await self._run_tool(call.name, call.args)
+                self.messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": result_text}
+                )
+        return TurnResult(text="", ok=False, error=f"turn exceeded {MAX_STEPS} model steps")
+
+    async def _run_tool(self, name: str, args: dict[str, Any]) -> str:
+        tool = self.tools.get(name)
+        self.host.emit(ipc.Event(activity="tool_start", tool=name, text=_preview(args)))
+        if tool is None:
+            text, is_error = f"{name}: no such tool here (available: {sorted(self.tools)})", True
+        else:
+            result = await tool.run(self.ctx, args)
+            text, is_error = result.text, result.is_error
+        self.host.emit(
+            ipc.Event(activity="tool_end", tool=name, text="error" if is_error else "ok")
+        )
+        return text
+
+    async def steer(self, text: str) -> None:
+        self.steers.put(text)
+
+    async def abort(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def aclose(self) -> None:
+        await self.model.aclose()

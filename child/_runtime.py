@@ -1,0 +1,221 @@
+"""The child's runtime: read the loadout, connect, hello, serve commands, run the backend.
+
+One turn runs at a time. Activity events are coalesced and sent at most every
+:data:`EVENT_INTERVAL` seconds (tool start/end are never dropped; streamed-text updates are);
+the buffer is flushed before a turn's ``settled`` so the parent sees events in order. The
+process exits when the IPC connection ends.
+"""
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+import trio
+
+import ipc
+from child._backend import Backend, TurnResult
+
+log = logging.getLogger("child")
+
+EVENT_INTERVAL: Final = 0.1
+MAX_BUFFERED_EVENTS: Final = 256
+_COALESCED: Final = frozenset({"message", "tool_update", "usage", "todo"})
+
+
+def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
+    """The backend a loadout names."""
+    if loadout.backend == "builtin":
+        from child._builtin import BuiltinBackend  # noqa: PLC0415 - keep start-up lean
+
+        return BuiltinBackend.from_loadout(loadout, host)
+    if loadout.backend == "command":
+        from child._command import CommandBackend  # noqa: PLC0415
+
+        return CommandBackend.from_loadout(loadout, host)
+    raise ValueError(f"backend {loadout.backend!r} is not available in this child")
+
+
+@attrs.define(eq=False)
+class Runtime:
+    """Serves the supervisor's commands and offers host services to the backend."""
+
+    loadout: ipc.Loadout
+    channel: ipc.Channel
+    backend: Backend | None = None
+    _events: list[ipc.Event] = attrs.Factory(list)
+    _wake: trio.Event = attrs.Factory(trio.Event)
+    _turn: trio.CancelScope | None = None
+    _busy: bool = False
+    _nursery: trio.Nursery | None = None
+
+    # -- host services ------------------------------------------------------------------
+
+    def emit(self, event: ipc.Event) -> None:
+        if self._events and event.activity in _COALESCED:
+            last = self._events[-1]
+            if last.activity == event.activity and event.activity in _COALESCED:
+                self._events[-1] = event
+                return
+        if len(self._events) >= MAX_BUFFERED_EVENTS:
+            # Under a storm keep the newest; the parent only ever shows the latest activity.
+            del self._events[: len(self._events) // 2]
+        self._events.append(event)
+        self._wake.set()
+
+    async def ask_parent(self, question: str) -> str:
+        answer = await self.channel.request(ipc.Question(text=question), timeout=None)
+        if isinstance(answer, ipc.Answer):
+            return answer.text
+        return "The parent gave no answer."
+
+    async def spawn(self, agent: str, task: str, name: str = "") -> str:
+        try:
+            reply = await self.channel.request(
+                ipc.Spawn(agent=agent, task=task, name=name), timeout=None
+            )
+        except ipc.RemoteError as exc:
+            return f"subagent refused: {exc}"
+        if isinstance(reply, ipc.Reply):
+            return str(reply.data.get("report", ""))
+        return ""
+
+    async def ownership(self, paths: Sequence[str]) -> str | None:
+        try:
+            await self.channel.request(ipc.Ownership(paths=list(paths)))
+        except ipc.RemoteError as exc:
+            return f"write refused: {exc}"
+        except ipc.RequestError as exc:
+            return f"write refused: ownership could not be confirmed ({exc})"
+        return None
+
+    async def discuss(self, op: str, **fields: str | None) -> str:
+        message = ipc.Discuss(
+            op=op,  # type: ignore[arg-type]
+            text=fields.get("text") or "",
+            to=fields.get("to"),
+            question=fields.get("question"),
+            since=fields.get("since"),
+        )
+        try:
+            reply = await self.channel.request(message)
+        except ipc.RemoteError as exc:
+            return f"discuss failed: {exc}"
+        return str(reply.data.get("text", "")) if isinstance(reply, ipc.Reply) else ""
+
+    # -- event pump ----------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        batch, self._events = self._events, []
+        self._wake = trio.Event()
+        for event in batch:
+            await self.channel.send_event(event)
+
+    async def pump_events(self) -> None:
+        while True:
+            await self._wake.wait()
+            await self._flush()
+            await trio.sleep(EVENT_INTERVAL)
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def handle(self, envelope: ipc.Envelope) -> ipc.Message:
+        body = envelope.body
+        if self.backend is None or self._nursery is None:
+            return ipc.Reply(ok=False, error="the child is still starting")
+        if isinstance(body, (ipc.Prompt, ipc.Ask)):
+            if self._busy:
+                return ipc.Reply(ok=False, error="a turn is already running")
+            self._busy = True
+            self._nursery.start_soon(self._run_turn, body)
+            return ipc.Reply(ok=True)
+        if isinstance(body, ipc.Steer):
+            if not self._busy:
+                return ipc.Reply(ok=False, error="no turn is running to steer")
+            await self.backend.steer(body.text)
+            return ipc.Reply(ok=True)
+        if isinstance(body, ipc.Abort):
+            if self._busy:
+                await self.backend.abort()
+            return ipc.Reply(ok=True, data={"working": self._busy})
+        if isinstance(body, ipc.Shutdown):
+            if self._busy:
+                await self.backend.abort()
+            self.channel.close("shutdown")
+            return ipc.Reply(ok=True)
+        return ipc.Reply(ok=False, error=f"{envelope.type} is not a command a child serves")
+
+    async def _run_turn(self, body: ipc.Prompt | ipc.Ask) -> None:
+        if self.backend is None:
+            return
+        side = isinstance(body, ipc.Ask)
+        self.emit(ipc.Event(activity="status", text="working"))
+        try:
+            result = await self.backend.run_turn(body.text, side=side)
+        except Exception as exc:
+            log.exception("turn %s failed", body.turn)
+            result = TurnResult(text="", ok=False, error=f"{type(exc).__name__}: {exc}")
+        self._busy = False
+        settled = ipc.Settled(
+            turn=body.turn,
+            text=result.text,
+            ok=result.ok,
+            aborted=result.aborted,
+            error=result.error,
+            side=side,
+        )
+        try:
+            await self._flush()
+            await self.channel.send_event(settled)
+        except ipc.ChannelClosed:
+            log.info("settled turn %s could not be delivered: channel closed", body.turn)
+
+    async def on_event(self, envelope: ipc.Envelope) -> None:
+        log.debug("ignoring %s event from the supervisor", envelope.type)
+
+    async def serve(self) -> None:
+        self.backend = make_backend(self.loadout, self)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self.pump_events)
+                await self.channel.serve(self.handle, self.on_event)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.backend.aclose()
+
+
+async def run(loadout_path: str) -> int:
+    """Run a child for the loadout at *loadout_path*; the process's exit code."""
+    loadout = ipc.Loadout.from_file(loadout_path)
+    with contextlib.suppress(OSError):
+        os.chdir(loadout.workspace)  # tools resolve relative paths against the workspace
+    channel, _ = await ipc.open_client(
+        loadout.socket,
+        owner=loadout.owner,
+        token=loadout.token,
+        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
+        request_timeout=loadout.request_timeout,
+    )
+    await Runtime(loadout=loadout, channel=channel).serve()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m child <loadout>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="child %(levelname)s %(message)s")
+    os.environ["FLEET_CHILD"] = "1"
+    try:
+        return trio.run(run, args[0])
+    except ipc.IpcError as exc:
+        print(f"child: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130

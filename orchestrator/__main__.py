@@ -1,0 +1,5 @@
+"""``python -m orchestrator`` is the ``fleet`` command."""
+
+from orchestrator._cli import main
+
+main()

@@ -1,0 +1,73 @@
+"""Capacity: the retained-fleet cap and the lane for working children.
+
+The cap counts every live child (idle and paused included). A batch reserves atomically and is
+refused whole before any launch. Lowering the cap keeps the fleet and blocks new spawns until
+there is room. The lane bounds how many children actively work at once; turns beyond it wait
+in FIFO order and never fail.
+"""
+
+import attrs
+import trio
+
+from orchestrator._config import CAPS
+from orchestrator._errors import CapacityError, UsageError
+
+
+@attrs.define(eq=False)
+class Capacity:
+    """Counts live children against ``cap``."""
+
+    cap: int
+    used: int = 0
+
+    def reserve(self, count: int) -> None:
+        """Reserve *count* slots at once, or none (raises :class:`CapacityError`)."""
+        if count < 1:
+            raise UsageError("spawn: nothing to reserve")
+        if self.used + count > self.cap:
+            free = max(0, self.cap - self.used)
+            raise CapacityError(
+                f"spawn: {count} new child(ren) would exceed max_subagents {self.cap} "
+                f"({self.used} live, {free} free) (stop or discard a child, or raise the cap)"
+            )
+        self.used += count
+
+    def release(self, count: int = 1) -> None:
+        self.used = max(0, self.used - count)
+
+    def set_cap(self, cap: int) -> None:
+        if cap not in CAPS:
+            raise UsageError(f"max_subagents {cap} is not one of {', '.join(map(str, CAPS))}")
+        self.cap = cap
+
+
+@attrs.define(eq=False)
+class Lane:
+    """A FIFO slot pool for working children."""
+
+    capacity: int
+    working: int = 0
+    queued: int = 0
+    _free: trio.Semaphore | None = None
+
+    def _semaphore(self) -> trio.Semaphore:
+        if self._free is None:
+            self._free = trio.Semaphore(self.capacity)
+        return self._free
+
+    async def acquire(self) -> None:
+        """Wait (in order) for a slot."""
+        semaphore = self._semaphore()
+        self.queued += 1
+        try:
+            await semaphore.acquire()
+        finally:
+            self.queued -= 1
+        self.working += 1
+
+    def release(self) -> None:
+        self.working -= 1
+        self._semaphore().release()
+
+    def statistics(self) -> dict[str, int]:
+        return {"capacity": self.capacity, "working": self.working, "queued": self.queued}

@@ -1,0 +1,222 @@
+"""Supervisor configuration and the session's state directory layout.
+
+Settings come from (later wins): defaults, ``$FLEET_HOME/config.yaml``, environment variables
+(``FLEET_MAX_SUBAGENTS``, ``FLEET_LANE``, ``FLEET_IDLE_TIMEOUT_MS``, ``FLEET_MAX_TOTAL_MS``,
+``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``), then explicit arguments. Watchdog budgets are
+global only: never a spawn parameter.
+"""
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import platformdirs
+import yaml
+
+from orchestrator._errors import UsageError
+
+CAPS: Final = (2, 4, 6, 8, 16)
+DEFAULT_CAP: Final = 4
+DEFAULT_LANE: Final = 3
+_SESSION_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+
+
+def _check_cap(_: object, __: object, value: int) -> None:
+    if value not in CAPS:
+        raise UsageError(f"max_subagents {value} is not one of {', '.join(map(str, CAPS))}")
+
+
+def _check_lane(_: object, __: object, value: int) -> None:
+    if not 1 <= value <= 64:
+        raise UsageError(f"lane capacity {value} is outside 1..64")
+
+
+def default_home() -> Path:
+    """``$FLEET_HOME``, else the platform's user state directory."""
+    env = os.environ.get("FLEET_HOME")
+    return Path(env) if env else Path(platformdirs.user_state_dir("fleet"))
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything a supervisor needs to know before it starts."""
+
+    home: Path = attrs.Factory(default_home)
+    session: str
+    workspace: Path
+    max_subagents: int = attrs.field(default=DEFAULT_CAP, validator=_check_cap)
+    lane: int = attrs.field(default=DEFAULT_LANE, validator=_check_lane)
+    idle_timeout_ms: object = 600_000
+    max_total_ms: object = 1_200_000
+    hello_timeout: float = 30.0
+    request_timeout: float = 5.0
+    pause_timeout: float = 15.0
+    kill_grace: float = 3.0
+    drain_timeout: float = 2.0
+    model: str = ""
+    surface: str = "process"
+    allow_unsandboxed: bool = False
+    sandbox: str = "auto"
+    agents_scope: str = "default"
+    record_output: bool = False
+    python: str = sys.executable
+
+    @property
+    def paths(self) -> "SessionPaths":
+        return SessionPaths(root=self.home / "sessions" / self.session)
+
+
+@attrs.frozen
+class SessionPaths:
+    """Where one session keeps its state (``$FLEET_HOME/sessions/<id>/``)."""
+
+    root: Path
+
+    @property
+    def ipc_socket(self) -> Path:
+        return self.root / "ipc.sock"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.root / "control.sock"
+
+    @property
+    def control_token(self) -> Path:
+        return self.root / "control.token"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "supervisor.lock"
+
+    @property
+    def loadouts(self) -> Path:
+        return self.root / "loadouts"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def worktrees(self) -> Path:
+        return self.root / "worktrees"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def review(self) -> Path:
+        return self.root / "review"
+
+    @property
+    def paper(self) -> Path:
+        return self.root / "paper.json"
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "registry.json"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+
+def repo_root(cwd: Path) -> Path:
+    """The git top level containing *cwd*, else *cwd* itself."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return cwd.resolve()
+    top = out.stdout.strip()
+    return Path(top).resolve() if out.returncode == 0 and top else cwd.resolve()
+
+
+def resolve_session(explicit: str | None, workspace: Path) -> str:
+    """``--session``, else ``FLEET_SESSION``, else one id per repository root."""
+    chosen = explicit or os.environ.get("FLEET_SESSION")
+    if chosen:
+        if not _SESSION_RE.fullmatch(chosen):
+            raise UsageError(
+                f"session id {chosen!r} is invalid (letters, digits, - and _, at most 40)"
+            )
+        return chosen
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", workspace.name)[:24].strip("-") or "root"
+    digest = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:8]
+    return f"{name}-{digest}"
+
+
+def _file_settings(home: Path) -> Mapping[str, Any]:
+    path = home / "config.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"config {path}: {exc} (fix or remove the file)") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"config {path}: top level must be a mapping")
+    return data
+
+
+def load_config(*, session: str | None = None, cwd: Path | None = None, **overrides: Any) -> Config:
+    """Build a :class:`Config` from file, environment and *overrides*."""
+    workspace = repo_root(cwd or Path.cwd())
+    home = Path(overrides.pop("home", None) or default_home())
+    settings: dict[str, Any] = {}
+    data = _file_settings(home)
+    sub = data.get("subagents", {}) if isinstance(data.get("subagents", {}), dict) else {}
+    for key, target in (
+        ("max_subagents", "max_subagents"),
+        ("lane", "lane"),
+        ("idle_timeout_ms", "idle_timeout_ms"),
+        ("max_total_ms", "max_total_ms"),
+        ("model", "model"),
+        ("surface", "surface"),
+        ("allow_unsandboxed", "allow_unsandboxed"),
+        ("sandbox", "sandbox"),
+    ):
+        if key in sub:
+            settings[target] = sub[key]
+    env = os.environ
+    for name, target, convert in (
+        ("FLEET_MAX_SUBAGENTS", "max_subagents", int),
+        ("FLEET_LANE", "lane", int),
+        ("FLEET_IDLE_TIMEOUT_MS", "idle_timeout_ms", _int_or_text),
+        ("FLEET_MAX_TOTAL_MS", "max_total_ms", _int_or_text),
+        ("FLEET_MODEL", "model", str),
+        ("FLEET_SURFACE", "surface", str),
+        ("FLEET_SANDBOX", "sandbox", str),
+    ):
+        if env.get(name):
+            try:
+                settings[target] = convert(env[name])
+            except ValueError:
+                raise UsageError(f"{name}={env[name]!r} is not a valid value") from None
+    if env.get("FLEET_ALLOW_UNSANDBOXED", "").lower() in {"1", "true", "yes"}:
+        settings["allow_unsandboxed"] = True
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return Config(
+        home=home, session=resolve_session(session, workspace), workspace=workspace, **settings
+    )
+
+
+def _int_or_text(value: str) -> object:
+    try:
+        return int(value)
+    except ValueError:
+        return value  # the watchdog policy check reports it and falls back

@@ -1,0 +1,278 @@
+"""The control socket: the same framing and auth as children, owner ``control``.
+
+:class:`ControlServer` maps ``Control{op, args}`` requests onto the :class:`Supervisor` API and
+answers with a :class:`ipc.Reply` whose ``data`` is the CLI's ``--json`` shape; a refusal
+carries ``data.kind`` so the client can raise the same :class:`FleetError` subclass.
+:func:`call` is the client side used by every CLI verb.
+"""
+
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
+from orchestrator._plan import SpawnRequest
+from orchestrator._supervisor import Supervisor
+
+CONTROL_OWNER: Final = "control"
+WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
+
+Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str:
+    value = args.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value):
+        raise UsageError(f"{key} must be a non-empty string")
+    return value
+
+
+def _strs(args: Mapping[str, Any], key: str) -> list[str]:
+    value = args.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"{key} must be a list of strings")
+    return value
+
+
+def _agent_row(record: Any) -> dict[str, Any]:
+    return {
+        "key": record.key,
+        "name": record.name,
+        "agent": record.agent,
+        "mode": record.mode,
+        "state": str(record.state),
+    }
+
+
+async def _spawn(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    raw = args.get("requests")
+    if not isinstance(raw, list) or not raw:
+        raise UsageError("spawn: requests must be a non-empty list")
+    requests = [
+        SpawnRequest.from_mapping(entry) if isinstance(entry, dict) else _bad_entry()
+        for entry in raw
+    ]
+    records = await sup.spawn(requests)
+    return {"agents": [_agent_row(r) for r in records]}
+
+
+def _bad_entry() -> SpawnRequest:
+    raise UsageError("spawn: each batch entry must be a JSON object")
+
+
+async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    return sup.peek(_strs(args, "agents"))
+
+
+async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    timeout = args.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+        raise UsageError("wait: timeout must be a number of seconds >= 0")
+    settled = await sup.wait(_strs(args, "agents"), every=bool(args.get("all")), timeout=timeout)
+    return {"settled": settled}
+
+
+async def _steer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    record = await sup.steer(_str(args, "agent"), _str(args, "text"))
+    return {"key": record.key, "state": str(record.state)}
+
+
+async def _pause(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    record, settled = await sup.pause(_str(args, "agent"))
+    return {"key": record.key, "state": str(record.state), "settled": settled}
+
+
+async def _resume(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    record = await sup.prompt(_str(args, "agent"), _str(args, "text"))
+    return {"key": record.key, "state": str(record.state)}
+
+
+async def _ask(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    ref = _str(args, "agent")
+    answer = await sup.ask(ref, _str(args, "text"))
+    return {"key": sup.registry.find(ref).key, "answer": answer}
+
+
+async def _answer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    question = sup.answer(_str(args, "question"), _str(args, "text"))
+    return {"question": question.id, "key": question.key}
+
+
+async def _stop(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    if args.get("all"):
+        return {"handoffs": await sup.stop_all()}
+    refs = _strs(args, "agents")
+    if not refs:
+        raise UsageError("stop: name at least one agent, or pass --all")
+    return {"handoffs": await sup.stop(refs)}
+
+
+async def _discard(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {"key": await sup.discard(_str(args, "agent")), "discarded": True}
+
+
+async def _logs(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    tail = args.get("tail", 8192)
+    if not isinstance(tail, int) or tail < 0:
+        raise UsageError("logs: tail must be a whole number of characters")
+    return sup.logs(_str(args, "agent"), tail)
+
+
+async def _agents(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    scope = _str(args, "scope", required=False) or None
+    return {
+        "agents": [
+            {
+                "name": d.name,
+                "description": d.description,
+                "mode": d.mode,
+                "tools": list(d.tools),
+                "backend": d.backend,
+                "source": d.source,
+            }
+            for d in sup.agents(scope).values()
+        ]
+    }
+
+
+async def _mode(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {"mode": sup.set_mode(_str(args, "name", required=False) or None)}
+
+
+async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {"session": sup.config.session, "pid": os.getpid(), "warnings": sup.warnings}
+
+
+OPS: Final[dict[str, Op]] = {
+    "spawn": _spawn,
+    "peek": _peek,
+    "wait": _wait,
+    "steer": _steer,
+    "pause": _pause,
+    "resume": _resume,
+    "ask": _ask,
+    "answer": _answer,
+    "stop": _stop,
+    "discard": _discard,
+    "logs": _logs,
+    "agents": _agents,
+    "mode": _mode,
+    "ping": _ping,
+}
+
+
+@attrs.define(eq=False)
+class ControlServer:
+    """Serves control connections for one supervisor."""
+
+    sup: Supervisor
+    token: str
+    shutdown: trio.Event = attrs.Factory(trio.Event)
+    extra_ops: dict[str, Op] = attrs.Factory(dict)
+
+    def _lookup(self, owner: str) -> str | None:
+        return self.token if owner == CONTROL_OWNER else None
+
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            channel, hello = await ipc.accept_hello(stream, self._lookup)
+        except ipc.HandshakeError:
+            return
+        await channel.reply(
+            hello.corr, ipc.Reply(ok=True, data={"session": self.sup.config.session})
+        )
+        await channel.serve(self._handle, _ignore_event)
+
+    async def _handle(self, envelope: ipc.Envelope) -> ipc.Message:
+        body = envelope.body
+        if not isinstance(body, ipc.Control):
+            return ipc.Reply(ok=False, error=f"{envelope.type} is not a control request")
+        if body.op == "shutdown":
+            self.shutdown.set()
+            return ipc.Reply(ok=True, data={"shutdown": True})
+        op = self.extra_ops.get(body.op) or OPS.get(body.op)
+        if op is None:
+            return ipc.Reply(
+                ok=False, error=f"unknown control op {body.op!r}", data={"kind": "usage"}
+            )
+        try:
+            data = await op(self.sup, body.args)
+        except FleetError as exc:
+            return ipc.Reply(ok=False, error=str(exc), data={"kind": exc.kind})
+        return ipc.Reply(ok=True, data=data)
+
+
+async def _ignore_event(envelope: ipc.Envelope) -> None:
+    return None
+
+
+def read_token(path: Path) -> str:
+    """The control token (a 0600 file we own)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise Unreachable(
+            f"control token {path}: {exc.strerror} (is the supervisor running?)"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise Unreachable(f"control token {path}: not a private file of ours (remove it)")
+        return os.read(fd, 256).decode().strip()
+    finally:
+        os.close(fd)
+
+
+async def call_async(
+    socket: Path,
+    token: str,
+    op: str,
+    args: Mapping[str, Any],
+    *,
+    timeout: float,  # noqa: ASYNC109 - the request deadline sent over the wire
+) -> dict[str, Any]:
+    """One control request; raises the :class:`FleetError` the supervisor reported."""
+    try:
+        channel, _ = await ipc.open_client(
+            socket,
+            owner=CONTROL_OWNER,
+            token=token,
+            hello=ipc.Hello(pid=os.getpid(), role="control"),
+            request_timeout=min(max(timeout, 1.0), ipc.check_timeout(120.0)),
+        )
+    except (OSError, ipc.HandshakeError) as exc:
+        raise Unreachable(f"supervisor at {socket} is unreachable: {exc}") from None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.serve, _no_requests, _ignore_event)
+        try:
+            reply = await channel.request(
+                ipc.Control(op=op, args=dict(args)), timeout=min(max(timeout, 0.001), 120.0)
+            )
+        except ipc.RemoteError as exc:
+            kind = str(exc.data.get("kind", "error"))
+            raise ERROR_KINDS.get(kind, FleetError)(str(exc)) from None
+        except ipc.RequestTimeout:
+            raise Unreachable(f"supervisor did not answer {op} within {timeout:g} s") from None
+        except ipc.ChannelClosed as exc:
+            raise Unreachable(f"supervisor closed the connection during {op}: {exc}") from None
+        finally:
+            await channel.aclose()
+            nursery.cancel_scope.cancel()
+    assert isinstance(reply, ipc.Reply)  # noqa: S101 - RemoteError covers error replies
+    return reply.data
+
+
+async def _no_requests(envelope: ipc.Envelope) -> ipc.Message:
+    return ipc.Reply(ok=False, error="the control client serves no requests")
+
+
+def op_timeout(op: str) -> float:
+    """How long the client waits for *op* (the supervisor bounds its own work)."""
+    return {"pause": 30.0, "stop": 90.0, "ask": 120.0, "spawn": 60.0, "wait": 115.0}.get(op, 30.0)

@@ -1,0 +1,182 @@
+"""Launchers start ``python -m child <loadout>`` somewhere and watch it.
+
+:class:`ProcessLauncher` (the default) runs the child as a direct subprocess in its own
+session. ``subprocess.Popen`` is called on the trio thread itself: trio's own
+``open_process`` forks from a worker thread, and ``PR_SET_PDEATHSIG`` (bubblewrap's
+``--die-with-parent``) fires when *that thread* exits — trio retires idle threads after 10 s,
+which would kill a sandboxed child at 10.0 s. Exit is awaited on a pidfd where the platform
+has one, else by polling.
+"""
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+import trio
+
+from orchestrator._kill import kill_tree
+
+OutputSink = Callable[[str, bytes], None]
+
+
+@attrs.frozen(kw_only=True)
+class LaunchSpec:
+    """What to start and how."""
+
+    key: str
+    name: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+
+
+class Launched(Protocol):
+    """A started child as its launcher sees it."""
+
+    pid: int
+    exited: trio.Event
+    returncode: int | None
+
+    async def wait(self) -> int: ...
+
+    async def terminate(self, grace: float) -> None: ...
+
+    async def drain(self, timeout: float) -> None: ...  # noqa: ASYNC109 - a bounded drain
+
+    def describe(self) -> str: ...
+
+
+class Launcher(Protocol):
+    name: str
+
+    async def launch(
+        self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
+    ) -> Launched: ...
+
+
+@attrs.define(eq=False)
+class LaunchedProcess:
+    """A direct child process; its stdout/stderr feed *sink*."""
+
+    popen: subprocess.Popen[bytes]
+    pid: int
+    exited: trio.Event = attrs.Factory(trio.Event)
+    returncode: int | None = None
+    _readers_done: trio.Event = attrs.Factory(trio.Event)
+    _reader_scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+
+    async def _watch(self) -> None:
+        try:
+            await _wait_exit(self.popen)
+        finally:
+            self.returncode = self.popen.returncode
+            self.exited.set()
+
+    async def wait(self) -> int:
+        await self.exited.wait()
+        assert self.returncode is not None  # noqa: S101 - set before exited
+        return self.returncode
+
+    async def terminate(self, grace: float) -> None:
+        await kill_tree(self.pid, exited=self.exited, grace=grace)
+
+    async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - a bounded drain
+        """Give stdio *timeout* seconds to reach EOF, then stop reading.
+
+        A grandchild that inherited the pipes must not keep ``stop`` waiting.
+        """
+        with trio.move_on_after(timeout):
+            await self._readers_done.wait()
+        self._reader_scope.cancel()
+
+    def describe(self) -> str:
+        return f"process pid {self.pid}"
+
+
+async def _wait_exit(popen: subprocess.Popen[bytes]) -> None:
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            fd = pidfd_open(popen.pid)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+            popen.wait()
+            return
+    while popen.poll() is None:  # noqa: ASYNC110 - no pidfd on this platform
+        await trio.sleep(0.05)
+
+
+async def _pump(fd: int, stream: str, sink: OutputSink) -> None:
+    async with trio.lowlevel.FdStream(fd) as pipe:
+        while True:
+            try:
+                chunk = await pipe.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not chunk:
+                return
+            sink(stream, bytes(chunk))
+
+
+@attrs.define(eq=False)
+class ProcessLauncher:
+    """Run the child as a direct subprocess in a new session."""
+
+    name: str = "process"
+
+    async def launch(
+        self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
+    ) -> LaunchedProcess:
+        popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
+        launched = LaunchedProcess(popen=popen, pid=popen.pid)
+        fds = []
+        for pipe in (popen.stdout, popen.stderr):
+            assert pipe is not None  # noqa: S101 - we asked for PIPE
+            fds.append(os.dup(pipe.fileno()))
+            pipe.close()
+        nursery.start_soon(launched._watch)
+
+        async def read_all() -> None:
+            with launched._reader_scope:
+                async with trio.open_nursery() as readers:
+                    readers.start_soon(_pump, fds[0], "stdout", sink)
+                    readers.start_soon(_pump, fds[1], "stderr", sink)
+            launched._readers_done.set()
+
+        nursery.start_soon(read_all)
+        return launched
+
+
+def spawn_popen(
+    argv: Sequence[str], *, cwd: str, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start *argv* on the calling (trio) thread, in a new session, stdin from /dev/null."""
+    return subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def child_argv(python: str, loadout: str) -> tuple[str, ...]:
+    """``python -I -m child <loadout>`` with an absolute interpreter path.
+
+    The path is made absolute but not resolved: a virtualenv's ``python`` is a symlink, and
+    resolving it would start the base interpreter without the venv's packages. ``-I`` keeps
+    the workspace (the child's cwd) off ``sys.path``, so a repository with its own ``child``
+    directory cannot shadow ours.
+    """
+    return (os.path.abspath(python or sys.executable), "-I", "-m", "child", loadout)

@@ -1,0 +1,454 @@
+"""One child's life, as the supervisor runs it: launch, hello, turns, and one terminal state.
+
+A :class:`ChildRun` owns its process, its IPC channel, its watchdog and its run log. Every way
+a child can end — stop, watchdog, crash, disconnect, handshake timeout, supervisor close —
+goes through :meth:`ChildRun.finish`, which runs exactly once: it kills the tree, drains
+stdio, releases the slot, the lane and the locks, records the failure and retires the record.
+"""
+
+import contextlib
+import signal
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._diagnostics import FailureKind, RunLog
+from orchestrator._errors import OperationFailed, UsageError
+from orchestrator._launcher import Launched
+from orchestrator._registry import TERMINAL, ChildRecord, State, clip
+from orchestrator._watchdog import BudgetPolicy, Watchdog
+
+if TYPE_CHECKING:
+    from orchestrator._supervisor import Supervisor
+
+HEARTBEATS = frozenset({"tool_start", "tool_update", "message"})
+
+
+@attrs.define(eq=False)
+class Question:
+    """A question a child asked its parent (``q<N>``)."""
+
+    id: str
+    key: str
+    text: str
+    answered: trio.Event = attrs.Factory(trio.Event)
+    answer: str | None = None
+
+
+@attrs.define(eq=False)
+class Turn:
+    number: int
+    side: bool
+    settled: trio.Event = attrs.Factory(trio.Event)
+    result: ipc.Settled | None = None
+
+
+@attrs.define(eq=False)
+class ChildRun:
+    """The supervisor's side of one child."""
+
+    sup: "Supervisor"
+    record: ChildRecord
+    token: str
+    loadout: str
+    log: RunLog
+    budgets: BudgetPolicy
+    watchdog: Watchdog = attrs.field(init=False)
+    launched: Launched | None = None
+    channel: ipc.Channel | None = None
+    connected: trio.Event = attrs.Factory(trio.Event)
+    done: trio.Event = attrs.Factory(trio.Event)
+    finishing: bool = False
+    pausing: bool = False
+    stopping: bool = False
+    turn: Turn | None = None
+    side_turn: Turn | None = None
+    _prompts: list[str] = attrs.Factory(list)
+    _prompt_ready: trio.Event = attrs.Factory(trio.Event)
+    _nursery: trio.Nursery | None = None
+    _holds_lane: bool = False
+    _turns: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
+
+    @property
+    def key(self) -> str:
+        return self.record.key
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Launch the child and serve it until its terminal state."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                self.launched = await self.sup.launch(self, nursery)
+            except Exception as exc:
+                task_status.started()
+                await self.finish(State.FAILED, kind="launch", error=str(exc))
+                return
+            self.record.pid = self.launched.pid
+            self.log.write(f"launched {self.launched.describe()}")
+            nursery.start_soon(self._watch_exit)
+            nursery.start_soon(self._handshake_deadline)
+            nursery.start_soon(self.watchdog.run)
+            nursery.start_soon(self._turn_worker)
+            task_status.started()
+            await self.done.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _handshake_deadline(self) -> None:
+        with trio.move_on_after(self.sup.config.hello_timeout):
+            await self.connected.wait()
+            return
+        await self.finish(
+            State.FAILED,
+            kind="handshake-timeout",
+            error=f"no authenticated hello within {self.sup.config.hello_timeout:g} s",
+        )
+
+    async def _watch_exit(self) -> None:
+        assert self.launched is not None  # noqa: S101 - started after launch
+        code = await self.launched.wait()
+        if self.finishing:
+            return
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            await self.finish(State.FAILED, kind="killed", error=f"child killed by {name}")
+        else:
+            await self.finish(State.FAILED, kind="exited", error=f"child exited with code {code}")
+
+    def on_timeout(self, kind: str) -> None:
+        """Watchdog callback: the budget *kind* ran out."""
+        if self._nursery is not None and not self.finishing:
+            budget = (
+                self.watchdog.policy.idle_ms
+                if kind == "idle"
+                else self.watchdog.policy.max_total_ms
+            )
+            self._nursery.start_soon(
+                self.finish, State.FAILED, kind, f"{kind} budget of {budget} ms ran out"
+            )
+
+    async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
+        """Bind an authenticated connection to this run and serve it until it ends."""
+        if self.connected.is_set() or self.finishing:
+            await channel.aclose("duplicate or late hello")
+            return
+        self.channel = channel
+        await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
+        self.connected.set()
+        self.record.touch("connected")
+        if self.record.state is State.STARTING and not self._prompts:
+            self.record.state = State.IDLE
+        try:
+            await channel.serve(self._handle_request, self._on_event)
+        finally:
+            if channel.flagged and not self.finishing:
+                await self.finish(
+                    State.FAILED,
+                    kind="protocol",
+                    error=f"connection closed after invalid frames ({dict(channel.drops)})",
+                )
+            elif not self.finishing:
+                # The child dropped its connection: it is exiting or broken; give the
+                # process a moment to exit so the failure is classified by its exit code.
+                with trio.move_on_after(self.sup.config.drain_timeout):
+                    await self.done.wait()
+                if not self.finishing:
+                    await self.finish(
+                        State.FAILED, kind="protocol", error="child closed its connection"
+                    )
+
+    # -- turns ------------------------------------------------------------------------------
+
+    def queue_prompt(self, text: str) -> None:
+        if self.record.state in TERMINAL or self.finishing:
+            raise UsageError(f"{self.key} is {self.record.state}; it cannot take a prompt")
+        self._prompts.append(text)
+        self._prompt_ready.set()
+        if self.record.state in {State.IDLE, State.PAUSED}:
+            self.record.state = State.WORKING
+            self.record.queued = True
+            self.record.touch("queued")
+
+    async def _turn_worker(self) -> None:
+        await self.connected.wait()
+        while True:
+            while not self._prompts:
+                self._prompt_ready = trio.Event()
+                await self._prompt_ready.wait()
+            text = self._prompts.pop(0)
+            await self._run_turn(text)
+
+    async def _run_turn(self, text: str) -> None:
+        record = self.record
+        record.state = State.WORKING
+        record.queued = True
+        record.touch(
+            "queued for a lane slot" if self.sup.lane.queued or self._lane_full() else None
+        )
+        await self.sup.lane.acquire()
+        self._holds_lane = True
+        record.queued = False
+        self._turns += 1
+        turn = Turn(number=self._turns, side=False)
+        self.turn = turn
+        record.turn = turn.number
+        try:
+            self.watchdog.start_active()
+            record.touch("working")
+            try:
+                await self._request(ipc.Prompt(text=text, turn=turn.number))
+            except OperationFailed as exc:
+                turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
+                turn.settled.set()
+            await turn.settled.wait()
+        finally:
+            self.watchdog.stop_active()
+            self._release_lane()
+            self.turn = None
+        self._settled(turn)
+
+    def _lane_full(self) -> bool:
+        stats = self.sup.lane.statistics()
+        return stats["working"] >= stats["capacity"]
+
+    def _release_lane(self) -> None:
+        if self._holds_lane:
+            self._holds_lane = False
+            self.sup.lane.release()
+
+    def _settled(self, turn: Turn) -> None:
+        result = turn.result
+        record = self.record
+        if result is None or self.finishing:
+            return
+        self.sup.cancel_questions(self.key)
+        if result.text:
+            record.report = result.text
+        if not result.ok:
+            record.error = result.error
+        notify = not (result.aborted and (self.pausing or self.stopping))
+        if self.pausing or result.aborted:
+            record.state = State.PAUSED
+            record.touch("paused")
+        elif self._prompts:
+            record.state = State.WORKING
+        else:
+            record.state = State.IDLE
+            record.touch("idle" if result.ok else f"turn failed: {result.error}")
+        self.pausing = False
+        if notify:
+            self.sup.notify(record, report=result.text, error=result.error)
+
+    async def _request(self, message: ipc.Message) -> ipc.Message:
+        if self.channel is None:
+            raise OperationFailed(f"{self.key} is not connected yet")
+        try:
+            return await self.channel.request(message)
+        except ipc.RequestError as exc:
+            raise OperationFailed(f"{self.key}: {exc}") from None
+
+    async def steer(self, text: str) -> None:
+        if self.record.state not in {State.WORKING, State.WAITING} or self.turn is None:
+            raise UsageError(
+                f"steer: {self.key} is {self.record.state}, not working (use resume for idle "
+                "or paused children)"
+            )
+        await self._request(ipc.Steer(text=text))
+        self.record.touch("steered")
+
+    async def pause(self) -> bool:
+        """Clear queued prompts and abort; ``False`` when not settled within the pause timeout."""
+        self._prompts.clear()
+        turn = self.turn
+        if turn is None:
+            if self.record.state in {State.IDLE, State.WORKING}:
+                self.record.state = State.PAUSED
+                self.record.queued = False
+                self.record.touch("paused")
+            return True
+        self.pausing = True
+        await self._request(ipc.Abort())
+        with trio.move_on_after(self.sup.config.pause_timeout):
+            await turn.settled.wait()
+            # _settled runs in the turn task right after the event; let it.
+            await trio.lowlevel.checkpoint()
+            return True
+        return False
+
+    async def ask(self, text: str) -> str:
+        """A side question: pause if working, ask, then restore the prior state and task."""
+        prior = self.record.state
+        if prior in TERMINAL:
+            raise UsageError(f"ask: {self.key} is {prior}")
+        resume = prior in {State.WORKING, State.WAITING}
+        if resume and not await self.pause():
+            raise OperationFailed(f"ask: {self.key} did not settle within the pause timeout")
+        self._turns += 1
+        side = Turn(number=self._turns, side=True)
+        self.side_turn = side
+        self.record.touch("answering a side question")
+        self.watchdog.start_active()
+        try:
+            await self._request(ipc.Ask(text=text, turn=side.number))
+            await side.settled.wait()
+        finally:
+            self.watchdog.stop_active()
+            self.side_turn = None
+        result = side.result
+        answer = "" if result is None else (result.text or result.error)
+        if resume:
+            self.queue_prompt(
+                "Continue the task you were working on before the side question: "
+                f"{self.record.task}"
+            )
+        else:
+            self.record.state = prior
+            self.record.touch(str(prior))
+        return answer
+
+    # -- from the child ---------------------------------------------------------------------
+
+    async def _on_event(self, envelope: ipc.Envelope) -> None:
+        body = envelope.body
+        if isinstance(body, ipc.Event):
+            self._on_activity(body)
+        elif isinstance(body, ipc.Settled):
+            target = self.side_turn if body.side else self.turn
+            if target is None or target.number != body.turn or target.settled.is_set():
+                self.log.write(f"ignored a late settled frame for turn {body.turn}")
+                return
+            target.result = body
+            target.settled.set()
+
+    def _on_activity(self, event: ipc.Event) -> None:
+        record = self.record
+        if event.activity in HEARTBEATS:
+            self.watchdog.heartbeat()
+        if event.progress is not None:
+            progress = event.progress
+            record.progress = {
+                "done": progress.done,
+                "total": progress.total,
+                "current": progress.current,
+                "next": list(progress.next[:3]),
+            }
+        if event.usage is not None:
+            record.tokens = event.usage.tokens
+            if event.usage.cost_usd is not None:
+                record.cost_usd = event.usage.cost_usd
+        if event.activity in {"tool_start", "tool_update"}:
+            record.touch(clip(f"{event.tool} {event.text}".strip(), 120))
+        elif event.activity == "message" and event.text:
+            record.touch(clip(event.text.splitlines()[0] if event.text else "", 120))
+        elif event.activity == "todo" and record.progress.get("current"):
+            record.touch(clip(f"todo: {record.progress['current']}", 120))
+        else:
+            record.touch()
+
+    async def _handle_request(self, envelope: ipc.Envelope) -> ipc.Message:
+        body = envelope.body
+        if isinstance(body, ipc.Question):
+            return await self._question(body.text)
+        if isinstance(body, ipc.Spawn):
+            return await self.sup.nested_spawn(self, body)
+        if isinstance(body, ipc.Ownership):
+            return self.sup.take_ownership(self, body.paths)
+        if isinstance(body, ipc.Discuss):
+            return await self.sup.discuss_for(self, body)
+        if isinstance(body, ipc.Proxy):
+            return ipc.Reply(ok=False, error=f"no parent tool {body.tool!r} is offered here")
+        return ipc.Reply(ok=False, error=f"{envelope.type} is not a request the supervisor serves")
+
+    async def _question(self, text: str) -> ipc.Message:
+        question = self.sup.new_question(self.key, text)
+        record = self.record
+        prior = record.state
+        record.state = State.WAITING
+        record.question = question.id
+        record.touch(clip(f"asks: {text}", 120))
+        self.watchdog.pause_for_question()
+        self.sup.notify(record, question=question)
+        try:
+            await question.answered.wait()
+        finally:
+            self.watchdog.resume_after_question()
+            self.sup.drop_question(question.id)
+            record.question = None
+            if record.state is State.WAITING:
+                record.state = prior if prior not in TERMINAL else record.state
+                record.touch("answered")
+        if question.answer is None:
+            return ipc.Reply(ok=False, error="the question was cancelled")
+        return ipc.Answer(question=question.id, text=question.answer)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    async def stop(self) -> dict[str, Any]:
+        """Final: abort if needed, close the child, reap it, release everything."""
+        if not self.finishing:
+            self.stopping = True
+            self._prompts.clear()
+            if self.channel is not None and not self.channel.closed:
+                if self.turn is not None or self.side_turn is not None:
+                    with trio.move_on_after(self.sup.config.pause_timeout):
+                        await self._quiet_request(ipc.Abort())
+                        turn = self.turn or self.side_turn
+                        if turn is not None:
+                            await turn.settled.wait()
+                with trio.move_on_after(1.0):
+                    await self._quiet_request(ipc.Shutdown())
+            await self.finish(State.STOPPED, kind="", error="")
+        await self.done.wait()
+        return self.record.handoff()
+
+    async def _quiet_request(self, message: ipc.Message) -> None:
+        if self.channel is not None:
+            with contextlib.suppress(ipc.RequestError):
+                await self.channel.request(message)
+
+    async def finish(self, state: State, kind: FailureKind | str, error: str) -> None:
+        """Reach the terminal *state* exactly once; later callers wait for the first."""
+        if self.finishing:
+            await self.done.wait()
+            return
+        self.finishing = True
+        record = self.record
+        with trio.CancelScope(shield=True):
+            if self.channel is not None:
+                self.channel.close("stopped" if state is State.STOPPED else kind)
+            for turn in (self.turn, self.side_turn):
+                if turn is not None and not turn.settled.is_set():
+                    turn.settled.set()
+            if self.launched is not None:
+                await self.launched.terminate(self.sup.config.kill_grace)
+                await self.launched.drain(self.sup.config.drain_timeout)
+            self.sup.cancel_questions(self.key)
+            self._release_lane()
+            record.state = state
+            record.queued = False
+            if state is State.FAILED:
+                record.error = error
+                report = self.log.fail(cast("FailureKind", kind), error)
+                record.failure = {
+                    "kind": report.kind,
+                    "transport": report.transport,
+                    "log": str(report.log_path),
+                    "error": report.error,
+                    "tail": report.tail,
+                }
+                record.touch(f"failed: {kind}")
+            else:
+                record.touch("stopped")
+            await self.sup.release(self)
+            if state is State.FAILED:
+                self.sup.notify(record, report=record.report, error=error, failure=True)
+        self.done.set()

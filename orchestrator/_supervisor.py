@@ -1,0 +1,453 @@
+"""The supervisor: the composition root that wires the parts and exposes the fleet API.
+
+It holds no low-level logic of its own: the registry, capacity and lane, policy, ownership,
+watchdogs, diagnostics, launchers, worktrees and the paper each live in their own module.
+Use it embedded::
+
+    async with open_supervisor(config) as sup:
+        [a1] = await sup.spawn([SpawnRequest(task="find the config loader")])
+        notes = await sup.wait([a1.key])
+"""
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._agents import AgentDefinition, load_agents
+from orchestrator._capacity import Capacity, Lane
+from orchestrator._config import Config
+from orchestrator._diagnostics import RunLog
+from orchestrator._errors import (
+    FleetError,
+    NotFound,
+    PolicyError,
+    TimedOut,
+    UsageError,
+)
+from orchestrator._launcher import Launched, LaunchSpec, ProcessLauncher, child_argv
+from orchestrator._notes import Notes
+from orchestrator._ownership import LockConflict, LockTable
+from orchestrator._plan import SpawnRequest, plan_spawn
+from orchestrator._policy import check_mode, validate_nested
+from orchestrator._registry import ChildRecord, Registry, State
+from orchestrator._run import ChildRun, Question
+from orchestrator._watchdog import BudgetPolicy, resolve_policy
+
+__all__ = ["SpawnRequest", "Supervisor", "open_supervisor"]
+
+
+@attrs.define(eq=False)
+class Supervisor:
+    """The fleet API. Create it with :func:`open_supervisor`."""
+
+    config: Config
+    session_key: bytes
+    nursery: trio.Nursery
+    budgets: BudgetPolicy
+    registry: Registry = attrs.Factory(Registry)
+    runs: dict[str, ChildRun] = attrs.Factory(dict)
+    notes: Notes = attrs.Factory(Notes)
+    locks: LockTable = attrs.Factory(LockTable)
+    questions: dict[str, Question] = attrs.Factory(dict)
+    mode: str = "build"
+    warnings: list[str] = attrs.Factory(list)
+    capacity: Capacity = attrs.field(init=False)
+    lane: Lane = attrs.field(init=False)
+    _question_ids: int = 0
+    _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
+    _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
+    _agents: dict[str, AgentDefinition] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.capacity = Capacity(cap=self.config.max_subagents)
+        self.lane = Lane(capacity=self.config.lane)
+
+    @property
+    def paths(self) -> Any:
+        return self.config.paths
+
+    # -- agents -------------------------------------------------------------------------
+
+    def agents(self, scope: str | None = None) -> dict[str, AgentDefinition]:
+        """Agent definitions for *scope* (the session's scope, cached, by default)."""
+        if scope is not None and scope != self.config.agents_scope:
+            return load_agents(scope, cwd=self.config.workspace)
+        if self._agents is None:
+            self._agents = load_agents(self.config.agents_scope, cwd=self.config.workspace)
+        return self._agents
+
+    # -- spawning -----------------------------------------------------------------------
+
+    async def spawn(
+        self, requests: Sequence[SpawnRequest], *, parent: ChildRun | None = None
+    ) -> list[ChildRecord]:
+        """Launch a batch: validated and reserved all-or-nothing before any launch."""
+        if not requests:
+            raise UsageError("spawn: no task given")
+        async with self._spawn_lock:
+            definitions = self.agents()
+            plans = [
+                plan_spawn(
+                    request,
+                    definitions=definitions,
+                    config=self.config,
+                    workflow_mode=self.mode,
+                )
+                for request in requests
+            ]
+            names = [p.name for p in plans if p.name]
+            live = {r.name for r in self.registry.live()}
+            clash = next((n for n in names if n in live or names.count(n) > 1), None)
+            if clash is not None:
+                raise UsageError(f"spawn: the name {clash!r} is already taken (pick another)")
+            self.capacity.reserve(len(plans))
+            records = []
+            for plan in plans:
+                key = self.registry.new_key()
+                record = ChildRecord(
+                    key=key,
+                    name=plan.name or f"{plan.agent}-{key[1:]}",
+                    agent=plan.agent,
+                    mode=plan.mode,
+                    task=plan.task,
+                    workspace=str(self.config.workspace),
+                    backend=plan.loadout_fields["backend"],
+                    surface=self._launcher.name,
+                    workflow_mode=self.mode,
+                    depth=1 if parent is None else parent.record.depth + 1,
+                    parent=None if parent is None else parent.key,
+                )
+                self.registry.add(record)
+                records.append(record)
+                await self._start(record, plan.loadout_fields)
+            self.notes.changed()
+            return records
+
+    async def _start(self, record: ChildRecord, fields: dict[str, Any]) -> None:
+        paths = self.paths
+        for directory in (paths.loadouts, paths.logs, paths.scratch):
+            ipc.ensure_private_dir(directory)
+        token = ipc.derive_token(self.session_key, record.key)
+        loadout = ipc.Loadout(
+            session=self.config.session,
+            owner=record.key,
+            name=record.name,
+            agent=record.agent,
+            token=token,
+            socket=str(paths.ipc_socket),
+            workspace=record.workspace,
+            depth=record.depth,
+            paper=str(paths.paper),
+            request_timeout=self.config.request_timeout,
+            **fields,
+        )
+        loadout_path = paths.loadouts / f"{record.key}.json"
+        ipc.write_loadout(loadout_path, loadout)
+        log = RunLog(
+            paths.logs / f"{record.key}.log",
+            secrets=[token, self.session_key],
+            record_output=self.config.record_output,
+            transport=self._launcher.name,
+        )
+        run = ChildRun(
+            sup=self,
+            record=record,
+            token=token,
+            loadout=str(loadout_path),
+            log=log,
+            budgets=self.budgets,
+        )
+        self.runs[record.key] = run
+        run.queue_prompt(record.task)
+        await self.nursery.start(run.run)
+
+    async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
+        """Start *run*'s process through the session's launcher."""
+        env = child_environment(os.environ)
+        spec = LaunchSpec(
+            key=run.key,
+            name=run.record.name,
+            argv=child_argv(self.config.python, run.loadout),
+            cwd=run.record.workspace,
+            env=env,
+        )
+        run.record.sandboxed = False
+        return await self._launcher.launch(spec, run.log.output, nursery)
+
+    # -- driving children ---------------------------------------------------------------
+
+    def run_for(self, ref: str) -> ChildRun:
+        record = self.registry.find(ref, include_retired=False)
+        return self.runs[record.key]
+
+    async def prompt(self, ref: str, text: str) -> ChildRecord:
+        """Resume: a new prompt to the same child (its context is kept)."""
+        run = self.run_for(ref)
+        run.queue_prompt(text)
+        self.notes.changed()
+        return run.record
+
+    async def steer(self, ref: str, text: str) -> ChildRecord:
+        run = self.run_for(ref)
+        await run.steer(text)
+        return run.record
+
+    async def pause(self, ref: str) -> tuple[ChildRecord, bool]:
+        run = self.run_for(ref)
+        settled = await run.pause()
+        self.notes.changed()
+        return run.record, settled
+
+    async def ask(self, ref: str, text: str) -> str:
+        run = self.run_for(ref)
+        return await run.ask(text)
+
+    def answer(self, ref: str, text: str) -> Question:
+        """Answer a question by id (``q3``) or the single open question of a child."""
+        question = self.questions.get(ref)
+        if question is None:
+            with contextlib.suppress(FleetError):
+                key = self.registry.find(ref, include_retired=False).key
+                mine = [q for q in self.questions.values() if q.key == key]
+                if len(mine) > 1:
+                    raise UsageError(
+                        f"answer: {ref} has {len(mine)} open questions (name one: "
+                        f"{', '.join(q.id for q in mine)})"
+                    )
+                question = mine[0] if mine else None
+        if question is None:
+            raise NotFound(f"answer: no open question {ref!r} (see fleet peek)")
+        question.answer = text
+        question.answered.set()
+        return question
+
+    async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
+        """Stop each child (final) and return its handoff."""
+        records = [self.registry.find(ref) for ref in refs]
+        handoffs = [record.handoff() for record in records]
+
+        async def stop_one(index: int, run: ChildRun) -> None:
+            handoffs[index] = await run.stop()
+
+        async with trio.open_nursery() as nursery:
+            for index, record in enumerate(records):
+                run = self.runs.get(record.key)
+                if run is not None:  # a retired child's handoff is already final
+                    nursery.start_soon(stop_one, index, run)
+        return handoffs
+
+    async def stop_all(self) -> list[dict[str, Any]]:
+        return await self.stop([r.key for r in self.registry.live()])
+
+    async def discard(self, ref: str) -> str:
+        """Forget a child: stop it if live and drop its record and unresolved state."""
+        record = self.registry.find(ref)
+        run = self.runs.get(record.key)
+        if run is not None:
+            await run.stop()
+        self.registry.retired.pop(record.key, None)
+        self.runs.pop(record.key, None)
+        return record.key
+
+    # -- views --------------------------------------------------------------------------
+
+    def all_records(self) -> dict[str, ChildRecord]:
+        merged = dict(self.registry.retired)
+        merged.update(self.registry.records)
+        return merged
+
+    def peek(self, refs: Sequence[str] = ()) -> dict[str, Any]:
+        records = [self.registry.find(ref) for ref in refs] if refs else list(self.registry.live())
+        return {
+            "session": self.config.session,
+            "mode": self.mode,
+            "cap": self.capacity.cap,
+            "lane": self.lane.statistics(),
+            "agents": [r.peek() for r in records],
+            "locks": {k: list(v) for k, v in self.locks.snapshot().items()},
+            "questions": [
+                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
+            ],
+        }
+
+    async def wait(
+        self,
+        refs: Sequence[str] = (),
+        *,
+        every: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - fleet wait --timeout
+    ) -> list[dict[str, Any]]:
+        keys = [self.registry.find(ref).key for ref in refs]
+        result = await self.notes.wait(
+            self.all_records(),
+            keys,
+            every=every,
+            timeout=float("inf") if timeout is None else timeout,
+        )
+        if result is None:
+            raise TimedOut(f"wait: nothing settled within {timeout:g} s")
+        return result
+
+    async def notifications(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Coalesced settle notifications, forever."""
+        async for batch in self.notes.stream(self.all_records()):
+            yield batch
+
+    def logs(self, ref: str, tail: int = 8192) -> dict[str, Any]:
+        record = self.registry.find(ref)
+        path = self.paths.logs / f"{record.key}.log"
+        run = self.runs.get(record.key)
+        text = run.log.tail if run is not None else ""
+        if not text:
+            with contextlib.suppress(OSError):
+                text = path.read_text(encoding="utf-8", errors="replace")
+        return {"key": record.key, "path": str(path), "tail": text[-tail:]}
+
+    def set_mode(self, mode: str | None) -> str:
+        if mode is not None:
+            self.mode = check_mode(mode)
+        return self.mode
+
+    # -- services for runs ----------------------------------------------------------------
+
+    def notify(
+        self,
+        record: ChildRecord,
+        *,
+        report: str = "",
+        error: str = "",
+        question: Question | None = None,
+        failure: bool = False,
+    ) -> None:
+        self.notes.push(
+            record,
+            report=report,
+            error=error,
+            question=None if question is None else (question.id, question.text),
+            failure=failure,
+        )
+
+    def new_question(self, key: str, text: str) -> Question:
+        self._question_ids += 1
+        question = Question(id=f"q{self._question_ids}", key=key, text=text)
+        self.questions[question.id] = question
+        return question
+
+    def drop_question(self, qid: str) -> None:
+        self.questions.pop(qid, None)
+
+    def cancel_questions(self, key: str) -> None:
+        for question in [q for q in self.questions.values() if q.key == key]:
+            question.answered.set()
+            self.questions.pop(question.id, None)
+
+    def take_ownership(self, run: ChildRun, paths: Sequence[str]) -> ipc.Message:
+        if run.record.mode == "scout":
+            return ipc.Reply(ok=False, error="scouts are read-only and take no ownership")
+        try:
+            held = self.locks.acquire(run.key, paths, root=self.config.workspace)
+        except LockConflict as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        except ValueError as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        return ipc.Reply(ok=True, data={"held": list(held)})
+
+    async def discuss_for(self, run: ChildRun, body: ipc.Discuss) -> ipc.Message:
+        return ipc.Reply(ok=False, error="the discussion paper is not enabled in this session")
+
+    async def nested_spawn(self, run: ChildRun, body: ipc.Spawn) -> ipc.Message:
+        """A child's ``subagent`` call: checked, launched, awaited; only the report returns."""
+        definition = self.agents().get(run.record.agent)
+        allowlist = definition.subagent_agents if definition is not None else ()
+        try:
+            validate_nested(
+                caller_agent=run.record.agent,
+                caller_mode=run.record.mode,
+                allowlist=allowlist,
+                depth=run.record.depth,
+                agent=body.agent,
+            )
+            [record] = await self.spawn(
+                [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
+                parent=run,
+            )
+        except (PolicyError, FleetError) as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        await self.notes.wait(self.all_records(), [record.key])
+        self.notes.take([record.key])
+        handoff = (await self.stop([record.key]))[0]
+        if handoff["state"] == str(State.FAILED) and handoff.get("error"):
+            return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
+        return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})
+
+    async def release(self, run: ChildRun) -> None:
+        """Give back everything a finished run held (called once, by the run)."""
+        self.locks.release(run.key)
+        self.capacity.release()
+        self.registry.retire(run.key)
+        self.runs.pop(run.key, None)
+        self.notes.changed()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def token_for(self, owner: str) -> str | None:
+        run = self.runs.get(owner)
+        if run is None or run.finishing or run.connected.is_set():
+            return None
+        return run.token
+
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            channel, hello = await ipc.accept_hello(
+                stream,
+                self.token_for,
+                timeout=self.config.hello_timeout,
+                request_timeout=self.config.request_timeout,
+            )
+        except ipc.HandshakeError:
+            return
+        run = self.runs.get(channel.owner)
+        if run is None:
+            await channel.aclose("unknown owner")
+            return
+        await run.attach(channel, hello)
+
+
+def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The child's environment: the parent's minus proxies and fleet session variables."""
+    dropped = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "fleet_session"}
+    env = {k: v for k, v in parent.items() if k.lower() not in dropped}
+    env["FLEET_CHILD"] = "1"
+    return env
+
+
+@contextlib.asynccontextmanager
+async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
+    """Run a supervisor for *config*; on exit every child is stopped and reaped."""
+    ipc.ensure_private_dir(config.home)
+    ipc.ensure_private_dir(config.home / "sessions")
+    ipc.ensure_private_dir(config.paths.root)
+    budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
+    listener = ipc.Listener(config.paths.ipc_socket)
+    async with trio.open_nursery() as nursery:
+        sup = Supervisor(
+            config=config,
+            session_key=ipc.new_session_key(),
+            nursery=nursery,
+            budgets=budgets,
+        )
+        if warning:
+            sup.warnings.append(warning)
+        await nursery.start(listener.serve, sup.handle_connection)
+        try:
+            yield sup
+        finally:
+            with trio.CancelScope(shield=True):
+                await sup.stop_all()
+                await listener.aclose()
+            nursery.cancel_scope.cancel()

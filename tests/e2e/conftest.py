@@ -1,0 +1,109 @@
+"""Fixtures for end-to-end tests: a real git repo, a private FLEET_HOME, the real CLI."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import pytest
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "README.md").write_text("# sample\n\nThe answer is 42.\n")
+    (path / "src").mkdir(exist_ok=True)
+    (path / "src" / "app.py").write_text("def main():\n    return 42\n")
+    env = {**os.environ, **GIT_ENV}
+    for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
+    return path
+
+
+def fleet_processes(home: Path) -> list[psutil.Process]:
+    """Every live process that belongs to the fleet under *home*."""
+    found = []
+    marker = str(home)
+    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            if process.pid == os.getpid():
+                continue
+            cmdline = " ".join(process.info["cmdline"] or [])
+            environ = process.info["environ"] or {}
+            mine = marker in cmdline or environ.get("FLEET_HOME") == marker
+            if mine and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+@attrs.define
+class Fleet:
+    repo: Path
+    home: Path
+    scripts: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=self.repo,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def json(self, *args: str, code: int = 0, timeout: float = 60) -> Any:
+        result = self.run(*args, "--json", timeout=timeout)
+        assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+    def script(self, name: str, text: str) -> str:
+        path = self.scripts / f"{name}.yaml"
+        path.write_text(textwrap.dedent(text))
+        return f"scripted:{path}"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    home = Path(tempfile.mkdtemp(prefix="flh-", dir="/tmp"))
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    env = {
+        **os.environ,
+        **GIT_ENV,
+        "FLEET_HOME": str(home),
+        "FLEET_SESSION": "t",
+    }
+    env.pop("FLEET_MODEL", None)
+    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=env)
+    try:
+        yield fleet
+    finally:
+        fleet.run("serve", "--stop", timeout=90)
+        deadline = time.monotonic() + 15
+        while fleet_processes(home) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftovers = fleet_processes(home)
+        for process in leftovers:
+            process.kill()
+        shutil.rmtree(home, ignore_errors=True)
+        assert not leftovers, f"fleet processes survived the test: {leftovers}"
