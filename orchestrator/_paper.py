@@ -336,14 +336,14 @@ class Paper:
         return _page(chosen, latest)
 
     async def _append(self, author: str, text: str, to: str | None, question: str | None) -> str:
-        operation = "ask" if question is None else "answer"
         if (cause := _text_fault(text)) is not None:
+            operation = "ask" if question is None else "answer"
             hint = f"write a terse entry of 1-{MAX_TEXT} chars; split longer ones"
             self._refuse(f"{operation} by {author}", f"{cause}, nothing written", hint)
         async with self._locked():
             sheet, corrupt = await trio.to_thread.run_sync(_read, self.path)
             if question is not None:  # checked under the lock: a writer may just have evicted it
-                to = self._question(sheet, question, operation).author
+                to = self._question(sheet, question, f"answer by {author}").author
             number = sheet.last + 1
             kind: Literal["question", "answer"] = "question" if question is None else "answer"
             entry = Entry(
@@ -379,13 +379,16 @@ class Paper:
         return number if paper == sheet.paper else 0
 
     def _advance(self, reader: str, sheet: _Sheet) -> None:
-        self._cursors[reader] = (sheet.paper, sheet.last)
+        # max: a list that read an older snapshot must not move the cursor back.
+        self._cursors[reader] = (sheet.paper, max(sheet.last, self._seen(reader, sheet)))
 
     def _question(self, sheet: _Sheet, question: str, operation: str) -> Entry:
         asked = sheet.find(question)
-        if asked is None or asked.kind != "question":
-            cause = "is an answer" if asked else "is not on the paper (evicted or never asked)"
-            self._refuse(operation, f"{question} {cause}", "list to see current question ids")
+        hint = "list to see current question ids"
+        if asked is None:
+            self._refuse(operation, f"{question} is not on the paper: evicted or never asked", hint)
+        if asked.kind != "question":
+            self._refuse(operation, f"{question} is an answer, not a question", hint)
         return asked
 
     @contextlib.asynccontextmanager
@@ -404,10 +407,8 @@ class Paper:
                 except BlockingIOError:
                     now = trio.current_time()
                     if now >= deadline:
-                        cause = (
-                            f"{self.path} stayed locked by another writer for {LOCK_PATIENCE:g} s"
-                        )
-                        self._refuse("busy", cause, "retry")
+                        held = f"{self.path} stayed locked by another writer"
+                        self._refuse("busy", f"{held} for {LOCK_PATIENCE:g} s", "retry")
                     await trio.sleep_until(min(now + _LOCK_POLL, deadline))
             yield
         finally:

@@ -78,7 +78,10 @@ async def test_answer_to_an_evicted_question_is_refused(paper: Paper) -> None:
     with trio.fail_after(CEILING):
         for n in range(65):
             await paper.ask("a1", f"q{n}")
-        with pytest.raises(PaperError, match=r"d1 is not on the paper \(evicted or never asked\)"):
+        with pytest.raises(
+            PaperError,
+            match=r"^paper answer by a2: d1 is not on the paper: evicted or never asked \(list",
+        ):
             await paper.answer("a2", "d1", "too late")
 
 
