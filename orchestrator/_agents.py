@@ -25,7 +25,7 @@ import yaml
 from orchestrator._errors import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
 #: Tools that can change the repository. ``child.tools.MUTATING_TOOLS`` is the same set; the
 #: orchestrator may not import ``child``, so a test holds the two equal.
@@ -394,13 +394,9 @@ def _default_user_dir() -> Path:
 
 
 def _project_dir(cwd: Path) -> Path | None:
-    for directory in _ancestors(cwd.resolve()):
+    start = cwd.resolve()
+    for directory in (start, *start.parents):
         candidate = directory / ".fleet" / "agents"
         if candidate.is_dir():
             return candidate
     return None
-
-
-def _ancestors(path: Path) -> Iterator[Path]:
-    yield path
-    yield from path.parents
