@@ -28,7 +28,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn, TypeVar
 
 import attrs
 import cattrs
@@ -47,6 +47,7 @@ _LOCK_POLL: Final = 0.005
 _FORMAT: Final = "fleet-paper/1"
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}")
 _ID: Final = re.compile(r"d[1-9][0-9]{0,9}")
+_T = TypeVar("_T")
 
 
 class PaperError(Exception):
@@ -177,22 +178,26 @@ def _parse(data: bytes) -> _Sheet | None:
 
 
 def _read(path: Path) -> tuple[_Sheet, bool]:
-    """The sheet at ``path`` and whether the file there is corrupt (missing is not corrupt)."""
+    """The sheet at ``path`` and whether the file there is corrupt (missing is not corrupt).
+
+    Raises ``OSError`` when the file exists but cannot be read: that is not corruption.
+    """
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the supervisor.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return _EMPTY, False
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a symlink is never ours: we replace the path, never link it
-            return _EMPTY, True
-        raise PaperError(
-            f"paper read failed: {path}: {exc.strerror} (check the session directory)", path=path
-        ) from exc
-    with open(fd, "rb") as file:
+        if exc.errno != errno.ELOOP:
+            raise
+        return _EMPTY, True  # a symlink is never ours: we replace the path, we never link it
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return _EMPTY, True
-        data = file.read(MAX_FILE_BYTES + 1)
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
     sheet = _parse(data) if len(data) <= MAX_FILE_BYTES else None
     return (_EMPTY, True) if sheet is None else (sheet, False)
 
@@ -316,7 +321,7 @@ class Paper:
             self._refuse("list", "since= and question= given together", "pass one of them")
         if since is not None and since != "d0":
             self._check("list", entry=since)
-        sheet, _ = await trio.to_thread.run_sync(_read, self.path)
+        sheet, _ = await self._io("list", lambda: _read(self.path))
         latest = f"d{sheet.last}"
         if question is not None:
             asked = self._question(sheet, question, "list")
@@ -336,14 +341,14 @@ class Paper:
         return _page(chosen, latest)
 
     async def _append(self, author: str, text: str, to: str | None, question: str | None) -> str:
+        operation = f"{'ask' if question is None else 'answer'} by {author}"
         if (cause := _text_fault(text)) is not None:
-            operation = "ask" if question is None else "answer"
             hint = f"write a terse entry of 1-{MAX_TEXT} chars; split longer ones"
-            self._refuse(f"{operation} by {author}", f"{cause}, nothing written", hint)
+            self._refuse(operation, f"{cause}, nothing written", hint)
         async with self._locked():
-            sheet, corrupt = await trio.to_thread.run_sync(_read, self.path)
+            sheet, corrupt = await self._io(operation, lambda: _read(self.path))
             if question is not None:  # checked under the lock: a writer may just have evicted it
-                to = self._question(sheet, question, f"answer by {author}").author
+                to = self._question(sheet, question, operation).author
             number = sheet.last + 1
             kind: Literal["question", "answer"] = "question" if question is None else "answer"
             entry = Entry(
@@ -358,7 +363,7 @@ class Paper:
             paper = sheet.paper or secrets.token_hex(8)
             grown = attrs.evolve(sheet, paper=paper, last=number, entries=(*sheet.entries, entry))
             sheet, data = _pack(grown)
-            await trio.to_thread.run_sync(lambda: _write(self.path, data, set_aside=corrupt))
+            await self._io(operation, lambda: _write(self.path, data, set_aside=corrupt))
             # Still under the lock, so a concurrent call by the same reader sees our cursor.
             return self._reply(author, sheet, entry)
 
@@ -421,6 +426,13 @@ class Paper:
                 self._refuse(operation, f"{name[:80]!r} is not an agent name", hint)
         if entry is not None and _ID.fullmatch(entry) is None:
             self._refuse(operation, f"{entry[:80]!r} is not an entry id", "pass one like d7")
+
+    async def _io(self, operation: str, work: Callable[[], _T]) -> _T:
+        try:
+            return await trio.to_thread.run_sync(work)
+        except OSError as exc:
+            where = exc.filename if isinstance(exc.filename, str) else self.path
+            self._refuse(operation, f"{where}: {exc.strerror}", "check the session directory")
 
     def _refuse(self, operation: str, cause: str, hint: str) -> NoReturn:
         raise PaperError(f"paper {operation}: {cause} ({hint})", path=self.path)

@@ -361,6 +361,37 @@ async def test_a_symlink_at_the_path_is_neither_read_nor_written_through(
     assert not (await trio.Path(path).is_symlink())
 
 
+async def test_a_fifo_at_the_path_does_not_hang_and_is_moved_aside(
+    paper: Paper, path: Path
+) -> None:
+    os.mkfifo(path)
+    with trio.fail_after(CEILING):
+        assert (await paper.list("a1")).text == "No new entries (latest d0)."
+        assert await paper.ask("a1", "q?") == "d1"
+    assert (await on_file(path))["last"] == 1
+
+
+async def test_a_missing_session_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    paper = Paper(tmp_path / "gone" / "paper.json")
+    with trio.fail_after(CEILING):
+        assert (await paper.list("a1")).text == "No new entries (latest d0)."
+        with pytest.raises(PaperError, match=r"^paper lock: .*No such file or directory \(check"):
+            await paper.ask("a1", "q?")
+
+
+async def test_a_failed_write_is_a_one_line_error_and_leaves_the_file_alone(
+    paper: Paper, path: Path
+) -> None:
+    # A directory at the paper path is corrupt, but the one at .corrupt cannot be replaced by it.
+    for directory in (path, path.with_name("paper.json.corrupt")):
+        await trio.Path(directory / "keep").mkdir(parents=True)
+    with trio.fail_after(CEILING):
+        with pytest.raises(PaperError, match=r"^paper ask by a1: .*: Directory not empty \(") as e:
+            await paper.ask("a1", "q?")
+        assert "\n" not in str(e.value)
+    assert await trio.Path(path / "keep").is_dir()
+
+
 async def test_a_valid_file_is_read_back_by_a_new_instance(paper: Paper, path: Path) -> None:
     await trio.Path(path).write_bytes(sheet())
     with trio.fail_after(CEILING):
