@@ -249,6 +249,10 @@ async def call_async(
         )
     except (OSError, ipc.HandshakeError) as exc:
         raise Unreachable(f"supervisor at {socket} is unreachable: {exc}") from None
+    reply: ipc.Message | None = None
+    error: FleetError | None = None
+    # Errors are kept out of the nursery so the caller sees the FleetError itself, not an
+    # exception group around it.
     async with trio.open_nursery() as nursery:
         nursery.start_soon(channel.serve, _no_requests, _ignore_event)
         try:
@@ -257,14 +261,16 @@ async def call_async(
             )
         except ipc.RemoteError as exc:
             kind = str(exc.data.get("kind", "error"))
-            raise ERROR_KINDS.get(kind, FleetError)(str(exc)) from None
+            error = ERROR_KINDS.get(kind, FleetError)(str(exc))
         except ipc.RequestTimeout:
-            raise Unreachable(f"supervisor did not answer {op} within {timeout:g} s") from None
+            error = Unreachable(f"supervisor did not answer {op} within {timeout:g} s")
         except ipc.ChannelClosed as exc:
-            raise Unreachable(f"supervisor closed the connection during {op}: {exc}") from None
+            error = Unreachable(f"supervisor closed the connection during {op}: {exc}")
         finally:
             await channel.aclose()
             nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
     assert isinstance(reply, ipc.Reply)  # noqa: S101 - RemoteError covers error replies
     return reply.data
 

@@ -46,9 +46,10 @@ def test_bundled_scout_and_worker(isolated):
     agents = load_agents(cwd=isolated)
     scout, worker = agents["scout"], agents["worker"]
     assert scout.mode == "scout"
-    assert scout.tools == ("read", "grep", "find", "ls", "todo")
+    assert scout.tools == ("read", "grep", "find", "ls", "todo", "ask_parent")
     assert worker.mode == "worktree"
-    assert worker.tools == ("read", "grep", "find", "ls", "edit", "write", "bash", "todo")
+    # DESIGN §6: worktree children get no shell.
+    assert worker.tools == ("read", "grep", "find", "ls", "edit", "write", "todo", "discuss")
     for definition in (scout, worker):
         assert definition.source == "bundled"
         assert definition.backend == "builtin"
