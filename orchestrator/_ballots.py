@@ -85,7 +85,11 @@ def _mapping(value: Any, where: str, keys: Collection[str]) -> Mapping[str, Any]
         raise _refuse(where or "request", "is not an object", f"pass {{{', '.join(keys)}}}")
     for key in value:
         if key not in keys:
-            field = f"{where}.{key}" if where else str(key)
+            # Keys come from the caller: keep the one-line message one line and short.
+            name = (
+                key if isinstance(key, str) and re.fullmatch(r"\w{1,40}", key) else repr(key)[:40]
+            )
+            field = f"{where}.{name}" if where else name
             raise _refuse(field, "is not a known field", f"use only {', '.join(keys)}")
     return value
 
@@ -96,7 +100,7 @@ def _text(
     field = f"{where}.{key}" if where else key
     value = data.get(key)
     if not isinstance(value, str):
-        cause = "is missing" if value is None else f"is a {type(value).__name__}, not a string"
+        cause = "is missing" if value is None else f"must be a string, not {type(value).__name__}"
         raise _refuse(field, cause, fix)
     value = value.strip()
     if len(value) < min_chars:

@@ -90,7 +90,8 @@ def deleter(*path: Any) -> Callable[[dict[str, Any]], None]:
     [
         (setter("complexity", value="complex"), "complexity", "is 'complex', not 'super-complex'"),
         (deleter("complexity"), "complexity", "is missing"),
-        (setter("complexity", value=3), "complexity", "is a int, not a string"),
+        (setter("complexity", value=3), "complexity", "must be a string, not int"),
+        (setter("options", 0, "a\nb", value=1), "options[0].'a\\nb'", "is not a known field"),
         (setter("justification", value="It is hard."), "justification", "is only 11 chars"),
         (setter("justification", value="   "), "justification", "is empty"),
         (
