@@ -182,6 +182,47 @@ async def test_killing_bwrap_kills_a_setsid_grandchild(layout, bwrap_works):
             grandchild.kill()
 
 
+async def test_sandbox_dies_with_the_process_that_spawned_it(layout, bwrap_works):
+    spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=layout.scratch)
+    sleeper = ("-c", "import time; time.sleep(60)")
+    wrapped = wrap([sys.executable, *sleeper], spec)
+    spawner_code = (
+        "import json, subprocess, sys, time\n"
+        "child = subprocess.Popen(json.loads(sys.argv[1]))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    spawner = subprocess.Popen(  # noqa: ASYNC220 - killed below; no trio reaping wanted
+        [sys.executable, "-c", spawner_code, json.dumps(wrapped.argv)],
+        env={**os.environ, **wrapped.env},
+        stdout=subprocess.PIPE,
+    )
+    sandbox: psutil.Process | None = None
+    try:
+        assert spawner.stdout is not None
+        with trio.fail_after(10):
+            line = await trio.to_thread.run_sync(spawner.stdout.readline)
+        sandbox = psutil.Process(int(line))
+        assert sandbox.name() == "bwrap"
+        # bwrap sets PDEATHSIG as it starts; a parent dying before that is not noticed (a
+        # start-up race bwrap cannot close), so wait until the command runs inside.
+        await _wait_until(
+            lambda: any(_cmdline(p)[1:] == list(sleeper) for p in sandbox.children(recursive=True)),
+            within=10,
+        )
+        spawner.kill()
+        spawner.wait()
+        # PR_SET_PDEATHSIG: the spawner's death SIGKILLs bwrap, and with it the namespace.
+        await _wait_until(lambda: not _alive(sandbox), within=5)
+    finally:
+        spawner.kill()
+        spawner.wait()
+        if spawner.stdout is not None:
+            spawner.stdout.close()
+        if sandbox is not None and _alive(sandbox):
+            sandbox.kill()
+
+
 def _cmdline(process: psutil.Process) -> list[str]:
     try:
         return process.cmdline()
@@ -261,15 +302,18 @@ async def test_child_runs_in_cwd_with_venv_and_scratch_temp(layout, run_inside):
     code = (
         "import json, os, sys, tempfile, attrs\n"
         "print(json.dumps([os.getcwd(), sys.prefix != sys.base_prefix, tempfile.gettempdir(),"
-        " sys.pycache_prefix]))"
+        " sys.pycache_prefix, os.getsid(0)]))"
     )
     spec = SandboxSpec(
         policy=Policy.READ_ONLY, scratch=layout.scratch, visible=(layout.repo,), cwd=layout.repo
     )
     done = await run_inside(spec, sys.executable, "-c", code)
     assert done.returncode == 0, done.stderr.decode()
-    cwd, in_venv, tmp, pycache = json.loads(done.stdout)
+    cwd, in_venv, tmp, pycache, session = json.loads(done.stdout)
     assert cwd == str(layout.repo.resolve())
     assert in_venv is True
     assert tmp == str(layout.scratch.resolve())
     assert pycache == str(layout.scratch.resolve() / ".pycache")
+    # --new-session: a session begun inside the sandbox (our own session's leader is outside
+    # its pid namespace and would read as 0), so it cannot push input into our terminal.
+    assert session != 0
