@@ -23,9 +23,15 @@ SESSION_KEY = bytes(range(200, 232))
 MARKER = re.compile(rb"^\[\xe2\x80\xa6 (\d+) bytes dropped \xe2\x80\xa6\]\n")
 
 
-def _log(tmp_path: Path, **kwargs: object) -> RunLog:
+def _log(tmp_path: Path, *, record_output: bool = False, cap: int = 1 << 20) -> RunLog:
     path = tmp_path / "sessions" / "s1" / "logs" / "a1.log"
-    return RunLog(path, secrets=[TOKEN, SESSION_KEY], transport="process", **kwargs)  # type: ignore[arg-type]
+    return RunLog(
+        path,
+        secrets=[TOKEN, SESSION_KEY],
+        transport="process",
+        record_output=record_output,
+        cap=cap,
+    )
 
 
 def _mode(path: Path) -> int:
