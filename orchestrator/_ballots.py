@@ -28,6 +28,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from orchestrator._errors import Refused
+
 MIN_OPTIONS: Final = 2
 MAX_OPTIONS: Final = 8
 MIN_FAILED_APPROACHES: Final = 2
@@ -41,10 +43,11 @@ _MIN_JUSTIFICATION_WORDS: Final = 6
 _MIN_ISSUE_CHARS: Final = 20
 
 
-class RoundError(Exception):
+class RoundError(Refused):
     """A democracy round (or tally) was refused; ``field`` names the offending input.
 
-    The message is one line: what was refused, the field, the cause and what to do.
+    The message is one line: what was refused, the field, the cause and what to do. It is a
+    ``Refused`` so the control API and the CLI report it like any refusal (exit code 4).
     """
 
     def __init__(self, message: str, *, field: str) -> None:

@@ -34,6 +34,8 @@ import attrs
 import cattrs
 import trio
 
+from orchestrator._errors import Refused
+
 MAX_TEXT: Final = 1600
 MAX_ENTRIES: Final = 64
 MAX_FILE_BYTES: Final = 64 * 1024
@@ -50,10 +52,11 @@ _ID: Final = re.compile(r"d[1-9][0-9]{0,9}")
 _T = TypeVar("_T")
 
 
-class PaperError(Exception):
+class PaperError(Refused):
     """A paper operation was refused (bad input, unknown question, busy lock) or failed.
 
-    The message is one line ending in what to do; ``path`` is the paper file concerned.
+    The message is one line ending in what to do; ``path`` is the paper file concerned. It is a
+    ``Refused`` so the control API and the CLI report it like any refusal (exit code 4).
     """
 
     def __init__(self, message: str, *, path: Path) -> None:

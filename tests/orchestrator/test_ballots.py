@@ -19,6 +19,7 @@ from orchestrator._ballots import (
     validate_request,
     voter_prompt,
 )
+from orchestrator._errors import Refused
 
 NONCE = "0123456789abcdef"
 IDS = ("A", "B", "C", "keep-lock")
@@ -147,6 +148,7 @@ def test_each_gate_refuses_with_one_line_naming_the_field(
         validate_request(data)
     message = str(caught.value)
     assert caught.value.field == field
+    assert isinstance(caught.value, Refused)
     assert message.startswith(f"democracy round refused: {field} {cause}")
     assert message.endswith(")")
     assert "\n" not in message

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 
+from orchestrator._errors import Refused
 from orchestrator._paper import Paper, PaperError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,8 @@ async def test_answer_to_anything_but_a_retained_question_writes_nothing(
             await paper.answer("a2", question, "an answer")
         assert "\n" not in str(caught.value)
         assert caught.value.path == path
+        assert isinstance(caught.value, Refused)
+        assert (caught.value.kind, caught.value.exit_code) == ("refused", 4)
         assert (await trio.Path(path).read_bytes()) == before
         assert (await paper.ask("a1", "the lock was released")).split("\n")[0] == "d3"
 
