@@ -2,4 +2,45 @@
 
 Layering: ``orchestrator`` may import ``ipc`` and ``sandbox``; it never imports ``child`` (a
 child is launched as its own process, ``python -m child <loadout>``).
+
+The embeddable API::
+
+    async with open_supervisor(load_config()) as sup:
+        [child] = await sup.spawn([SpawnRequest(task="...", model="scripted:s.yaml")])
+        notes = await sup.wait([child.key])
 """
+
+from orchestrator._config import Config, load_config
+from orchestrator._errors import (
+    CapacityError,
+    FleetError,
+    NotFound,
+    OperationFailed,
+    PolicyError,
+    Refused,
+    TimedOut,
+    Unreachable,
+    UsageError,
+)
+from orchestrator._plan import SpawnRequest
+from orchestrator._registry import ChildRecord, State
+from orchestrator._supervisor import Supervisor, open_supervisor
+
+__all__ = [
+    "CapacityError",
+    "ChildRecord",
+    "Config",
+    "FleetError",
+    "NotFound",
+    "OperationFailed",
+    "PolicyError",
+    "Refused",
+    "SpawnRequest",
+    "State",
+    "Supervisor",
+    "TimedOut",
+    "Unreachable",
+    "UsageError",
+    "load_config",
+    "open_supervisor",
+]
