@@ -66,8 +66,6 @@ class BuiltinBackend:
         workspace = Path(loadout.workspace)
 
         async def may_write(path: Path) -> str | None:
-            if not loadout.ownership:
-                return None
             return await host.ownership([str(path)])
 
         def on_progress(progress: Progress) -> None:

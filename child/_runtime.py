@@ -176,8 +176,15 @@ class Runtime:
     async def on_event(self, envelope: ipc.Envelope) -> None:
         log.debug("ignoring %s event from the supervisor", envelope.type)
 
-    async def serve(self) -> None:
-        self.backend = make_backend(self.loadout, self)
+    async def serve(self) -> int:
+        """Serve until the supervisor hangs up; the exit code (4: the backend cannot start)."""
+        try:
+            self.backend = make_backend(self.loadout, self)
+        except Exception as exc:
+            # One line the supervisor's diagnostics show as the failure's tail.
+            print(f"child: backend {self.loadout.backend} cannot start: {exc}", file=sys.stderr)
+            await self.channel.aclose("backend failed")
+            return 4
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -187,6 +194,7 @@ class Runtime:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.backend.aclose()
+        return 0
 
 
 async def run(loadout_path: str) -> int:
@@ -201,8 +209,7 @@ async def run(loadout_path: str) -> int:
         hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
         request_timeout=loadout.request_timeout,
     )
-    await Runtime(loadout=loadout, channel=channel).serve()
-    return 0
+    return await Runtime(loadout=loadout, channel=channel).serve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

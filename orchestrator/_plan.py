@@ -16,6 +16,7 @@ from orchestrator._agents import AgentDefinition
 from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
+from orchestrator._sandboxing import policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
 BACKENDS = ("builtin", "command")
@@ -150,5 +151,6 @@ def plan_spawn(
             "mode": mode,
             "subagent_agents": list(definition.subagent_agents),
             "ownership": list(definition.ownership),
+            "sandbox": policy_for(mode, definition.sandbox),
         },
     )

@@ -55,6 +55,7 @@ class ChildRun:
     loadout: str
     log: RunLog
     budgets: BudgetPolicy
+    declared: tuple[str, ...] = ()
     watchdog: Watchdog = attrs.field(init=False)
     launched: Launched | None = None
     channel: ipc.Channel | None = None
@@ -207,6 +208,10 @@ class ChildRun:
             try:
                 await self._request(ipc.Prompt(text=text, turn=turn.number))
             except OperationFailed as exc:
+                if self.channel is not None and self.channel.closed:
+                    # The child is going away: its exit, not this request, classifies it.
+                    await self.done.wait()
+                    return
                 turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
                 turn.settled.set()
             await turn.settled.wait()
@@ -447,6 +452,7 @@ class ChildRun:
                 }
                 record.touch(f"failed: {kind}")
             else:
+                self.log.flush()
                 record.touch("stopped")
             await self.sup.release(self)
             if state is State.FAILED:

@@ -12,6 +12,7 @@ Use it embedded::
 import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -32,10 +33,12 @@ from orchestrator._errors import (
 from orchestrator._launcher import Launched, LaunchSpec, ProcessLauncher, child_argv
 from orchestrator._notes import Notes
 from orchestrator._ownership import LockConflict, LockTable
+from orchestrator._paper import Paper, PaperError
 from orchestrator._plan import SpawnRequest, plan_spawn
 from orchestrator._policy import check_mode, validate_nested
 from orchestrator._registry import ChildRecord, Registry, State
 from orchestrator._run import ChildRun, Question
+from orchestrator._sandboxing import check_available, place
 from orchestrator._watchdog import BudgetPolicy, resolve_policy
 
 __all__ = ["SpawnRequest", "Supervisor", "open_supervisor"]
@@ -62,10 +65,12 @@ class Supervisor:
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
     _agents: dict[str, AgentDefinition] | None = None
+    paper: Paper = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
         self.lane = Lane(capacity=self.config.lane)
+        self.paper = Paper(self.config.paths.paper)
 
     @property
     def paths(self) -> Any:
@@ -100,6 +105,9 @@ class Supervisor:
                 )
                 for request in requests
             ]
+            for plan in plans:
+                fields = plan.loadout_fields
+                check_available(self.config, fields["backend"], fields["tools"], plan.agent)
             names = [p.name for p in plans if p.name]
             live = {r.name for r in self.registry.live()}
             clash = next((n for n in names if n in live or names.count(n) > 1), None)
@@ -132,6 +140,8 @@ class Supervisor:
         paths = self.paths
         for directory in (paths.loadouts, paths.logs, paths.scratch):
             ipc.ensure_private_dir(directory)
+        scratch = paths.scratch / record.key
+        ipc.ensure_private_dir(scratch)
         token = ipc.derive_token(self.session_key, record.key)
         loadout = ipc.Loadout(
             session=self.config.session,
@@ -143,6 +153,7 @@ class Supervisor:
             workspace=record.workspace,
             depth=record.depth,
             paper=str(paths.paper),
+            scratch=str(scratch),
             request_timeout=self.config.request_timeout,
             **fields,
         )
@@ -161,22 +172,31 @@ class Supervisor:
             loadout=str(loadout_path),
             log=log,
             budgets=self.budgets,
+            declared=tuple(fields.get("ownership", ())),
         )
         self.runs[record.key] = run
         run.queue_prompt(record.task)
         await self.nursery.start(run.run)
 
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
-        """Start *run*'s process through the session's launcher."""
-        env = child_environment(os.environ)
+        """Start *run*'s process through the session's launcher, sandboxed by its policy."""
+        loadout = ipc.Loadout.from_file(run.loadout)
+        placement = place(
+            child_argv(self.config.python, run.loadout),
+            config=self.config,
+            loadout=loadout,
+            scratch=Path(loadout.scratch),
+        )
+        run.record.sandboxed = placement.sandboxed
+        if not placement.sandboxed:
+            run.log.write(f"running unsandboxed: {placement.reason}")
         spec = LaunchSpec(
             key=run.key,
             name=run.record.name,
-            argv=child_argv(self.config.python, run.loadout),
+            argv=placement.argv,
             cwd=run.record.workspace,
-            env=env,
+            env={**child_environment(os.environ), **placement.env},
         )
-        run.record.sandboxed = False
         return await self._launcher.launch(spec, run.log.output, nursery)
 
     # -- driving children ---------------------------------------------------------------
@@ -347,18 +367,53 @@ class Supervisor:
             self.questions.pop(question.id, None)
 
     def take_ownership(self, run: ChildRun, paths: Sequence[str]) -> ipc.Message:
-        if run.record.mode == "scout":
-            return ipc.Reply(ok=False, error="scouts are read-only and take no ownership")
+        """A writer asks, before its first write to each path, to own it.
+
+        A child whose definition declares ownership specs takes all of them at its first
+        request (all or nothing) and may then write only what they cover; a child that declares
+        none owns each concrete path it writes. Paths in a worktree map to the repository.
+        """
+        if run.record.mode != "worktree" and run.record.backend == "builtin":
+            return ipc.Reply(ok=False, error="read-only children take no ownership")
+        targets = [self._repo_path(run, path) for path in paths]
         try:
-            held = self.locks.acquire(run.key, paths, root=self.config.workspace)
-        except LockConflict as exc:
+            if run.declared:
+                if run.key not in self.locks.snapshot():
+                    self.locks.acquire(run.key, run.declared, root=self.config.workspace)
+                outside = [t for t in targets if not self.locks.holds(run.key, Path(t))]
+                if outside:
+                    specs = ", ".join(run.declared)
+                    return ipc.Reply(
+                        ok=False, error=f"{outside[0]} is outside {run.key}'s ownership ({specs})"
+                    )
+            else:
+                self.locks.acquire(run.key, targets, root=self.config.workspace)
+        except (LockConflict, ValueError) as exc:
             return ipc.Reply(ok=False, error=str(exc))
-        except ValueError as exc:
-            return ipc.Reply(ok=False, error=str(exc))
-        return ipc.Reply(ok=True, data={"held": list(held)})
+        return ipc.Reply(ok=True, data={"held": list(self.locks.snapshot().get(run.key, ()))})
+
+    def _repo_path(self, run: ChildRun, path: str) -> str:
+        workspace = Path(run.record.workspace)
+        try:
+            return str(
+                self.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
+            )
+        except ValueError:
+            return path
 
     async def discuss_for(self, run: ChildRun, body: ipc.Discuss) -> ipc.Message:
-        return ipc.Reply(ok=False, error="the discussion paper is not enabled in this session")
+        """A child's ``discuss`` tool call on the session's paper."""
+        try:
+            if body.op == "ask":
+                text = await self.paper.ask(run.key, body.text, to=body.to)
+            elif body.op == "answer":
+                text = await self.paper.answer(run.key, body.question or "", body.text)
+            else:
+                listed = await self.paper.list(run.key, since=body.since, question=body.question)
+                text = listed.text
+        except PaperError as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        return ipc.Reply(ok=True, data={"text": text})
 
     async def nested_spawn(self, run: ChildRun, body: ipc.Spawn) -> ipc.Message:
         """A child's ``subagent`` call: checked, launched, awaited; only the report returns."""
