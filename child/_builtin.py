@@ -60,6 +60,7 @@ class BuiltinBackend:
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
     _tokens: int = attrs.field(default=0, init=False)
+    _abort_pending: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "BuiltinBackend":
@@ -106,6 +107,9 @@ class BuiltinBackend:
         )
         self.messages.append({"role": "user", "content": content})
         self.steers.new_turn()
+        if self._abort_pending:  # the abort arrived before the turn began
+            self._abort_pending = False
+            return TurnResult(text="", ok=True, aborted=True)
         with trio.CancelScope() as scope:
             self._scope = scope
             try:
@@ -181,6 +185,8 @@ class BuiltinBackend:
     async def abort(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
+        else:
+            self._abort_pending = True
 
     async def aclose(self) -> None:
         await self.model.aclose()

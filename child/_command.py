@@ -34,6 +34,7 @@ class CommandBackend:
     env: dict[str, str] = attrs.Factory(dict)
     name: str = "command"
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _abort_pending: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "CommandBackend":
@@ -46,6 +47,9 @@ class CommandBackend:
             return TurnResult(
                 text="", ok=False, error="command backend cannot answer side questions"
             )
+        if self._abort_pending:  # the abort arrived before the turn began
+            self._abort_pending = False
+            return TurnResult(text="", aborted=True)
         self.host.emit(ipc.Event(activity="tool_start", tool="command", text=" ".join(self.argv)))
         env = {**os.environ, **self.env, "FLEET_CHILD": "1"}
         process = await trio.lowlevel.open_process(
@@ -111,6 +115,8 @@ class CommandBackend:
     async def abort(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
+        else:
+            self._abort_pending = True
 
     async def aclose(self) -> None:
         return None

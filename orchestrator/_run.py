@@ -70,6 +70,9 @@ class ChildRun:
     _prompt_ready: trio.Event = attrs.Factory(trio.Event)
     _nursery: trio.Nursery | None = None
     _holds_lane: bool = False
+    _queued_scope: trio.CancelScope | None = None
+    _turn_lock: trio.Lock = attrs.Factory(trio.Lock)
+    _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -195,8 +198,20 @@ class ChildRun:
         record.touch(
             "queued for a lane slot" if self.sup.lane.queued or self._lane_full() else None
         )
-        await self.sup.lane.acquire()
-        self._holds_lane = True
+        # A pause while queued cancels this wait and drops the prompt.
+        with trio.CancelScope() as queued:
+            self._queued_scope = queued
+            await self.sup.lane.acquire()
+            self._holds_lane = True
+        self._queued_scope = None
+        if queued.cancel_called:
+            self._release_lane()  # paused after the slot was granted: give it back
+            return
+        async with self._turn_lock:
+            await self._run_prompt(text)
+
+    async def _run_prompt(self, text: str) -> None:
+        record = self.record
         record.queued = False
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
@@ -207,6 +222,8 @@ class ChildRun:
             record.touch("working")
             try:
                 await self._request(ipc.Prompt(text=text, turn=turn.number))
+                for steer in self._early_steers:
+                    await self._request(ipc.Steer(text=steer))
             except OperationFailed as exc:
                 if self.channel is not None and self.channel.closed:
                     # The child is going away: its exit, not this request, classifies it.
@@ -214,12 +231,28 @@ class ChildRun:
                     return
                 turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
                 turn.settled.set()
+            finally:
+                self._early_steers.clear()
             await turn.settled.wait()
         finally:
             self.watchdog.stop_active()
             self._release_lane()
             self.turn = None
         self._settled(turn)
+
+    async def _wait_connected(self) -> None:
+        """Wait for the hello (or the end); refuse when the child ended first."""
+        if not self.connected.is_set():
+            async with trio.open_nursery() as nursery:
+
+                async def first(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(first, self.connected)
+                nursery.start_soon(first, self.done)
+        if self.finishing:
+            raise OperationFailed(f"{self.key} ended before it connected: {self.record.error}")
 
     def _lane_full(self) -> bool:
         stats = self.sup.lane.statistics()
@@ -262,6 +295,11 @@ class ChildRun:
             raise OperationFailed(f"{self.key}: {exc}") from None
 
     async def steer(self, text: str) -> None:
+        """Redirect the working turn; a turn still queued gets the steer as soon as it starts."""
+        if self.turn is None and (self._prompts or self.record.queued):
+            self._early_steers.append(text)
+            self.record.touch("steer queued")
+            return
         if self.record.state not in {State.WORKING, State.WAITING} or self.turn is None:
             raise UsageError(
                 f"steer: {self.key} is {self.record.state}, not working (use resume for idle "
@@ -273,6 +311,9 @@ class ChildRun:
     async def pause(self) -> bool:
         """Clear queued prompts and abort; ``False`` when not settled within the pause timeout."""
         self._prompts.clear()
+        self._early_steers.clear()
+        if self._queued_scope is not None:
+            self._queued_scope.cancel()
         turn = self.turn
         if turn is None:
             if self.record.state in {State.IDLE, State.WORKING}:
@@ -291,23 +332,25 @@ class ChildRun:
 
     async def ask(self, text: str) -> str:
         """A side question: pause if working, ask, then restore the prior state and task."""
+        await self._wait_connected()
         prior = self.record.state
         if prior in TERMINAL:
             raise UsageError(f"ask: {self.key} is {prior}")
-        resume = prior in {State.WORKING, State.WAITING}
+        resume = prior in {State.WORKING, State.WAITING} or self.record.queued
         if resume and not await self.pause():
             raise OperationFailed(f"ask: {self.key} did not settle within the pause timeout")
-        self._turns += 1
-        side = Turn(number=self._turns, side=True)
-        self.side_turn = side
-        self.record.touch("answering a side question")
-        self.watchdog.start_active()
-        try:
-            await self._request(ipc.Ask(text=text, turn=side.number))
-            await side.settled.wait()
-        finally:
-            self.watchdog.stop_active()
-            self.side_turn = None
+        async with self._turn_lock:
+            self._turns += 1
+            side = Turn(number=self._turns, side=True)
+            self.side_turn = side
+            self.record.touch("answering a side question")
+            self.watchdog.start_active()
+            try:
+                await self._request(ipc.Ask(text=text, turn=side.number))
+                await side.settled.wait()
+            finally:
+                self.watchdog.stop_active()
+                self.side_turn = None
         result = side.result
         answer = "" if result is None else (result.text or result.error)
         if resume:
