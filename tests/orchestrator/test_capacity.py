@@ -1,0 +1,54 @@
+import pytest
+import trio
+
+from orchestrator._capacity import Capacity, Lane
+from orchestrator._errors import CapacityError, UsageError
+
+
+def test_a_batch_reserves_all_or_nothing():
+    capacity = Capacity(cap=4)
+    capacity.reserve(3)
+    with pytest.raises(CapacityError, match=r"1 free") as info:
+        capacity.reserve(2)
+    assert "max_subagents 4" in str(info.value)
+    assert capacity.used == 3
+    capacity.reserve(1)
+    assert capacity.used == 4
+
+
+def test_lowering_the_cap_keeps_the_fleet_and_blocks_new_spawns():
+    capacity = Capacity(cap=4)
+    capacity.reserve(4)
+    capacity.set_cap(2)
+    assert capacity.used == 4
+    with pytest.raises(CapacityError):
+        capacity.reserve(1)
+    capacity.release(3)
+    capacity.reserve(1)
+    assert capacity.used == 2
+
+
+@pytest.mark.parametrize("cap", [0, 3, 5, 32])
+def test_only_the_documented_caps_are_accepted(cap):
+    with pytest.raises(UsageError, match="2, 4, 6, 8, 16"):
+        Capacity(cap=4).set_cap(cap)
+
+
+async def test_the_lane_queues_in_order_and_never_fails(autojump_clock):
+    lane = Lane(capacity=2)
+    started: list[int] = []
+
+    async def turn(index: int) -> None:
+        await lane.acquire()
+        started.append(index)
+        await trio.sleep(10)
+        lane.release()
+
+    async with trio.open_nursery() as nursery:
+        for index in range(5):
+            nursery.start_soon(turn, index)
+            await trio.sleep(0.001)
+        await trio.sleep(1)
+        assert lane.statistics() == {"capacity": 2, "working": 2, "queued": 3}
+    assert started == [0, 1, 2, 3, 4]
+    assert lane.statistics() == {"capacity": 2, "working": 0, "queued": 0}
