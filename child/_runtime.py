@@ -36,6 +36,10 @@ def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
         from child._command import CommandBackend  # noqa: PLC0415
 
         return CommandBackend.from_loadout(loadout, host)
+    if loadout.backend == "pi":
+        from child._pi import PiBackend  # noqa: PLC0415
+
+        return PiBackend.from_loadout(loadout, host)
     raise ValueError(f"backend {loadout.backend!r} is not available in this child")
 
 

@@ -65,6 +65,11 @@ class Loadout:
     paper: str = ""
     surface: str = "process"
     env: dict[str, str] = attrs.Factory(dict)
+    #: Names of variables (API keys) an agent-CLI backend may pass on from the child's own
+    #: environment; the values are never written into the loadout.
+    secret_env: list[str] = attrs.Factory(list)
+    #: Reasoning effort for backends that have one (Pi ``--thinking``, Codex); "" = theirs.
+    effort: str = ""
     request_timeout: float = 5.0
 
     @classmethod

@@ -1,0 +1,195 @@
+"""Backend ``pi`` driving the real Pi CLIs (0.73.1 and 1.6.0) against the scripted model server."""
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import ipc
+from child._cli_env import PrivateDirs
+from child._pi import PiBackend, pi_argv
+from tests.child._backends import Host, make_loadout, wait_for_requests
+from tests.fakes._agent_clis import NPM_BIN
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+BINARIES = ["pi", "pi-next"]
+
+
+def pi_loadout(tmp_path, base_url, **fields):
+    model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
+    return make_loadout(tmp_path, **({"backend": "pi", "model": model} | fields))
+
+
+def make_backend(tmp_path, srv, binary, child="a", stall=30.0, **fields):
+    host = Host(fields.pop("answers", ()))
+    loadout = pi_loadout(tmp_path, srv.base_url(child), **fields)
+    backend = PiBackend(loadout=loadout, host=host, binary=str(NPM_BIN / binary), stall=stall)
+    return backend, host
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]},
+                {"text": "## Summary\nThe secret is 4217."},
+            ],
+        )
+        backend, host = make_backend(tmp_path, srv, binary)
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("find the secret")
+        finally:
+            await backend.aclose()
+        assert result.ok, result.error
+        assert result.text == "## Summary\nThe secret is 4217."
+        assert backend.has_queue is (binary == "pi-next")
+        [start] = host.activities("tool_start")
+        assert (start.tool, start.text) == ("read", '{"path":"notes.txt"}')
+        assert [e.text for e in host.activities("tool_end")] == ["ok"]
+        usage = host.activities("usage")[-1].usage
+        assert usage is not None
+        assert usage.tokens == 240
+        requests = srv.requests("a")
+        assert [r.api for r in requests] == ["chat", "chat"]
+        assert requests[1].tool_results() == ["the secret is 4217\n"]
+        assert "You are a scout." in str(requests[0].body["messages"][0])
+        # The private directories are gone with the backend.
+        assert list((tmp_path / "scratch").iterdir()) == []
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_an_http_500_fails_the_turn_in_seconds_with_the_servers_message(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script("a", [{"status": 500, "body": "upstream exploded"}, {"text": "recovered"}])
+        backend, _host = make_backend(tmp_path, srv, binary)
+        try:
+            with trio.fail_after(30):
+                failed = await backend.run_turn("go")
+                again = await backend.run_turn("try again")
+        finally:
+            await backend.aclose()
+        assert not failed.ok
+        assert failed.error == "pi: the model request failed: 500 upstream exploded"
+        assert (again.ok, again.text) == (True, "recovered")
+        assert len(srv.requests("a")) == 2  # retries are off: one request per turn
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_a_stalled_stream_is_aborted_by_our_watchdog(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
+        backend, _host = make_backend(tmp_path, srv, binary, stall=2.0)
+        try:
+            with trio.fail_after(40):
+                start = trio.current_time()
+                stalled = await backend.run_turn("go")
+                elapsed = trio.current_time() - start
+                resumed = await backend.run_turn("again")
+        finally:
+            await backend.aclose()
+        assert not stalled.ok
+        assert stalled.error.startswith("pi: no output for 2 s while waiting on the model")
+        assert 2.0 <= elapsed < 15
+        assert (resumed.ok, resumed.text) == (True, "fine again")
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_pause_aborts_and_resume_continues_the_same_context(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script("a", [{"delay": 30, "text": "too late"}, {"text": "resumed"}])
+        backend, _host = make_backend(tmp_path, srv, binary)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def pause_soon():
+                        await wait_for_requests(srv, "a")
+                        await backend.abort()
+
+                    nursery.start_soon(pause_soon)
+                    paused = await backend.run_turn("first task")
+                resumed = await backend.run_turn("second task")
+        finally:
+            await backend.aclose()
+        assert paused.aborted
+        assert paused.ok
+        assert (resumed.ok, resumed.text) == (True, "resumed")
+        second = srv.requests("a")[1].body["messages"]
+        users = [m["content"] for m in second if m["role"] == "user"]
+        assert "first task" in str(users[0])  # the same conversation continued
+        assert "second task" in str(users[-1])
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_steer_reaches_the_model_before_its_next_call(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {
+                    "delay": 1.5,
+                    "tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}],
+                },
+                {"text": "went east"},
+            ],
+        )
+        backend, _host = make_backend(tmp_path, srv, binary)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def steer_soon():
+                        await wait_for_requests(srv, "a")
+                        await backend.steer("go east instead")
+
+                    nursery.start_soon(steer_soon)
+                    result = await backend.run_turn("go west")
+        finally:
+            await backend.aclose()
+        assert (result.ok, result.text) == (True, "went east")
+        second = srv.requests("a")[1].body["messages"]
+        assert "go east instead" in str(second[-1])
+
+
+async def test_a_missing_cli_is_a_one_line_error(tmp_path):
+    async with ModelServer() as srv:
+        backend, _host = make_backend(tmp_path, srv, "pi")
+        backend.binary = str(tmp_path / "no-such-pi")
+        result = await backend.run_turn("go")
+        await backend.aclose()
+    assert not result.ok
+    assert result.error == (
+        f"backend pi: {tmp_path / 'no-such-pi'} is not on PATH (install "
+        "@earendil-works/pi-coding-agent (or @mariozechner/pi-coding-agent)@0.73.1 or newer, "
+        "or point FLEET_PI_BIN at it)"
+    )
+    assert "\n" not in result.error
+    assert srv.requests() == []
+
+
+def test_argv_maps_tools_effort_and_the_openai_endpoint(tmp_path):
+    dirs = PrivateDirs.create(str(tmp_path), "pi")
+    loadout = pi_loadout(tmp_path, "http://127.0.0.1:9", effort="high", tools=["read", "todo"])
+    argv = pi_argv("pi", loadout, dirs)
+    assert argv[:8] == [
+        "pi",
+        "--mode",
+        "rpc",
+        "--no-session",
+        "--provider",
+        "fleet",
+        "--model",
+        "fake-model",
+    ]
+    assert argv[argv.index("--tools") + 1] == "read"
+    assert argv[argv.index("--thinking") + 1] == "high"
+    prompt = Path(argv[argv.index("--append-system-prompt") + 1])
+    assert prompt.read_text() == "You are a scout."
+    no_tools = pi_argv("pi", pi_loadout(tmp_path, "http://x", tools=["todo"]), dirs)
+    assert "--no-tools" in no_tools
+    assert "--tools" not in no_tools
