@@ -1,0 +1,595 @@
+"""Copy a worker's changes from its worktree back into the parent workspace, all or nothing.
+
+The changed set is the worktree's state against the snapshot commit, compared byte for byte
+(content hashed as Git blobs, no filters) with file type and executable bit. A path is copied
+back only when the parent still holds exactly the snapshot's version of it (bytes and mode) and
+every path passes :mod:`orchestrator._pathguard`; otherwise nothing at all is written, the
+conflicts are listed and the worktree stays for a retry. A path the parent already holds in the
+child's version counts as applied, so finalizing again after a crash is safe.
+
+Applying runs in three phases. *Prepare* writes every replacement as a temp file in its
+destination directory (hash-checked against the changed set) and hard-links every file it will
+replace or delete to a backup beside it. *Apply* rechecks each path's ancestors on both sides and
+renames the temp into place (a new path is linked, never clobbering a file that appeared since).
+If step k fails, steps k-1..1 are undone from their backups; a restore that fails is named
+precisely, with the backup that still holds the original. On success each applied path's
+pre-image is recorded in the :class:`~orchestrator._review.ReviewStore`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import posixpath
+import secrets
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+from orchestrator._pathguard import (
+    SiblingCheck,
+    ancestor_problem,
+    lexical_problem,
+    link_target_problem,
+    open_dir,
+    twins_within,
+)
+from orchestrator._worktree import (
+    GITLINK,
+    SYMLINK,
+    WorktreeError,
+    git_env,
+    layout_of,
+    neutral_env,
+    parse_raw,
+    run_git,
+    untracked,
+)
+
+if TYPE_CHECKING:
+    from orchestrator._review import ReviewStore
+    from orchestrator._worktree import Snapshot
+
+ChangeStatus = Literal["added", "modified", "deleted", "mode", "type"]
+_CHUNK = 1 << 20
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
+@attrs.frozen(kw_only=True)
+class Change:
+    """One path the child changed, relative to the workspace root."""
+
+    path: str
+    status: ChangeStatus
+
+
+@attrs.frozen(kw_only=True)
+class Conflict:
+    """A path that was not copied back (or not reverted), and why."""
+
+    path: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class FinalizeResult:
+    """What a copy-back did. ``error`` is ``""`` exactly when every changed path is applied.
+
+    ``applied`` are the paths that now hold the child's version. After a failed apply that was
+    rolled back, ``restored`` lists the paths put back and ``applied`` only those whose restore
+    failed (the ``error`` line names their saved originals).
+    """
+
+    changed: tuple[str, ...]
+    applied: tuple[str, ...]
+    conflicts: tuple[Conflict, ...]
+    restored: tuple[str, ...]
+    error: str
+
+
+@attrs.frozen(kw_only=True)
+class _Version:
+    mode: int  # Git's: 0o100644, 0o100755 or 0o120000
+    sha: str
+
+
+@attrs.frozen(kw_only=True)
+class _Delta:
+    path: str
+    status: ChangeStatus
+    old: _Version | None
+    new: _Version | None
+
+
+@attrs.define(eq=False)
+class _Op:
+    """One path's copy-back, filled in as the phases run."""
+
+    delta: _Delta
+    parent: os.stat_result | None  # the parent entry when it was checked
+    temp: str | None = None
+    backup: str | None = None
+
+    @property
+    def dir_rel(self) -> str:
+        return posixpath.dirname(self.delta.path)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.delta.path)
+
+
+class _DriftError(Exception):
+    """A file changed under the copy-back between its check and its use."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.conflict = Conflict(path=path, reason=reason)
+
+
+def _sha(algo: str, size: int, chunks: list[bytes] | None = None) -> hashlib._Hash:
+    digest = hashlib.new(algo, b"blob %d\0" % size)
+    for chunk in chunks or ():
+        digest.update(chunk)
+    return digest
+
+
+def _copy_hashed(src: int, dst: int | None, algo: str) -> str:
+    """Blob id of the open file ``src``, copying its bytes to ``dst`` on the way."""
+    digest = _sha(algo, os.fstat(src).st_size)
+    while chunk := os.read(src, _CHUNK):
+        digest.update(chunk)
+        if dst is not None:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(dst, view) :]
+    return digest.hexdigest()
+
+
+def _git_mode(st: os.stat_result) -> int:
+    if stat.S_ISLNK(st.st_mode):
+        return SYMLINK
+    return 0o100755 if st.st_mode & stat.S_IXUSR else 0o100644
+
+
+def _read(root: Path, path: str, algo: str) -> tuple[_Version | None, os.stat_result | None]:
+    """Git's view of ``root/path`` (no symlink followed on the way) and the stat it came from."""
+    try:
+        fd = open_dir(root, posixpath.dirname(path))
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return None, None
+        raise
+    name = posixpath.basename(path)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.fsencode(os.readlink(name, dir_fd=fd))
+            return _Version(mode=SYMLINK, sha=_sha(algo, len(target), [target]).hexdigest()), st
+        if not stat.S_ISREG(st.st_mode):
+            return None, None
+        src = os.open(name, _READ_FLAGS, dir_fd=fd)
+        try:
+            st = os.fstat(src)
+            return _Version(mode=_git_mode(st), sha=_copy_hashed(src, None, algo)), st
+        finally:
+            os.close(src)
+    except FileNotFoundError:
+        return None, None
+    finally:
+        os.close(fd)
+
+
+def _status(old: _Version | None, new: _Version | None) -> ChangeStatus | None:
+    if old == new:
+        return None
+    if old is None:
+        return "added"
+    if new is None:
+        return "deleted"
+    if (old.mode == SYMLINK) != (new.mode == SYMLINK):
+        return "type"
+    return "mode" if old.sha == new.sha else "modified"
+
+
+def _deltas(snapshot: Snapshot) -> tuple[str, list[_Delta]]:
+    """The object format and every path whose worktree state differs from the snapshot."""
+    op = f"list changes in {snapshot.worktree}"
+    layout = layout_of(snapshot.worktree, op)
+    with tempfile.TemporaryDirectory(prefix="fleet-git-") as tmp:
+        env = neutral_env(Path(tmp), layout, work_tree=layout.root, index=layout.index)
+        out = run_git(
+            [
+                "diff-index",
+                "-z",
+                "--raw",
+                "--no-renames",
+                "--ignore-submodules=all",
+                snapshot.commit,
+            ],
+            cwd=layout.root,
+            env=env,
+            op=op,
+            repo=snapshot.repo,
+        )
+    old: dict[str, _Version | None] = {
+        c.path: None if c.old_mode == 0 else _Version(mode=c.old_mode, sha=c.old_sha)
+        for c in parse_raw(out)
+        if GITLINK not in {c.old_mode, c.new_mode}
+    }
+    for path in untracked(layout, layout.index, op):
+        old.setdefault(path, None)
+    deltas = []
+    for path in sorted(old):
+        new, _ = _read(layout.root, path, layout.object_format)
+        status = _status(old[path], new)
+        if status is not None:
+            deltas.append(_Delta(path=path, status=status, old=old[path], new=new))
+    return layout.object_format, deltas
+
+
+def changed_paths(snapshot: Snapshot) -> list[Change]:
+    """Every path the child added, modified, deleted, re-moded or re-typed, sorted."""
+    _, deltas = _deltas(snapshot)
+    return [Change(path=d.path, status=d.status) for d in deltas]
+
+
+def _guard_problem(snapshot: Snapshot, delta: _Delta, siblings: SiblingCheck) -> str | None:
+    reason = (
+        lexical_problem(delta.path)
+        or ancestor_problem(snapshot.repo, delta.path)
+        or ancestor_problem(snapshot.worktree, delta.path)
+    )
+    if reason is None and delta.old is None:
+        reason = siblings.problem(delta.path)
+    if reason is None and delta.new is not None and delta.new.mode == SYMLINK:
+        fd = open_dir(snapshot.worktree, posixpath.dirname(delta.path))
+        try:
+            target = os.readlink(posixpath.basename(delta.path), dir_fd=fd)
+        finally:
+            os.close(fd)
+        reason = link_target_problem(delta.path, target)
+    return reason
+
+
+def _drift_reason(old: _Version | None, current: _Version | None) -> str:
+    if old is None:
+        return "created in the parent since the snapshot"
+    if current is None:
+        return "deleted in the parent since the snapshot"
+    if current.sha == old.sha:
+        return "mode changed in the parent since the snapshot"
+    return "changed in the parent since the snapshot"
+
+
+def _plan(
+    snapshot: Snapshot, deltas: list[_Delta], algo: str
+) -> tuple[list[_Op], list[_Delta], list[Conflict]]:
+    """Split the changes into work to do, work already done, and conflicts."""
+    siblings = SiblingCheck(root=snapshot.repo)
+    twins = twins_within([d.path for d in deltas if d.old is None])
+    ops: list[_Op] = []
+    done: list[_Delta] = []
+    conflicts: list[Conflict] = []
+    for delta in deltas:
+        reason = twins.get(delta.path) or _guard_problem(snapshot, delta, siblings)
+        if reason is not None:
+            conflicts.append(Conflict(path=delta.path, reason=reason))
+            continue
+        current, st = _read(snapshot.repo, delta.path, algo)
+        if current == delta.new:
+            done.append(delta)
+        elif current != delta.old:
+            conflicts.append(Conflict(path=delta.path, reason=_drift_reason(delta.old, current)))
+        else:
+            ops.append(_Op(delta=delta, parent=st))
+    return ops, done, conflicts
+
+
+def _fresh_name(kind: str) -> str:
+    # Not derived from the file's name, so a 255-byte name still gets a temp beside it.
+    return f".fleet-{kind}-{secrets.token_hex(8)}"
+
+
+def _permissions(op: _Op, source: os.stat_result) -> int:
+    """Keep the parent file's permission bits; a new file takes the worktree file's."""
+    replaced = op.parent is not None and stat.S_ISREG(op.parent.st_mode)
+    bits = (op.parent.st_mode if replaced and op.parent else source.st_mode) & 0o777
+    if op.delta.new is not None and op.delta.new.mode == 0o100755:
+        return bits | 0o100 | (bits & 0o444) >> 2
+    return bits & ~0o111
+
+
+def _stage(snapshot: Snapshot, op: _Op, fd: int, algo: str) -> str:
+    """Write the child's version of ``op`` as a temp file in the open destination directory."""
+    new = op.delta.new
+    assert new is not None  # noqa: S101 - only called for paths the child did not delete
+    temp = _fresh_name("new")
+    src_dir = open_dir(snapshot.worktree, op.dir_rel)
+    try:
+        if new.mode == SYMLINK:
+            target = os.readlink(op.name, dir_fd=src_dir)
+            raw = os.fsencode(target)
+            sha = _sha(algo, len(raw), [raw]).hexdigest()
+            if sha == new.sha:
+                os.symlink(target, temp, dir_fd=fd)
+        else:
+            src = os.open(op.name, _READ_FLAGS, dir_fd=src_dir)
+            try:
+                dst = os.open(temp, _NEW_FLAGS, 0o600, dir_fd=fd)
+                try:
+                    sha = _copy_hashed(src, dst, algo)
+                    os.fchmod(dst, _permissions(op, os.fstat(src)))
+                    os.fsync(dst)  # the parent's file is the user's data: durable before rename
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+    finally:
+        os.close(src_dir)
+    if sha != new.sha:
+        if new.mode != SYMLINK:
+            os.unlink(temp, dir_fd=fd)
+        raise _DriftError(op.delta.path, "changed in the worktree during copy-back; stop again")
+    return temp
+
+
+def _same_entry(a: os.stat_result, b: os.stat_result | None) -> bool:
+    return b is not None and (a.st_ino, a.st_size, a.st_mtime_ns) == (
+        b.st_ino,
+        b.st_size,
+        b.st_mtime_ns,
+    )
+
+
+def _prepare(snapshot: Snapshot, ops: list[_Op], created: list[str], algo: str) -> None:
+    for op in ops:
+        fd = open_dir(snapshot.repo, op.dir_rel, created if op.delta.new else None)
+        try:
+            if op.delta.old is not None:
+                backup = _fresh_name("old")
+                os.link(op.name, backup, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                op.backup = backup
+                if not _same_entry(os.stat(backup, dir_fd=fd, follow_symlinks=False), op.parent):
+                    raise _DriftError(op.delta.path, "changed in the parent during copy-back")
+            if op.delta.new is not None:
+                op.temp = _stage(snapshot, op, fd, algo)
+        finally:
+            os.close(fd)
+
+
+def _apply_op(snapshot: Snapshot, op: _Op) -> None:
+    """Put one path's new version in place (the step a failure test interrupts)."""
+    if op.delta.new is not None:
+        os.close(open_dir(snapshot.worktree, op.dir_rel))  # the source's ancestors, rechecked
+    fd = open_dir(snapshot.repo, op.dir_rel)
+    try:
+        if op.delta.old is not None:
+            now = os.stat(op.name, dir_fd=fd, follow_symlinks=False)
+            if not _same_entry(now, op.parent):
+                raise _DriftError(op.delta.path, "changed in the parent during copy-back")
+        if op.temp is None:
+            os.unlink(op.name, dir_fd=fd)
+        elif op.delta.old is None:
+            # link(2) fails if the name appeared meanwhile: a new file never clobbers.
+            os.link(op.temp, op.name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            os.unlink(op.temp, dir_fd=fd)
+            op.temp = None
+        else:
+            os.replace(op.temp, op.name, src_dir_fd=fd, dst_dir_fd=fd)
+            op.temp = None
+    finally:
+        os.close(fd)
+
+
+def _restore_op(snapshot: Snapshot, op: _Op) -> None:
+    """Undo :func:`_apply_op` for one path from its backup (or by deleting a new file)."""
+    fd = open_dir(snapshot.repo, op.dir_rel)
+    try:
+        if op.backup is None:
+            os.unlink(op.name, dir_fd=fd)
+        else:
+            os.replace(op.backup, op.name, src_dir_fd=fd, dst_dir_fd=fd)
+            op.backup = None
+    finally:
+        os.close(fd)
+
+
+def _discard(snapshot: Snapshot, ops: list[_Op], created: list[str], *, backups: bool) -> None:
+    """Remove leftover temps (and backups when asked) and the directories made for them."""
+    for op in ops:
+        for name in (op.temp, op.backup if backups else None):
+            if name is None:
+                continue
+            try:
+                fd = open_dir(snapshot.repo, op.dir_rel)
+                try:
+                    os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue  # already gone, or its directory was swapped: nothing safe to do
+    for dir_rel in reversed(created):
+        _remove_empty_dir(snapshot.repo, dir_rel)
+
+
+def _remove_empty_dir(root: Path, dir_rel: str) -> bool:
+    try:
+        fd = open_dir(root, posixpath.dirname(dir_rel))
+        try:
+            os.rmdir(posixpath.basename(dir_rel), dir_fd=fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False  # not empty (someone put files there) or no longer ours to remove
+    return True
+
+
+def _blobs(snapshot: Snapshot, shas: list[str]) -> list[bytes]:
+    """The content of the blobs ``shas``, in order, from one ``cat-file --batch``."""
+    out = run_git(
+        ["cat-file", "--batch"],
+        cwd=snapshot.worktree,
+        env=git_env(),
+        op=f"read pre-images for {snapshot.worktree}",
+        stdin="".join(f"{sha}\n" for sha in shas).encode(),
+    )
+    blobs, pos = [], 0
+    for _ in shas:
+        end = out.index(b"\n", pos)
+        size = int(out[pos:end].split()[2])
+        blobs.append(out[end + 1 : end + 1 + size])
+        pos = end + 2 + size
+    return blobs
+
+
+def _record(
+    snapshot: Snapshot, ops: list[_Op], done: list[_Delta], review: ReviewStore, owner: str
+) -> str:
+    """Record every applied path's pre-image; an error line, or ``""``.
+
+    The pre-image bytes are the snapshot's blob (the parent was checked to hold exactly it); the
+    mode is the parent file's own, permission bits included. A path applied by an earlier,
+    interrupted finalize gets the snapshot's mode.
+    """
+    entries = [(op.delta, op.parent.st_mode if op.parent else None) for op in ops]
+    entries += [(d, d.old.mode if d.old else None) for d in done]
+    try:
+        blobs = iter(_blobs(snapshot, [d.old.sha for d, _ in entries if d.old]))
+        for delta, mode in entries:
+            preimage = next(blobs) if delta.old else None
+            review.record(owner, snapshot.repo / delta.path, preimage, mode)
+    except (OSError, WorktreeError) as exc:
+        return (
+            f"copy back from {snapshot.worktree}: the changes are applied but recording their "
+            f"pre-images failed ({exc}); `fleet diff` and `fleet revert` cannot cover them"
+        )
+    return ""
+
+
+def _prune_emptied(snapshot: Snapshot, ops: list[_Op]) -> None:
+    """Remove directories that deleting the child's deleted files left empty, as Git would."""
+    for op in ops:
+        if op.delta.new is not None:
+            continue
+        dir_rel = op.dir_rel
+        while dir_rel and _remove_empty_dir(snapshot.repo, dir_rel):
+            dir_rel = posixpath.dirname(dir_rel)
+
+
+def _conflict_error(snapshot: Snapshot, conflicts: list[Conflict]) -> str:
+    first = conflicts[0]
+    return (
+        f"copy back from {snapshot.worktree}: {len(conflicts)} changed path(s) conflict with "
+        f"the parent, first {first.path!r}: {first.reason}; nothing was copied back, the "
+        "worktree is kept; resolve them and stop again, or discard the worktree"
+    )
+
+
+def _rollback(
+    snapshot: Snapshot, applied: list[_Op], failed: _Op, cause: Exception
+) -> tuple[list[str], list[str], str]:
+    """Undo ``applied`` newest first: (restored, still applied, error line)."""
+    restored: list[str] = []
+    stuck: list[_Op] = []
+    for op in reversed(applied):
+        try:
+            _restore_op(snapshot, op)
+        except OSError:
+            stuck.append(op)
+        else:
+            restored.append(op.delta.path)
+    restored.reverse()
+    why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause)
+    head = f"copy back from {snapshot.worktree}: applying {failed.delta.path!r} failed ({why})"
+    if not stuck:
+        return (
+            restored,
+            [],
+            (
+                f"{head}; the {len(restored)} path(s) applied before it were restored and the "
+                "parent is unchanged; fix the cause and stop again"
+            ),
+        )
+    kept = ", ".join(
+        f"{op.delta.path!r} (original saved as {posixpath.join(op.dir_rel, op.backup or '')!r})"
+        for op in stuck
+    )
+    return (
+        restored,
+        [op.delta.path for op in stuck],
+        (
+            f"{head}, and restoring {len(stuck)} path(s) failed too, so these still hold the "
+            f"child's version: {kept}; restored: {', '.join(map(repr, restored)) or 'none'}; move "
+            "each original back by hand"
+        ),
+    )
+
+
+def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeResult:
+    """Copy the child's changes back into the parent: every path, or none (see the module doc).
+
+    Never raises for a conflict or a failed apply; those come back in the result. Raises
+    :class:`~orchestrator._worktree.WorktreeError` only when Git cannot list the changes.
+    """
+    algo, deltas = _deltas(snapshot)
+    changed = tuple(d.path for d in deltas)
+    ops, done, conflicts = _plan(snapshot, deltas, algo)
+    created: list[str] = []
+    if not conflicts:
+        try:
+            _prepare(snapshot, ops, created, algo)
+        except _DriftError as exc:
+            conflicts.append(exc.conflict)
+        except OSError as exc:
+            _discard(snapshot, ops, created, backups=True)
+            return FinalizeResult(
+                changed=changed,
+                applied=(),
+                conflicts=(),
+                restored=(),
+                error=(
+                    f"copy back from {snapshot.worktree}: preparing {exc.filename or 'a file'} "
+                    f"failed ({exc.strerror}); nothing in the parent changed; fix the cause and "
+                    "stop again"
+                ),
+            )
+    if conflicts:
+        _discard(snapshot, ops, created, backups=True)
+        return FinalizeResult(
+            changed=changed,
+            applied=(),
+            conflicts=tuple(conflicts),
+            restored=(),
+            error=_conflict_error(snapshot, conflicts),
+        )
+    for k, op in enumerate(ops):
+        try:
+            _apply_op(snapshot, op)
+        except (OSError, _DriftError) as exc:
+            restored, stuck, error = _rollback(snapshot, ops[:k], op, exc)
+            keep = [o for o in ops[:k] if o.delta.path in stuck]
+            _discard(snapshot, [o for o in ops if o not in keep], created, backups=True)
+            return FinalizeResult(
+                changed=changed,
+                applied=tuple(stuck),
+                conflicts=(),
+                restored=tuple(restored),
+                error=error,
+            )
+    _discard(snapshot, ops, [], backups=True)
+    _prune_emptied(snapshot, ops)
+    error = _record(snapshot, ops, done, review, owner)
+    return FinalizeResult(
+        changed=changed,
+        applied=tuple(sorted(d.path for d in [*(op.delta for op in ops), *done])),
+        conflicts=(),
+        restored=(),
+        error=error,
+    )
