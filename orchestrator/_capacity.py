@@ -43,31 +43,42 @@ class Capacity:
 
 @attrs.define(eq=False)
 class Lane:
-    """A FIFO slot pool for working children."""
+    """A FIFO slot pool for working children; its capacity may change while in use."""
 
     capacity: int
     working: int = 0
     queued: int = 0
-    _free: trio.Semaphore | None = None
-
-    def _semaphore(self) -> trio.Semaphore:
-        if self._free is None:
-            self._free = trio.Semaphore(self.capacity)
-        return self._free
+    _lot: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
 
     async def acquire(self) -> None:
         """Wait (in order) for a slot."""
-        semaphore = self._semaphore()
+        if self.working < self.capacity and not self._lot:
+            self.working += 1
+            await trio.lowlevel.checkpoint()
+            return
         self.queued += 1
         try:
-            await semaphore.acquire()
+            # The releaser counts the slot as ours before it wakes us, so a slot handed over
+            # is never lost to a cancellation that arrives later.
+            await self._lot.park()
         finally:
             self.queued -= 1
-        self.working += 1
 
     def release(self) -> None:
         self.working -= 1
-        self._semaphore().release()
+        self._hand_over()
+
+    def set_capacity(self, capacity: int) -> None:
+        """Resize; lowering it lets working children finish and holds new turns back."""
+        if not 1 <= capacity <= 64:
+            raise UsageError(f"lane capacity {capacity} is outside 1..64")
+        self.capacity = capacity
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self.working < self.capacity and self._lot:
+            self.working += 1
+            self._lot.unpark(count=1)
 
     def statistics(self) -> dict[str, int]:
         return {"capacity": self.capacity, "working": self.working, "queued": self.queued}

@@ -47,6 +47,11 @@ def _call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[st
     config = _config(args)
     token = ensure_daemon(config)
     paths = config.paths
+    settings = {"max_subagents": args.max_subagents, "lane": args.lane}
+    if any(value is not None for value in settings.values()):
+        trio.run(
+            lambda: call_async(paths.control_socket, token, "configure", settings, timeout=10.0)
+        )
     return trio.run(
         lambda: call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
     )

@@ -146,6 +146,20 @@ async def _mode(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"mode": sup.set_mode(_str(args, "name", required=False) or None)}
 
 
+async def _configure(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply ``--max-subagents`` / ``--lane`` given to any command to the running supervisor."""
+    cap, lane = args.get("max_subagents"), args.get("lane")
+    if cap is not None:
+        if not isinstance(cap, int):
+            raise UsageError("max_subagents must be a whole number")
+        sup.capacity.set_cap(cap)
+    if lane is not None:
+        if not isinstance(lane, int):
+            raise UsageError("lane must be a whole number")
+        sup.lane.set_capacity(lane)
+    return {"cap": sup.capacity.cap, "lane": sup.lane.capacity}
+
+
 async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"session": sup.config.session, "pid": os.getpid(), "warnings": sup.warnings}
 
@@ -165,6 +179,7 @@ OPS: Final[dict[str, Op]] = {
     "agents": _agents,
     "mode": _mode,
     "ping": _ping,
+    "configure": _configure,
 }
 
 

@@ -52,3 +52,36 @@ async def test_the_lane_queues_in_order_and_never_fails(autojump_clock):
         assert lane.statistics() == {"capacity": 2, "working": 2, "queued": 3}
     assert started == [0, 1, 2, 3, 4]
     assert lane.statistics() == {"capacity": 2, "working": 0, "queued": 0}
+
+
+async def test_raising_the_lane_capacity_starts_queued_turns_in_order(autojump_clock):
+    lane = Lane(capacity=1)
+    started: list[int] = []
+
+    async def turn(index: int) -> None:
+        await lane.acquire()
+        started.append(index)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(4):
+            nursery.start_soon(turn, index)
+            await trio.sleep(0.001)
+        assert started == [0]
+        lane.set_capacity(3)
+        await trio.sleep(0.001)
+        assert started == [0, 1, 2]
+        assert lane.statistics() == {"capacity": 3, "working": 3, "queued": 1}
+        lane.release()
+    assert started == [0, 1, 2, 3]
+
+
+async def test_a_cancelled_waiter_leaves_no_slot_behind(autojump_clock):
+    lane = Lane(capacity=1)
+    await lane.acquire()
+    with trio.move_on_after(5):
+        await lane.acquire()
+    assert lane.statistics() == {"capacity": 1, "working": 1, "queued": 0}
+    lane.release()
+    assert lane.statistics()["working"] == 0
+    await lane.acquire()
+    assert lane.statistics()["working"] == 1
