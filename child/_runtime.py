@@ -40,6 +40,10 @@ def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
         from child._pi import PiBackend  # noqa: PLC0415
 
         return PiBackend.from_loadout(loadout, host)
+    if loadout.backend == "claude":
+        from child._claude import ClaudeBackend  # noqa: PLC0415
+
+        return ClaudeBackend.from_loadout(loadout, host)
     raise ValueError(f"backend {loadout.backend!r} is not available in this child")
 
 

@@ -1,0 +1,365 @@
+"""Backend ``claude``: Claude Code in print mode, stream-json in and out, ONE process for life.
+
+Mapping (details: ``docs/backends.md``):
+
+- prompt / resume → a ``user`` line; the session continues across turns (context kept);
+- steer → another ``user`` line while the turn works. Claude Code injects it into the running
+  turn at its next model call ("The user sent a new message while you were working"); sent
+  during the turn's last model call it starts a follow-up turn instead. Either way the turn
+  settles only once every line we sent has been consumed (``--replay-user-messages`` echoes
+  each when it is) and a ``result`` followed;
+- pause / ask / stop → ``control_request interrupt``; the process stays alive;
+- the final text and failure come from the ``result`` line: failure is ``is_error`` or the
+  exit code, never ``subtype`` (an API error ends with ``subtype: "success"``); cost is
+  ``total_cost_usd`` (cumulative for the session).
+
+Tools: the loadout's tools become ``--tools`` (the built-in set that exists at all) and
+``--allowedTools=`` (what runs without a permission prompt); nothing else can run.
+"""
+
+import logging
+import os
+from typing import Any, Final
+
+import attrs
+import trio
+
+import ipc
+from child._backend import Host, TurnResult
+from child._cli_env import (
+    CliError,
+    CliProcess,
+    CliTurn,
+    PrivateDirs,
+    StallWatch,
+    Version,
+    binary_for,
+    cli_environment,
+    preview,
+    probe_version,
+    stall_seconds,
+)
+from child._jsonl import Oversize
+
+log = logging.getLogger("child")
+
+MINIMUM: Final = Version(2, 1, 0)
+PACKAGE: Final = "@anthropic-ai/claude-code"
+#: Our tool names → Claude Code's built-in tools (2.1: no LS, no TodoWrite).
+CLAUDE_TOOLS: Final = {
+    "read": ("Read",),
+    "grep": ("Grep",),
+    "find": ("Glob",),
+    "ls": ("Glob",),
+    "edit": ("Edit",),
+    "write": ("Write",),
+    "bash": ("Bash",),
+}
+INTERRUPT_GRACE: Final = 10.0
+
+
+def claude_tools(tools: list[str]) -> list[str]:
+    """The built-in Claude Code tools the loadout's tools map to, in a stable order."""
+    names: list[str] = []
+    for tool in tools:
+        for name in CLAUDE_TOOLS.get(tool, ()):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def claude_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[str]:
+    tools = claude_tools(loadout.tools)
+    argv = [
+        binary,
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--input-format",
+        "stream-json",
+        "--verbose",
+        "--include-partial-messages",  # a steady stream: our stall watchdog sees liveness
+        "--replay-user-messages",  # acknowledges each user line when it is consumed
+        "--no-session-persistence",
+        "--strict-mcp-config",
+        "--permission-mode",
+        "acceptEdits" if {"edit", "write"} & set(loadout.tools) else "default",
+        # With "=": a bare list would swallow the next argument as another tool name.
+        f"--tools={','.join(tools)}",
+        f"--allowedTools={','.join(tools)}",
+    ]
+    if loadout.model.kind in {"anthropic", "native"} and loadout.model.name:
+        argv += ["--model", loadout.model.name]
+    if loadout.system_prompt:
+        prompt = dirs.config / "system-prompt.md"
+        prompt.write_text(loadout.system_prompt, encoding="utf-8")
+        argv += ["--append-system-prompt-file", str(prompt)]
+    return argv
+
+
+def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:
+    extra = {
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        # Claude's own idle timeout, a backstop set behind ours: our watchdog acts first.
+        "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(stall * 2000)),
+    }
+    spec = loadout.model
+    if spec.kind == "anthropic" and spec.base_url:
+        extra["ANTHROPIC_BASE_URL"] = spec.base_url
+    return extra
+
+
+@attrs.define(eq=False)
+class ClaudeBackend:
+    """Backend ``claude``."""
+
+    loadout: ipc.Loadout
+    host: Host
+    binary: str
+    stall: float
+    name: str = "claude"
+    version: Version | None = None
+    _dirs: PrivateDirs | None = None
+    _cli: CliProcess | None = None
+    _turn: CliTurn | None = None
+    _nursery: trio.Nursery | None = None
+    _watch: StallWatch = attrs.field(init=False)
+    _sent: int = 0  # user lines written
+    _consumed: int = 0  # user lines Claude echoed back (consumed)
+    _tools: dict[str, str] = attrs.Factory(dict)  # running tool_use id → tool name
+    _tokens: int = 0
+    _interrupts: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self._watch = StallWatch(self.stall)
+
+    @classmethod
+    def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "ClaudeBackend":
+        return cls(
+            loadout=loadout,
+            host=host,
+            binary=binary_for("claude", "claude"),
+            stall=stall_seconds(),
+        )
+
+    async def _start(self) -> CliProcess:
+        if self._cli is not None:
+            if self._cli.process.returncode is None:
+                return self._cli
+            raise CliError(
+                f"backend claude: the claude process exited ({self._cli.process.returncode}) "
+                "and its context is gone (stop this child and spawn a new one)",
+                backend="claude",
+                binary=self.binary,
+            )
+        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
+        secrets = list(self.loadout.secret_env)
+        extra = claude_extra_env(self.loadout, self.stall)
+        key_env = self.loadout.model.api_key_env
+        env = cli_environment(dirs, secrets=secrets, extra=extra)
+        if key_env and os.environ.get(key_env):
+            env["ANTHROPIC_API_KEY"] = os.environ[key_env]
+        self.version = await probe_version(
+            "claude", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
+        )
+        self._cli = await CliProcess.start(
+            "claude",
+            claude_argv(self.binary, self.loadout, dirs),
+            env=env,
+            cwd=self.loadout.workspace,
+            stderr_path=dirs.root / "stderr.log",
+        )
+        return self._cli
+
+    async def _pump(self, cli: CliProcess, scope: trio.CancelScope) -> None:
+        while True:
+            record = await cli.reader.receive()
+            if record is None:
+                break
+            self._watch.touch()
+            if isinstance(record, Oversize):
+                record = {"type": record.kind}
+            await self._dispatch(record)
+        code = await cli.process.wait()
+        if self._turn is not None:
+            detail = cli.stderr_line()
+            if self._turn.abort_requested:
+                self._turn.finish(aborted=True)  # SIGTERM ends without a result: aborted
+            else:
+                self._turn.fail(
+                    f"claude exited with code {code} before a result"
+                    + (f": {detail}" if detail else "")
+                )
+                self._turn.finish()
+        scope.cancel()
+
+    async def _dispatch(self, record: dict[str, Any]) -> None:
+        turn = self._turn
+        kind = record.get("type")
+        if turn is None:
+            return
+        if kind == "stream_event":
+            self._on_stream(record.get("event") or {})
+        elif kind == "assistant":
+            for block in (record.get("message") or {}).get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    name = str(block.get("name", ""))
+                    self._tools[str(block.get("id", ""))] = name
+                    self._watch.disarm()
+                    self.host.emit(
+                        ipc.Event(
+                            activity="tool_start", tool=name, text=preview(block.get("input"))
+                        )
+                    )
+        elif kind == "user":
+            await self._on_user(turn, record)
+        elif kind == "result":
+            await self._on_result(turn, record)
+
+    def _on_stream(self, event: dict[str, Any]) -> None:
+        delta = event.get("delta") or {}
+        if event.get("type") == "content_block_delta" and delta.get("type") == "text_delta":
+            self.host.emit(ipc.Event(activity="message", text=str(delta.get("text", ""))[:120]))
+
+    async def _on_user(self, turn: CliTurn, record: dict[str, Any]) -> None:
+        content = (record.get("message") or {}).get("content")
+        if isinstance(content, str):
+            # The echo of a line we sent: consumed, either into this turn or as a new turn.
+            self._consumed += 1
+            if turn.abort_requested:
+                await self._interrupt()  # a queued steer restarted work after a pause
+            return
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                name = self._tools.pop(str(block.get("tool_use_id", "")), "")
+                outcome = "error" if block.get("is_error") else "ok"
+                self.host.emit(ipc.Event(activity="tool_end", tool=name, text=outcome))
+        if not self._tools:
+            self._watch.arm()
+
+    async def _on_result(self, turn: CliTurn, record: dict[str, Any]) -> None:
+        usage = record.get("usage") or {}
+        self._tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+        cost = record.get("total_cost_usd")
+        self.host.emit(
+            ipc.Event(
+                activity="usage",
+                usage=ipc.Usage(
+                    tokens=self._tokens, cost_usd=float(cost) if cost is not None else None
+                ),
+            )
+        )
+        if self._consumed < self._sent:
+            return  # a steer queued behind this result starts a follow-up turn: wait for it
+        text = record.get("result")
+        if turn.abort_requested:
+            turn.finish(aborted=True)
+        elif record.get("is_error"):
+            detail = str(text or record.get("subtype") or "unknown error").strip()
+            line = detail.splitlines()[0][:300] if detail else "error"
+            if "Not logged in" in line:
+                key = self.loadout.model.api_key_env or "ANTHROPIC_API_KEY"
+                line += f" (fleet: set {key} in the supervisor's environment)"
+            turn.fail(f"claude: {line}")
+            turn.finish()
+        else:
+            turn.text = str(text or "")
+            turn.finish()
+
+    # -- the Backend protocol --------------------------------------------------------------
+
+    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        turn = self._turn = CliTurn()
+        try:
+            cli = await self._start()
+        except CliError as exc:
+            self._turn = None
+            return TurnResult(text="", ok=False, error=str(exc))
+        message = (
+            f"By the way (a side question; answer it briefly and do not resume your task): {text}"
+            if side
+            else text
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._pump, cli, nursery.cancel_scope)
+                nursery.start_soon(self._guard, turn)
+                if not turn.abort_requested:
+                    self._tools.clear()
+                    self._watch.arm()
+                    await self._send_user(message)
+                    await turn.done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._watch.disarm()
+            self._nursery = None
+            self._turn = None
+        return turn.result()
+
+    async def _send_user(self, text: str) -> None:
+        if self._cli is None:
+            return
+        self._sent += 1
+        try:
+            await self._cli.send({"type": "user", "message": {"role": "user", "content": text}})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._sent -= 1
+            raise
+
+    async def _interrupt(self) -> None:
+        if self._cli is None:
+            return
+        self._interrupts += 1
+        message = {
+            "type": "control_request",
+            "request_id": f"interrupt-{self._interrupts}",
+            "request": {"subtype": "interrupt"},
+        }
+        try:
+            await self._cli.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            log.info("claude went away before the interrupt")
+
+    async def _stop_turn(self) -> None:
+        """Interrupt; kill Claude if the turn does not settle within the grace."""
+        await self._interrupt()
+        with trio.move_on_after(INTERRUPT_GRACE):
+            if self._turn is not None:
+                await self._turn.done.wait()
+            return
+        if self._cli is not None:
+            await self._cli.terminate()
+
+    async def _guard(self, turn: CliTurn) -> None:
+        await self._watch.wait_stalled()
+        turn.fail(
+            f"claude: no output for {self.stall:g} s while waiting on the model (stalled "
+            "stream); the turn was interrupted (check the endpoint, or raise FLEET_STALL_TIMEOUT)"
+        )
+        turn.abort_requested = True
+        await self._stop_turn()
+
+    async def steer(self, text: str) -> None:
+        if self._cli is None or self._turn is None:
+            raise ValueError("claude: no turn is running to steer")
+        await self._send_user(f"Steer from parent: {text}")
+
+    async def abort(self) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        turn.abort_requested = True
+        if self._nursery is not None:
+            self._nursery.start_soon(self._stop_turn)
+
+    async def aclose(self) -> None:
+        if self._cli is not None:
+            await self._cli.close_stdin()
+            with trio.move_on_after(2):
+                await self._cli.process.wait()
+            await self._cli.terminate()
+        if self._dirs is not None:
+            self._dirs.remove()

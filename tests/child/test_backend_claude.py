@@ -1,0 +1,214 @@
+"""Backend ``claude`` driving the real Claude Code CLI against the scripted model server."""
+
+import pytest
+import trio
+
+import ipc
+from child._claude import ClaudeBackend, claude_argv, claude_tools
+from child._cli_env import PrivateDirs
+from tests.child._backends import Host, make_loadout, wait_for_requests
+from tests.fakes._agent_clis import NPM_BIN
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def api_key(monkeypatch):
+    monkeypatch.setenv("FLEET_TEST_ANTHROPIC_KEY", "sk-ant-scripted")
+
+
+def claude_loadout(tmp_path, base_url, **fields):
+    model = ipc.ModelSpec(
+        kind="anthropic",
+        name="claude-fake",
+        base_url=base_url,
+        api_key_env="FLEET_TEST_ANTHROPIC_KEY",
+    )
+    return make_loadout(tmp_path, **({"backend": "claude", "model": model} | fields))
+
+
+def make_backend(tmp_path, srv, stall=30.0, **fields):
+    host = Host()
+    loadout = claude_loadout(tmp_path, srv.base_url("a"), **fields)
+    backend = ClaudeBackend(loadout=loadout, host=host, binary=str(NPM_BIN / "claude"), stall=stall)
+    return backend, host
+
+
+def model_calls(srv):
+    return [r for r in srv.requests("a") if r.api == "messages"]
+
+
+async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path):
+    notes = tmp_path / "ws" / "notes.txt"
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {"tool_calls": [{"name": "Read", "arguments": {"file_path": str(notes)}}]},
+                {"text": "## Summary\nThe secret is 4217.", "usage": {"input_tokens": 7}},
+            ],
+        )
+        backend, host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("find the secret")
+        finally:
+            await backend.aclose()
+        assert result.ok, result.error
+        assert result.text == "## Summary\nThe secret is 4217."
+        [start] = host.activities("tool_start")
+        assert start.tool == "Read"
+        assert start.text.startswith('{"file_path":"/')
+        [end] = host.activities("tool_end")
+        assert (end.tool, end.text) == ("Read", "ok")
+        usage = host.activities("usage")[-1].usage
+        assert usage is not None
+        assert usage.tokens == 100 + 7 + 2 * 20
+        assert usage.cost_usd is not None
+        assert usage.cost_usd > 0
+        calls = model_calls(srv)
+        assert len(calls) == 2
+        assert "the secret is 4217" in calls[1].tool_results()[0]
+        assert [t["name"] for t in calls[0].body["tools"]] == ["Glob", "Grep", "Read"]
+        assert "You are a scout." in str(calls[0].body["system"])
+        assert list((tmp_path / "scratch").iterdir()) == []
+
+
+async def test_an_http_500_fails_the_turn_with_the_servers_message(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"status": 500, "body": "upstream exploded"}, {"text": "recovered"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(30):
+                failed = await backend.run_turn("go")
+                again = await backend.run_turn("try again")
+        finally:
+            await backend.aclose()
+        assert not failed.ok
+        assert failed.error.startswith("claude: API Error: 500 upstream exploded")
+        assert "\n" not in failed.error
+        assert (again.ok, again.text) == (True, "recovered")
+        assert len(model_calls(srv)) == 2
+
+
+async def test_a_stalled_stream_is_interrupted_by_our_watchdog(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
+        backend, _host = make_backend(tmp_path, srv, stall=2.0)
+        try:
+            with trio.fail_after(40):
+                start = trio.current_time()
+                stalled = await backend.run_turn("go")
+                elapsed = trio.current_time() - start
+                resumed = await backend.run_turn("again")
+        finally:
+            await backend.aclose()
+        assert not stalled.ok
+        assert stalled.error.startswith("claude: no output for 2 s while waiting on the model")
+        assert 2.0 <= elapsed < 15
+        assert (resumed.ok, resumed.text) == (True, "fine again")
+
+
+async def test_pause_interrupts_and_resume_continues_the_same_context(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"delay": 30, "text": "too late"}, {"text": "resumed"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def pause_soon():
+                        await wait_for_requests(srv, "a", 2)  # HEAD probe, then the model call
+                        await backend.abort()
+
+                    nursery.start_soon(pause_soon)
+                    paused = await backend.run_turn("first task")
+                resumed = await backend.run_turn("second task")
+        finally:
+            await backend.aclose()
+        assert (paused.ok, paused.aborted) == (True, True)
+        assert (resumed.ok, resumed.text) == (True, "resumed")
+        text = str(model_calls(srv)[1].body["messages"])
+        assert "first task" in text
+        assert "second task" in text
+
+
+async def test_steer_reaches_the_running_turn_at_its_next_model_call(tmp_path):
+    notes = tmp_path / "ws" / "notes.txt"
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {
+                    "delay": 1.5,
+                    "tool_calls": [{"name": "Read", "arguments": {"file_path": str(notes)}}],
+                },
+                {"text": "went east"},
+            ],
+        )
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def steer_soon():
+                        await wait_for_requests(srv, "a", 2)
+                        await backend.steer("go east instead")
+
+                    nursery.start_soon(steer_soon)
+                    result = await backend.run_turn("go west")
+        finally:
+            await backend.aclose()
+        assert (result.ok, result.text) == (True, "went east")
+        assert "Steer from parent: go east instead" in str(model_calls(srv)[1].body["messages"])
+
+
+async def test_a_steer_during_the_last_model_call_settles_after_the_follow_up(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"delay": 1.5, "text": "went west"}, {"text": "went east after all"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def steer_soon():
+                        await wait_for_requests(srv, "a", 2)
+                        await backend.steer("go east instead")
+
+                    nursery.start_soon(steer_soon)
+                    result = await backend.run_turn("go west")
+        finally:
+            await backend.aclose()
+        assert (result.ok, result.text) == (True, "went east after all")
+
+
+async def test_a_missing_cli_is_a_one_line_error(tmp_path):
+    async with ModelServer() as srv:
+        backend, _host = make_backend(tmp_path, srv)
+        backend.binary = "no-such-claude"
+        result = await backend.run_turn("go")
+        await backend.aclose()
+    assert not result.ok
+    assert result.error == (
+        "backend claude: no-such-claude is not on PATH (install @anthropic-ai/claude-code@2.1.0 "
+        "or newer, or point FLEET_CLAUDE_BIN at it)"
+    )
+    assert srv.requests() == []
+
+
+def test_tools_map_to_claude_code_built_ins(tmp_path):
+    assert claude_tools(["read", "grep", "find", "ls", "todo", "ask_parent"]) == [
+        "Read",
+        "Grep",
+        "Glob",
+    ]
+    dirs = PrivateDirs.create(str(tmp_path), "claude")
+    worker = claude_loadout(tmp_path, "http://x", tools=["read", "edit", "write", "bash"])
+    argv = claude_argv("claude", worker, dirs)
+    assert "--tools=Read,Edit,Write,Bash" in argv
+    assert "--allowedTools=Read,Edit,Write,Bash" in argv
+    assert argv[argv.index("--permission-mode") + 1] == "acceptEdits"
+    assert argv[argv.index("--model") + 1] == "claude-fake"
+    scout = claude_argv("claude", claude_loadout(tmp_path, "http://x"), dirs)
+    assert scout[scout.index("--permission-mode") + 1] == "default"
