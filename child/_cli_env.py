@@ -367,6 +367,10 @@ class CliTurn:
         self.aborted = self.aborted or aborted
         self.done.set()
 
+    def stopping(self) -> bool:
+        """Whether an abort was asked for (a call, so a check after an await is not narrowed)."""
+        return self.abort_requested
+
     def result(self) -> TurnResult:
         if self.error:
             return TurnResult(text=self.text, ok=False, error=self.error)

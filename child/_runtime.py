@@ -44,6 +44,10 @@ def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
         from child._claude import ClaudeBackend  # noqa: PLC0415
 
         return ClaudeBackend.from_loadout(loadout, host)
+    if loadout.backend == "codex":
+        from child._codex import CodexBackend  # noqa: PLC0415
+
+        return CodexBackend.from_loadout(loadout, host)
     raise ValueError(f"backend {loadout.backend!r} is not available in this child")
 
 

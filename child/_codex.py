@@ -1,0 +1,415 @@
+"""Backend ``codex``: ``codex app-server`` (JSON lines, JSON-RPC without the ``jsonrpc`` field).
+
+One app-server process and one thread for the child's life (details: ``docs/backends.md``):
+
+- prompt / resume → ``turn/start`` on the same thread (context kept);
+- steer → ``turn/steer {expectedTurnId}`` (joins the running turn at its next model call);
+- pause / ask / stop → ``turn/interrupt``; the interrupted turn's shell commands are not
+  stopped by Codex (they live until app-server exits), so we kill the ones still running;
+- settled on ``turn/completed`` (``completed`` / ``failed`` / ``interrupted``); the final text
+  is the turn's last ``agentMessage``.
+
+The sandbox comes from the loadout: a scout (or any child without edit/write/bash) runs
+``read-only``, others ``workspace-write``. ``CODEX_HOME`` is private, holds a generated
+``config.toml``, and is not below ``TMPDIR`` (Codex's sandboxed tools break when it is).
+"""
+
+import contextlib
+import json
+import logging
+import signal
+from typing import Any, Final
+
+import attrs
+import psutil
+import trio
+
+import ipc
+from child._backend import Host, TurnResult
+from child._cli_env import (
+    CliError,
+    CliProcess,
+    CliTurn,
+    PrivateDirs,
+    StallWatch,
+    Version,
+    binary_for,
+    cli_environment,
+    preview,
+    probe_version,
+    stall_seconds,
+)
+from child._jsonl import Oversize
+
+log = logging.getLogger("child")
+
+MINIMUM: Final = Version(0, 171, 0)
+PACKAGE: Final = "@openai/codex"
+REQUEST_TIMEOUT: Final = 30.0
+INTERRUPT_GRACE: Final = 10.0
+_WRITING: Final = frozenset({"edit", "write", "bash"})
+_EFFORTS: Final = frozenset({"minimal", "low", "medium", "high", "xhigh"})
+_TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall", "webSearch"})
+
+
+def sandbox_mode(loadout: ipc.Loadout) -> str:
+    """``read-only`` for scouts and any child that may not write, else ``workspace-write``."""
+    if loadout.mode == "scout" or not _WRITING & set(loadout.tools):
+        return "read-only"
+    return "workspace-write"
+
+
+def codex_config(loadout: ipc.Loadout, stall: float) -> str:
+    """``config.toml``: offline, no retries, our endpoint when the model names one."""
+    spec = loadout.model
+    lines = ['approval_policy = "never"']
+    if spec.name:
+        lines.append(f"model = {json.dumps(spec.name)}")
+    if loadout.effort in _EFFORTS:
+        lines.append(f"model_reasoning_effort = {json.dumps(loadout.effort)}")
+    if spec.kind == "openai":
+        lines.append('model_provider = "fleet"')
+    lines += [
+        "",
+        "[analytics]",
+        "enabled = false",
+        "",
+        "[features]",
+        "plugins = false",
+        "unbounded_connection_retries = false",
+    ]
+    if spec.kind == "openai":
+        lines += [
+            "",
+            "[model_providers.fleet]",
+            'name = "fleet"',
+            f"base_url = {json.dumps(spec.base_url)}",
+            'wire_api = "responses"',
+            "request_max_retries = 0",
+            "stream_max_retries = 0",
+            # Codex's own idle timeout, a backstop set behind ours: our watchdog acts first.
+            f"stream_idle_timeout_ms = {int(stall * 2000)}",
+        ]
+        if spec.api_key_env:
+            lines.append(f"env_key = {json.dumps(spec.api_key_env)}")
+    return "\n".join(lines) + "\n"
+
+
+@attrs.define(eq=False)
+class CodexBackend:
+    """Backend ``codex``."""
+
+    loadout: ipc.Loadout
+    host: Host
+    binary: str
+    stall: float
+    name: str = "codex"
+    version: Version | None = None
+    _dirs: PrivateDirs | None = None
+    _cli: CliProcess | None = None
+    _thread: str = ""
+    _turn_id: str = ""
+    _turn: CliTurn | None = None
+    _nursery: trio.Nursery | None = None
+    _watch: StallWatch = attrs.field(init=False)
+    _ids: int = 0
+    _pending: dict[int, trio.Event] = attrs.Factory(dict)
+    _replies: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    _commands: dict[str, int] = attrs.Factory(dict)  # running command item id → pid
+    _tools: set[str] = attrs.Factory(set)
+
+    def __attrs_post_init__(self) -> None:
+        self._watch = StallWatch(self.stall)
+
+    @classmethod
+    def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "CodexBackend":
+        return cls(
+            loadout=loadout, host=host, binary=binary_for("codex", "codex"), stall=stall_seconds()
+        )
+
+    # -- the process ----------------------------------------------------------------------
+
+    async def _start(self) -> CliProcess:
+        if self._cli is not None:
+            if self._cli.process.returncode is None and self._thread:
+                return self._cli
+            raise CliError(
+                f"backend codex: app-server exited ({self._cli.process.returncode}) and its "
+                "thread is gone (stop this child and spawn a new one)",
+                backend="codex",
+                binary=self.binary,
+            )
+        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
+        codex_home = dirs.config / "codex"
+        codex_home.mkdir(mode=0o700)
+        (codex_home / "config.toml").write_text(codex_config(self.loadout, self.stall))
+        secrets = [*self.loadout.secret_env, self.loadout.model.api_key_env]
+        env = cli_environment(
+            dirs, secrets=[s for s in secrets if s], extra={"CODEX_HOME": str(codex_home)}
+        )
+        self.version = await probe_version(
+            "codex", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
+        )
+        cli = self._cli = await CliProcess.start(
+            "codex",
+            [self.binary, "app-server"],
+            env=env,
+            cwd=self.loadout.workspace,
+            stderr_path=dirs.root / "stderr.log",
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, cli, nursery.cancel_scope)
+            client = {"name": "fleet", "version": "1"}
+            init = {"clientInfo": client, "capabilities": {"experimentalApi": True}}
+            await self._request("initialize", init)
+            await cli.send({"method": "initialized"})
+            params: dict[str, Any] = {
+                "cwd": self.loadout.workspace,
+                "sandbox": sandbox_mode(self.loadout),
+                "approvalPolicy": "never",
+            }
+            if self.loadout.system_prompt:
+                params["developerInstructions"] = self.loadout.system_prompt
+            reply = await self._request("thread/start", params)
+            self._thread = str(((reply.get("result") or {}).get("thread") or {}).get("id", ""))
+            nursery.cancel_scope.cancel()
+        if not self._thread:
+            detail = _error_text(reply) or cli.stderr_line() or "no thread id"
+            await cli.terminate()
+            raise CliError(
+                f"backend codex: app-server did not start a thread: {detail}",
+                backend="codex",
+                binary=self.binary,
+            )
+        return cli
+
+    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One JSON-RPC request; the whole reply (``{}`` when none came in time)."""
+        assert self._cli is not None  # noqa: S101 - only called once started
+        self._ids += 1
+        ident = self._ids
+        done = self._pending[ident] = trio.Event()
+        try:
+            await self._cli.send({"id": ident, "method": method, "params": params})
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                await done.wait()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return {}
+        finally:
+            self._pending.pop(ident, None)
+        return self._replies.pop(ident, {})
+
+    async def _pump(self, cli: CliProcess, scope: trio.CancelScope) -> None:
+        while True:
+            record = await cli.reader.receive()
+            if record is None:
+                break
+            self._watch.touch()
+            if isinstance(record, Oversize):
+                record = {"method": record.kind}
+            self._dispatch(record)
+        code = await cli.process.wait()
+        for done in self._pending.values():
+            done.set()
+        if self._turn is not None:
+            detail = cli.stderr_line()
+            self._turn.fail(
+                f"codex app-server exited with code {code} mid-turn"
+                + (f": {detail}" if detail else "")
+            )
+            self._turn.finish()
+        scope.cancel()
+
+    # -- records --------------------------------------------------------------------------
+
+    def _dispatch(self, record: dict[str, Any]) -> None:
+        ident = record.get("id")
+        if "method" not in record and isinstance(ident, int):
+            if ident in self._pending:
+                self._replies[ident] = record
+                self._pending[ident].set()
+            return
+        method = record.get("method")
+        params = record.get("params") or {}
+        if "id" in record:
+            # A server request (an approval; none should come with approvalPolicy "never").
+            self._answer_server_request(record)
+            return
+        turn = self._turn
+        if turn is None:
+            return
+        if method == "item/agentMessage/delta":
+            self.host.emit(ipc.Event(activity="message", text=str(params.get("delta", ""))[:120]))
+        elif method == "item/started":
+            self._on_item(params.get("item") or {}, started=True)
+        elif method == "item/completed":
+            item = params.get("item") or {}
+            self._on_item(item, started=False)
+            if item.get("type") == "agentMessage":
+                turn.text = str(item.get("text", ""))
+        elif method == "thread/tokenUsage/updated":
+            total = (params.get("tokenUsage") or {}).get("total") or {}
+            tokens = int(total.get("totalTokens") or 0)
+            self.host.emit(ipc.Event(activity="usage", usage=ipc.Usage(tokens=tokens)))
+        elif method == "error" and not params.get("willRetry"):
+            turn.fail(f"codex: {_error_text(params) or 'the turn failed'}")
+        elif method == "turn/completed":
+            self._on_completed(turn, params.get("turn") or {})
+
+    def _on_item(self, item: dict[str, Any], *, started: bool) -> None:
+        kind = str(item.get("type", ""))
+        if kind not in _TOOL_ITEMS:
+            return
+        ident = str(item.get("id", ""))
+        tool = "exec" if kind == "commandExecution" else kind
+        if started:
+            self._tools.add(ident)
+            self._watch.disarm()
+            pid = item.get("processId")
+            if kind == "commandExecution" and str(pid).isdigit():
+                self._commands[ident] = int(str(pid))
+            what = item.get("command") or item.get("tool") or item.get("changes") or ""
+            self.host.emit(ipc.Event(activity="tool_start", tool=tool, text=preview(what)))
+            return
+        self._tools.discard(ident)
+        self._commands.pop(ident, None)
+        failed = item.get("status") in {"failed", "declined"} or item.get("exitCode") not in {
+            None,
+            0,
+        }
+        self.host.emit(ipc.Event(activity="tool_end", tool=tool, text="error" if failed else "ok"))
+        if not self._tools:
+            self._watch.arm()
+
+    def _on_completed(self, turn: CliTurn, data: dict[str, Any]) -> None:
+        status = data.get("status")
+        if status == "interrupted":
+            turn.finish(aborted=True)
+        elif status == "failed":
+            turn.fail(f"codex: {_error_text(data) or 'the turn failed'}")
+            turn.finish()
+        else:
+            turn.finish()
+
+    def _answer_server_request(self, record: dict[str, Any]) -> None:
+        log.warning("codex asked %s; declining", record.get("method"))
+        if self._nursery is not None and self._cli is not None:
+            reply = {"id": record["id"], "result": {"decision": "decline"}}
+            self._nursery.start_soon(self._cli.send, reply)
+
+    # -- the Backend protocol --------------------------------------------------------------
+
+    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        turn = self._turn = CliTurn()
+        try:
+            cli = await self._start()
+        except CliError as exc:
+            self._turn = None
+            return TurnResult(text="", ok=False, error=str(exc))
+        message = (
+            f"By the way (a side question; answer it briefly and do not resume your task): {text}"
+            if side
+            else text
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._pump, cli, nursery.cancel_scope)
+                nursery.start_soon(self._guard, turn)
+                if not turn.abort_requested:
+                    self._watch.arm()
+                    params = {"threadId": self._thread, "input": [_text(message)]}
+                    reply = await self._request("turn/start", params)
+                    self._turn_id = str(
+                        ((reply.get("result") or {}).get("turn") or {}).get("id", "")
+                    )
+                    if not self._turn_id:
+                        turn.fail(f"codex refused the turn: {_error_text(reply) or 'no reply'}")
+                        turn.finish()
+                    if turn.stopping():  # an abort came while turn/start was in flight
+                        nursery.start_soon(self._stop_turn)
+                    await turn.done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._watch.disarm()
+            self._nursery = None
+            self._turn = None
+            self._turn_id = ""
+            self._tools.clear()
+            _kill_commands(self._commands)
+        return turn.result()
+
+    async def _stop_turn(self) -> None:
+        """``turn/interrupt``; kill app-server if the turn does not settle within the grace."""
+        if not self._turn_id or self._cli is None:
+            return  # turn/start is still in flight: run_turn interrupts once it has the id
+        await self._request("turn/interrupt", {"threadId": self._thread, "turnId": self._turn_id})
+        with trio.move_on_after(INTERRUPT_GRACE):
+            if self._turn is not None:
+                await self._turn.done.wait()
+            return
+        await self._cli.terminate()
+
+    async def _guard(self, turn: CliTurn) -> None:
+        await self._watch.wait_stalled()
+        turn.fail(
+            f"codex: no output for {self.stall:g} s while waiting on the model (stalled "
+            "stream); the turn was interrupted (check the endpoint, or raise FLEET_STALL_TIMEOUT)"
+        )
+        turn.abort_requested = True
+        await self._stop_turn()
+
+    async def steer(self, text: str) -> None:
+        if self._turn is None or not self._turn_id:
+            raise ValueError("codex: no turn is running to steer")
+        params = {
+            "threadId": self._thread,
+            "expectedTurnId": self._turn_id,
+            "input": [_text(f"Steer from parent: {text}")],
+        }
+        reply = await self._request("turn/steer", params)
+        if "result" not in reply:
+            raise ValueError(f"codex refused the steer: {_error_text(reply) or 'no reply'}")
+
+    async def abort(self) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        turn.abort_requested = True
+        if self._nursery is not None:
+            self._nursery.start_soon(self._stop_turn)
+
+    async def aclose(self) -> None:
+        if self._cli is not None:
+            await self._cli.close_stdin()
+            with trio.move_on_after(2):
+                await self._cli.process.wait()
+            await self._cli.terminate()
+        if self._dirs is not None:
+            self._dirs.remove()
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _error_text(data: dict[str, Any]) -> str:
+    error = data.get("error")
+    if isinstance(error, dict):
+        message = str(error.get("message") or "").strip()
+        info = error.get("codexErrorInfo")
+        if isinstance(info, str):
+            message = f"{message} ({info})" if message else info
+        return message.splitlines()[0][:300] if message else ""
+    return str(error or "")[:300]
+
+
+def _kill_commands(commands: dict[str, int]) -> None:
+    """Kill the process trees of shell commands an interrupted turn left running."""
+    for pid in commands.values():
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signal.SIGKILL)
+    commands.clear()

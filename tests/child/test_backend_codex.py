@@ -1,0 +1,191 @@
+"""Backend ``codex`` driving the real ``codex app-server`` against the scripted model server."""
+
+import psutil
+import pytest
+import trio
+
+import ipc
+from child._codex import CodexBackend, codex_config, sandbox_mode
+from tests.child._backends import Host, make_loadout, wait_for_requests
+from tests.fakes._agent_clis import NPM_BIN
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+
+def codex_loadout(tmp_path, base_url, **fields):
+    model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
+    return make_loadout(tmp_path, **({"backend": "codex", "model": model} | fields))
+
+
+def make_backend(tmp_path, srv, stall=30.0, **fields):
+    host = Host()
+    loadout = codex_loadout(tmp_path, srv.base_url("a"), **fields)
+    backend = CodexBackend(loadout=loadout, host=host, binary=str(NPM_BIN / "codex"), stall=stall)
+    return backend, host
+
+
+def exec_call(cmd):
+    return {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": cmd}}]}
+
+
+async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [exec_call("cat notes.txt"), {"text": "## Summary\nThe secret is 4217."}])
+        backend, host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("find the secret")
+        finally:
+            await backend.aclose()
+        assert result.ok, result.error
+        assert result.text == "## Summary\nThe secret is 4217."
+        [start] = host.activities("tool_start")
+        assert start.tool == "exec"
+        assert "cat notes.txt" in start.text
+        assert [e.text for e in host.activities("tool_end")] == ["ok"]
+        usage = host.activities("usage")[-1].usage
+        assert usage is not None
+        assert usage.tokens == 240
+        calls = srv.requests("a")
+        assert [r.api for r in calls] == ["responses", "responses"]
+        assert "the secret is 4217" in calls[1].tool_results()[0]
+        assert "You are a scout." in str(calls[0].body)
+        assert list((tmp_path / "scratch").iterdir()) == []
+
+
+async def test_the_read_only_sandbox_refuses_a_write(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [exec_call("echo hacked > owned.txt"), {"text": "tried"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("write something")
+        finally:
+            await backend.aclose()
+        assert result.ok, result.error
+        assert not (tmp_path / "ws" / "owned.txt").exists()
+
+
+async def test_an_http_500_fails_the_turn_in_seconds(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"status": 500, "body": "upstream exploded"}, {"text": "recovered"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(30):
+                failed = await backend.run_turn("go")
+                again = await backend.run_turn("try again")
+        finally:
+            await backend.aclose()
+        assert not failed.ok
+        # Codex hides 5xx bodies; it names the class of error.
+        assert failed.error.startswith("codex: ")
+        assert "internalServerError" in failed.error
+        assert (again.ok, again.text) == (True, "recovered")
+        assert len(srv.requests("a")) == 2
+
+
+async def test_a_stalled_stream_is_interrupted_by_our_watchdog(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
+        backend, _host = make_backend(tmp_path, srv, stall=2.0)
+        try:
+            with trio.fail_after(40):
+                start = trio.current_time()
+                stalled = await backend.run_turn("go")
+                elapsed = trio.current_time() - start
+                resumed = await backend.run_turn("again")
+        finally:
+            await backend.aclose()
+        assert not stalled.ok
+        assert stalled.error.startswith("codex: no output for 2 s while waiting on the model")
+        assert 2.0 <= elapsed < 15
+        assert (resumed.ok, resumed.text) == (True, "fine again")
+
+
+async def test_pause_interrupts_kills_the_running_command_and_resume_continues(tmp_path):
+    marker = tmp_path / "ws" / "still-running"
+    async with ModelServer() as srv:
+        srv.script("a", [exec_call("sleep 300; echo done"), {"text": "resumed"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def pause_when_the_command_runs():
+                        await wait_for_requests(srv, "a")
+                        while not backend._commands:  # noqa: ASYNC110 - polling the backend
+                            await trio.sleep(0.05)
+                        nursery.start_soon(_note_pids, backend, marker)
+                        await trio.sleep(0.3)
+                        await backend.abort()
+
+                    nursery.start_soon(pause_when_the_command_runs)
+                    paused = await backend.run_turn("first task")
+                pids = [int(p) for p in marker.read_text().split()]
+                resumed = await backend.run_turn("second task")
+        finally:
+            await backend.aclose()
+        assert (paused.ok, paused.aborted) == (True, True)
+        assert pids
+        assert not [p for p in pids if psutil.pid_exists(p) and _alive(p)]
+        assert (resumed.ok, resumed.text) == (True, "resumed")
+        assert "first task" in str(srv.requests("a")[-1].body)
+
+
+async def _note_pids(backend, marker):
+    marker.write_text(" ".join(str(p) for p in backend._commands.values()))
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+async def test_steer_joins_the_running_turn(tmp_path):
+    async with ModelServer() as srv:
+        srv.script("a", [{"delay": 1.5, **exec_call("cat notes.txt")}, {"text": "went east"}])
+        backend, _host = make_backend(tmp_path, srv)
+        try:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+
+                    async def steer_soon():
+                        await wait_for_requests(srv, "a")
+                        while not backend._turn_id:  # noqa: ASYNC110 - polling the backend
+                            await trio.sleep(0.05)
+                        await backend.steer("go east instead")
+
+                    nursery.start_soon(steer_soon)
+                    result = await backend.run_turn("go west")
+        finally:
+            await backend.aclose()
+        assert (result.ok, result.text) == (True, "went east")
+        assert "Steer from parent: go east instead" in str(srv.requests("a")[1].body)
+
+
+async def test_a_missing_cli_is_a_one_line_error(tmp_path):
+    async with ModelServer() as srv:
+        backend, _host = make_backend(tmp_path, srv)
+        backend.binary = "no-such-codex"
+        result = await backend.run_turn("go")
+        await backend.aclose()
+    assert not result.ok
+    assert result.error == (
+        "backend codex: no-such-codex is not on PATH (install @openai/codex@0.171.0 or newer, "
+        "or point FLEET_CODEX_BIN at it)"
+    )
+
+
+def test_config_and_sandbox_follow_the_loadout(tmp_path):
+    scout = codex_loadout(tmp_path, "http://127.0.0.1:9", effort="high")
+    assert sandbox_mode(scout) == "read-only"
+    worker = codex_loadout(tmp_path, "http://x", mode="worktree", tools=["read", "edit"])
+    assert sandbox_mode(worker) == "workspace-write"
+    config = codex_config(scout, stall=5)
+    assert 'model_reasoning_effort = "high"' in config
+    assert 'base_url = "http://127.0.0.1:9/v1"' in config
+    assert "stream_idle_timeout_ms = 10000" in config
+    assert "request_max_retries = 0" in config
