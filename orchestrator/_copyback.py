@@ -278,11 +278,15 @@ def _plan(
     done: list[_Delta] = []
     conflicts: list[Conflict] = []
     for delta in deltas:
-        reason = twins.get(delta.path) or _guard_problem(snapshot, delta, siblings)
+        try:
+            reason = twins.get(delta.path) or _guard_problem(snapshot, delta, siblings)
+            if reason is None:
+                current, st = _read(snapshot.repo, delta.path, algo)
+        except OSError as exc:
+            reason = f"cannot be read ({exc.strerror or exc})"
         if reason is not None:
             conflicts.append(Conflict(path=delta.path, reason=reason))
             continue
-        current, st = _read(snapshot.repo, delta.path, algo)
         if current == delta.new:
             done.append(delta)
         elif current != delta.old:
@@ -306,23 +310,21 @@ def _permissions(op: _Op, source: os.stat_result) -> int:
     return bits & ~0o111
 
 
-def _stage(snapshot: Snapshot, op: _Op, fd: int, algo: str) -> str:
-    """Write the child's version of ``op`` as a temp file in the open destination directory."""
-    new = op.delta.new
-    assert new is not None  # noqa: S101 - only called for paths the child did not delete
-    temp = _fresh_name("new")
+def _stage(snapshot: Snapshot, op: _Op, fd: int, new: _Version, algo: str) -> None:
+    """Write the child's version of ``op`` as ``op.temp`` in the open destination directory."""
     src_dir = open_dir(snapshot.worktree, op.dir_rel)
     try:
         if new.mode == SYMLINK:
             target = os.readlink(op.name, dir_fd=src_dir)
             raw = os.fsencode(target)
             sha = _sha(algo, len(raw), [raw]).hexdigest()
-            if sha == new.sha:
-                os.symlink(target, temp, dir_fd=fd)
+            op.temp = _fresh_name("new")
+            os.symlink(target, op.temp, dir_fd=fd)
         else:
             src = os.open(op.name, _READ_FLAGS, dir_fd=src_dir)
             try:
-                dst = os.open(temp, _NEW_FLAGS, 0o600, dir_fd=fd)
+                op.temp = _fresh_name("new")
+                dst = os.open(op.temp, _NEW_FLAGS, 0o600, dir_fd=fd)
                 try:
                     sha = _copy_hashed(src, dst, algo)
                     os.fchmod(dst, _permissions(op, os.fstat(src)))
@@ -334,10 +336,7 @@ def _stage(snapshot: Snapshot, op: _Op, fd: int, algo: str) -> str:
     finally:
         os.close(src_dir)
     if sha != new.sha:
-        if new.mode != SYMLINK:
-            os.unlink(temp, dir_fd=fd)
         raise _DriftError(op.delta.path, "changed in the worktree during copy-back; stop again")
-    return temp
 
 
 def _same_entry(a: os.stat_result, b: os.stat_result | None) -> bool:
@@ -359,7 +358,7 @@ def _prepare(snapshot: Snapshot, ops: list[_Op], created: list[str], algo: str) 
                 if not _same_entry(os.stat(backup, dir_fd=fd, follow_symlinks=False), op.parent):
                     raise _DriftError(op.delta.path, "changed in the parent during copy-back")
             if op.delta.new is not None:
-                op.temp = _stage(snapshot, op, fd, algo)
+                _stage(snapshot, op, fd, op.delta.new, algo)
         finally:
             os.close(fd)
 

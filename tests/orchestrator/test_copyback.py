@@ -129,6 +129,13 @@ def test_recreating_a_deleted_file_with_the_same_bytes_is_no_change(snap):
     assert changed_paths(snap) == [Change(path="a.txt", status="modified")]
 
 
+def test_changes_staged_or_unstaged_inside_the_worktree_index_count_by_content(snap):
+    git(snap.worktree, "rm", "-q", "--cached", "a.txt")  # untracked now, same bytes
+    write(snap.worktree / "b.txt", "staged by the child\n")
+    git(snap.worktree, "add", "b.txt")
+    assert changed_paths(snap) == [Change(path="b.txt", status="modified")]
+
+
 def test_finalize_applies_every_change_byte_exact(repo, snap, review):
     change_everything(snap.worktree)
     result = finalize(snap, review, "worker-1")
@@ -262,6 +269,59 @@ def test_rollback_failure_names_exactly_what_stayed_applied(repo, snap, review, 
     assert (repo / "a.txt").read_text() == "a.txt line 1\nline 2\n"
     assert (repo / "d.txt").exists()
     assert not (repo / "fresh").exists()
+
+
+def test_a_failure_while_preparing_leaves_nothing_behind(repo, snap, review, monkeypatch):
+    five_changes(snap.worktree)
+    before = tree(repo)
+    real = _copyback._stage
+
+    def failing(snapshot, op, fd, new, algo):
+        if op.delta.path == "fresh/c.txt":
+            raise OSError(errno.ENOSPC, "No space left on device", "fresh/c.txt")
+        real(snapshot, op, fd, new, algo)
+
+    monkeypatch.setattr(_copyback, "_stage", failing)
+    result = finalize(snap, review, "worker-1")
+    assert result.error == (
+        f"copy back from {snap.worktree}: preparing fresh/c.txt failed (No space left on "
+        "device); nothing in the parent changed; fix the cause and stop again"
+    )
+    assert result.applied == ()
+    assert tree(repo) == before
+
+
+def test_a_worktree_file_changing_during_copy_back_is_a_conflict(repo, snap, review, monkeypatch):
+    five_changes(snap.worktree)
+    before = tree(repo)
+    real = _copyback._prepare
+
+    def edit_then_prepare(snapshot, ops, created, algo):
+        write(snapshot.worktree / "b.txt", "the child was still writing\n")
+        real(snapshot, ops, created, algo)
+
+    monkeypatch.setattr(_copyback, "_prepare", edit_then_prepare)
+    result = finalize(snap, review, "worker-1")
+    assert result.conflicts == (
+        Conflict(path="b.txt", reason="changed in the worktree during copy-back; stop again"),
+    )
+    assert tree(repo) == before
+
+
+def test_copy_back_in_a_sha256_repository(tmp_path, git_home, review):
+    root = tmp_path / "sha256"
+    root.mkdir()
+    git(root, "init", "-q", "--object-format=sha256")
+    write(root / "a.txt", "committed\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "c")
+    snap = create_worktree(root, tmp_path / "wt")
+    write(snap.worktree / "a.txt", "child\n")
+    write(snap.worktree / "b.txt", "new\n")
+    result = finalize(snap, review, "worker-1")
+    assert result.error == ""
+    assert result.applied == ("a.txt", "b.txt")
+    assert (root / "a.txt").read_text() == "child\n"
 
 
 def test_deleting_a_directorys_last_file_and_reverting_it(repo, snap, review):

@@ -234,6 +234,38 @@ def test_clean_files_whose_blob_git_converted_keep_their_bytes(repo, tmp_path, h
     assert tree(snap.worktree) == tree(repo)
 
 
+def test_split_index_intent_to_add_and_unmerged_entries(repo, tmp_path):
+    git(repo, "checkout", "-qb", "side")
+    write(repo / "a.txt", "side\n")
+    git(repo, "commit", "-qam", "side")
+    git(repo, "checkout", "-q", "main")
+    write(repo / "a.txt", "main\n")
+    git(repo, "commit", "-qam", "main")
+    subprocess.run(["git", "merge", "-q", "side"], cwd=repo, capture_output=True, check=False)
+    assert "<<<<<<<" in (repo / "a.txt").read_text()
+    write(repo / "intent.txt", "intent to add\n")
+    git(repo, "add", "-N", "intent.txt")
+    git(repo, "config", "core.splitIndex", "true")
+    git(repo, "update-index", "--split-index")
+    assert list((repo / ".git").glob("sharedindex.*"))
+    snap = create_worktree(repo, tmp_path / "wt")
+    assert tree(snap.worktree) == tree(repo)
+
+
+def test_snapshot_of_a_sha256_repository(tmp_path, git_home):
+    root = tmp_path / "sha256"
+    root.mkdir()
+    git(root, "init", "-q", "--object-format=sha256")
+    write(root / "a.txt", "committed\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "c")
+    write(root / "a.txt", "dirty\n")
+    write(root / "b.bin", b"\0untracked")
+    snap = create_worktree(root, tmp_path / "wt")
+    assert len(snap.commit) == 64
+    assert tree(snap.worktree) == tree(root)
+
+
 def test_names_that_need_quoting_survive(repo, tmp_path):
     names = [
         "new\nline.txt",
