@@ -19,7 +19,14 @@ from orchestrator._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolse
 from orchestrator._sandboxing import policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
-BACKENDS = ("builtin", "command")
+BACKENDS = ("builtin", "pi", "claude", "codex", "command")
+#: Which model kinds each backend can use; ``native`` = a name handed to the CLI as is.
+MODEL_KINDS = {
+    "builtin": ("scripted", "openai"),
+    "pi": ("openai", "native"),
+    "claude": ("anthropic", "native"),
+    "codex": ("openai", "native"),
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -71,16 +78,27 @@ class Plan:
     loadout_fields: dict[str, Any]
 
 
-def parse_model(text: str, workspace: Path) -> ipc.ModelSpec:
-    """``scripted:PATH`` or ``openai:MODEL[@BASE_URL]`` into a model spec."""
+def parse_model(text: str, workspace: Path, backend: str = "builtin") -> ipc.ModelSpec:
+    """A model for *backend* from ``scripted:PATH``, ``openai:MODEL[@BASE_URL]``,
+    ``anthropic:MODEL[@BASE_URL]``, or (agent CLIs) a bare name the CLI resolves itself.
+
+    ``openai`` base URLs include the ``/v1`` (OpenAI's convention); ``anthropic`` ones do not
+    (Anthropic's). The API key is named, never given: ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``.
+    """
+    kinds = MODEL_KINDS.get(backend, ())
     kind, _, rest = text.partition(":")
-    if kind == "scripted" and rest:
+    if kind not in {"scripted", "openai", "anthropic"} or not rest:
+        kind, rest = "native", text
+    if kind not in kinds:
+        usable = " or ".join(f"{k}:..." if k != "native" else "a bare model name" for k in kinds)
+        raise UsageError(f"spawn: model {text!r} cannot drive backend {backend} (use {usable})")
+    if kind == "scripted":
         path = Path(rest).expanduser()
         path = path if path.is_absolute() else workspace / path
         if not path.is_file():
             raise UsageError(f"spawn: model script {path} does not exist")
         return ipc.ModelSpec(kind="scripted", script=str(path.resolve()))
-    if kind == "openai" and rest:
+    if kind == "openai":
         name, _, base_url = rest.partition("@")
         return ipc.ModelSpec(
             kind="openai",
@@ -88,7 +106,12 @@ def parse_model(text: str, workspace: Path) -> ipc.ModelSpec:
             base_url=base_url or "https://api.openai.com/v1",
             api_key_env="OPENAI_API_KEY",
         )
-    raise UsageError(f"spawn: model {text!r} is not scripted:PATH or openai:MODEL[@URL]")
+    if kind == "anthropic":
+        name, _, base_url = rest.partition("@")
+        return ipc.ModelSpec(
+            kind="anthropic", name=name, base_url=base_url, api_key_env="ANTHROPIC_API_KEY"
+        )
+    return ipc.ModelSpec(kind="native", name=rest)
 
 
 def plan_spawn(
@@ -133,6 +156,14 @@ def plan_spawn(
                 "scripted:FILE or openai:MODEL, or set FLEET_MODEL)"
             )
         model = parse_model(model_text, config.workspace)
+    elif backend in MODEL_KINDS:
+        # FLEET_MODEL configures the builtin agent; an agent CLI keeps its own default.
+        cli_model = request.model or definition.model
+        model = (
+            parse_model(cli_model, config.workspace, backend)
+            if cli_model
+            else ipc.ModelSpec(kind="native")
+        )
     elif backend == "command":
         command = list(request.command)
         if not command:
@@ -151,6 +182,8 @@ def plan_spawn(
             "mode": mode,
             "subagent_agents": list(definition.subagent_agents),
             "ownership": list(definition.ownership),
+            "secret_env": list(definition.env),
+            "effort": definition.effort or "",
             "sandbox": policy_for(mode, definition.sandbox),
         },
     )
