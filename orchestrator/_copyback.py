@@ -59,6 +59,7 @@ _CHUNK = 1 << 20
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+_DIFF_INDEX = ("diff-index", "-z", "--raw", "--no-renames", "--ignore-submodules=all")
 
 
 @attrs.frozen(kw_only=True)
@@ -87,10 +88,10 @@ class FinalizeResult:
     """
 
     changed: tuple[str, ...]
-    applied: tuple[str, ...]
-    conflicts: tuple[Conflict, ...]
-    restored: tuple[str, ...]
-    error: str
+    applied: tuple[str, ...] = ()
+    conflicts: tuple[Conflict, ...] = ()
+    restored: tuple[str, ...] = ()
+    error: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -205,14 +206,7 @@ def _deltas(snapshot: Snapshot) -> tuple[str, list[_Delta]]:
     with tempfile.TemporaryDirectory(prefix="fleet-git-") as tmp:
         env = neutral_env(Path(tmp), layout, work_tree=layout.root, index=layout.index)
         out = run_git(
-            [
-                "diff-index",
-                "-z",
-                "--raw",
-                "--no-renames",
-                "--ignore-submodules=all",
-                snapshot.commit,
-            ],
+            [*_DIFF_INDEX, snapshot.commit],
             cwd=layout.root,
             env=env,
             op=op,
@@ -348,19 +342,23 @@ def _same_entry(a: os.stat_result, b: os.stat_result | None) -> bool:
 
 
 def _prepare(snapshot: Snapshot, ops: list[_Op], created: list[str], algo: str) -> None:
+    """Stage every temp and backup; an ``OSError`` names the repository path it failed on."""
     for op in ops:
-        fd = open_dir(snapshot.repo, op.dir_rel, created if op.delta.new else None)
         try:
-            if op.delta.old is not None:
-                backup = _fresh_name("old")
-                os.link(op.name, backup, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
-                op.backup = backup
-                if not _same_entry(os.stat(backup, dir_fd=fd, follow_symlinks=False), op.parent):
-                    raise _DriftError(op.delta.path, "changed in the parent during copy-back")
-            if op.delta.new is not None:
-                _stage(snapshot, op, fd, op.delta.new, algo)
-        finally:
-            os.close(fd)
+            fd = open_dir(snapshot.repo, op.dir_rel, created if op.delta.new else None)
+            try:
+                if op.delta.old is not None:
+                    op.backup = _fresh_name("old")
+                    os.link(op.name, op.backup, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                    backup = os.stat(op.backup, dir_fd=fd, follow_symlinks=False)
+                    if not _same_entry(backup, op.parent):
+                        raise _DriftError(op.delta.path, "changed in the parent during copy-back")
+                if op.delta.new is not None:
+                    _stage(snapshot, op, fd, op.delta.new, algo)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, op.delta.path) from exc
 
 
 def _apply_op(snapshot: Snapshot, op: _Op) -> None:
@@ -550,9 +548,6 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
             _discard(snapshot, ops, created, backups=True)
             return FinalizeResult(
                 changed=changed,
-                applied=(),
-                conflicts=(),
-                restored=(),
                 error=(
                     f"copy back from {snapshot.worktree}: preparing {exc.filename or 'a file'} "
                     f"failed ({exc.strerror}); nothing in the parent changed; fix the cause and "
@@ -561,13 +556,8 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
             )
     if conflicts:
         _discard(snapshot, ops, created, backups=True)
-        return FinalizeResult(
-            changed=changed,
-            applied=(),
-            conflicts=tuple(conflicts),
-            restored=(),
-            error=_conflict_error(snapshot, conflicts),
-        )
+        error = _conflict_error(snapshot, conflicts)
+        return FinalizeResult(changed=changed, conflicts=tuple(conflicts), error=error)
     for k, op in enumerate(ops):
         try:
             _apply_op(snapshot, op)
@@ -576,19 +566,10 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
             keep = [o for o in ops[:k] if o.delta.path in stuck]
             _discard(snapshot, [o for o in ops if o not in keep], created, backups=True)
             return FinalizeResult(
-                changed=changed,
-                applied=tuple(stuck),
-                conflicts=(),
-                restored=tuple(restored),
-                error=error,
+                changed=changed, applied=tuple(stuck), restored=tuple(restored), error=error
             )
     _discard(snapshot, ops, [], backups=True)
     _prune_emptied(snapshot, ops)
     error = _record(snapshot, ops, done, review, owner)
-    return FinalizeResult(
-        changed=changed,
-        applied=tuple(sorted(d.path for d in [*(op.delta for op in ops), *done])),
-        conflicts=(),
-        restored=(),
-        error=error,
-    )
+    applied = tuple(sorted(d.path for d in [*(op.delta for op in ops), *done]))
+    return FinalizeResult(changed=changed, applied=applied, error=error)

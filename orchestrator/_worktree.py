@@ -23,6 +23,7 @@ All functions are synchronous and keep no shared state; call them from a worker 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import stat
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from orchestrator._errors import OperationFailed
 from orchestrator._pathguard import lstat_below
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ GITLINK = 0o160000
 SYMLINK = 0o120000
 
 
-class WorktreeError(Exception):
+class WorktreeError(OperationFailed):
     """A snapshot, worktree or copy-back operation failed; the one-line message says what to do.
 
     ``repo`` is the parent workspace and ``path`` the offending path (a destination, a submodule,
@@ -94,13 +96,12 @@ class GitLayout:
 
 @attrs.frozen(kw_only=True)
 class RawChange:
-    """One record of ``git diff-* --raw``: the index/tree side and the status letter."""
+    """One record of ``git diff-* --raw``: the path, its index/tree side and its new mode."""
 
     path: str
     old_mode: int
     old_sha: str
     new_mode: int
-    status: str
 
 
 def git_env() -> dict[str, str]:
@@ -200,14 +201,13 @@ def parse_raw(out: bytes) -> list[RawChange]:
     fields = out.split(b"\0")
     changes = []
     for meta, path in zip(fields[0:-1:2], fields[1::2], strict=True):
-        old_mode, new_mode, old_sha, _, status = meta[1:].decode().split(" ")
+        old_mode, new_mode, old_sha, _, _ = meta[1:].decode().split(" ")
         changes.append(
             RawChange(
                 path=os.fsdecode(path),
                 old_mode=int(old_mode, 8),
                 old_sha=old_sha,
                 new_mode=int(new_mode, 8),
-                status=status,
             )
         )
     return changes
@@ -282,9 +282,12 @@ def _write_objects(
 def _refuse_submodule_changes(
     layout: GitLayout, changes: list[RawChange], gitlinks: list[str], op: str
 ) -> None:
-    moved = [c.path for c in changes if GITLINK in {c.old_mode, c.new_mode}]
-    populated = [p for p in gitlinks if (layout.root / p / ".git").exists()]
-    for path in moved + [p for p in populated if _is_dirty(layout.root / p, op)]:
+    moved = (c.path for c in changes if GITLINK in {c.old_mode, c.new_mode})
+    populated = (p for p in gitlinks if (layout.root / p / ".git").exists())
+    path = next(
+        itertools.chain(moved, (p for p in populated if _is_dirty(layout.root / p, op))), None
+    )
+    if path is not None:
         raise WorktreeError(
             f"{op}: submodule {path!r} has changes (moved HEAD, modified or untracked files) "
             "that a snapshot cannot carry; commit them in the submodule and record the new "

@@ -278,7 +278,7 @@ def test_a_failure_while_preparing_leaves_nothing_behind(repo, snap, review, mon
 
     def failing(snapshot, op, fd, new, algo):
         if op.delta.path == "fresh/c.txt":
-            raise OSError(errno.ENOSPC, "No space left on device", "fresh/c.txt")
+            raise OSError(errno.ENOSPC, "No space left on device", ".fleet-new-0123")
         real(snapshot, op, fd, new, algo)
 
     monkeypatch.setattr(_copyback, "_stage", failing)
