@@ -29,6 +29,10 @@ def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
     if spec.kind == "scripted":
         script = Path(spec.script)
         return ScriptedModel.from_file(script if script.is_absolute() else workspace / script)
+    if spec.kind == "openai":
+        from child._openai import OpenAIModel  # noqa: PLC0415 - httpx only when it is used
+
+        return OpenAIModel.from_spec(spec)
     raise ModelError(f"model kind {spec.kind!r} is not known (use scripted or openai)")
 
 
