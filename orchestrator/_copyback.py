@@ -203,6 +203,19 @@ def _deltas(snapshot: Snapshot) -> tuple[str, list[_Delta]]:
     """The object format and every path whose worktree state differs from the snapshot."""
     op = f"list changes in {snapshot.worktree}"
     layout = layout_of(snapshot.worktree, op)
+    # The worktree's .git file is in the child's reach: it must still name this worktree's own
+    # admin directory in the parent's repository, or every Git answer below could be another's.
+    if (layout.root, layout.objects, layout.index.parent.parent) != (
+        snapshot.worktree,
+        layout_of(snapshot.repo, op).objects,
+        layout.objects.parent / "worktrees",
+    ):
+        raise WorktreeError(
+            f"{op}: its .git file no longer points into {snapshot.repo}'s worktree records; "
+            "discard this worktree",
+            repo=snapshot.repo,
+            path=snapshot.worktree,
+        )
     with tempfile.TemporaryDirectory(prefix="fleet-git-") as tmp:
         env = neutral_env(Path(tmp), layout, work_tree=layout.root, index=layout.index)
         out = run_git(
@@ -533,7 +546,8 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
     """Copy the child's changes back into the parent: every path, or none (see the module doc).
 
     Never raises for a conflict or a failed apply; those come back in the result. Raises
-    :class:`~orchestrator._worktree.WorktreeError` only when Git cannot list the changes.
+    :class:`~orchestrator._worktree.WorktreeError` only when the changes cannot be listed: Git
+    fails, or the worktree's ``.git`` file no longer leads to the snapshot's repository.
     """
     algo, deltas = _deltas(snapshot)
     changed = tuple(d.path for d in deltas)

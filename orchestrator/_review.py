@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._copyback import Conflict
+from orchestrator._copyback import ChangeStatus, Conflict
 from orchestrator._pathguard import open_dir
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class FileDiff:
 
     path: str
     owner: str
-    status: str  # "added", "deleted", "modified", "mode" or "type"
+    status: ChangeStatus
     diff: str
 
 
@@ -85,7 +85,7 @@ def _read_state(path: Path) -> _State:
     return _State(data=b"", mode=st.st_mode)
 
 
-def _status(base: _State, now: _State) -> str:
+def _status(base: _State, now: _State) -> ChangeStatus:
     if base.data is None:
         return "added"
     if now.data is None:

@@ -13,7 +13,7 @@ import pytest
 from orchestrator import _copyback
 from orchestrator._copyback import Change, Conflict, changed_paths, finalize
 from orchestrator._review import ReviewStore
-from orchestrator._worktree import create_worktree
+from orchestrator._worktree import WorktreeError, create_worktree
 
 
 @pytest.fixture
@@ -361,6 +361,14 @@ def test_a_git_file_the_child_writes_is_never_a_change(repo, snap, review):
     assert result.changed == ("sub/real.txt",)
     assert result.error == ""
     assert not (repo / "sub" / ".git").exists()
+
+
+def test_a_rewritten_worktree_git_file_is_refused(repo, snap, review):
+    write(snap.worktree / "a.txt", "child\n")
+    (snap.worktree / ".git").write_text(f"gitdir: {repo / '.git'}\n")
+    with pytest.raises(WorktreeError, match=r"\.git file no longer points into"):
+        finalize(snap, review, "worker-1")
+    assert (repo / "a.txt").read_text() == "a.txt line 1\nline 2\n"
 
 
 def test_an_ancestor_swapped_for_a_symlink_in_the_parent_is_refused(repo, snap, review, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -339,6 +340,6 @@ def test_remove_worktree_leaves_parent_refs_alone_and_is_idempotent(repo, tmp_pa
 
 def test_remove_prunes_a_worktree_deleted_by_hand(repo, tmp_path):
     snap = create_worktree(repo, tmp_path / "wt")
-    subprocess.run(["rm", "-rf", str(snap.worktree)], check=True)
+    shutil.rmtree(snap.worktree)
     remove_worktree(Snapshot(repo=snap.repo, worktree=snap.worktree, commit=snap.commit))
     assert str(snap.worktree) not in git(repo, "worktree", "list", "--porcelain")
