@@ -110,6 +110,10 @@ class CommandBackend:
         return TurnResult(text=stdout)
 
     async def steer(self, text: str) -> None:
+        # Said in the activity line too, so `peek` shows why the steer changed nothing.
+        self.host.emit(
+            ipc.Event(activity="message", text="steer ignored: a command cannot be steered")
+        )
         raise ValueError("the command backend cannot be steered")
 
     async def abort(self) -> None:
