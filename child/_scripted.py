@@ -19,7 +19,8 @@ The format is documented in ``docs/scripted-model.md``. In short::
 
 Templates in ``say``/``reply``/tool ``args`` strings: ``{{last}}`` (the last tool result),
 ``{{tool:NAME}}`` (the last result of tool NAME),
-``{{steer}}`` (the last steer), ``{{task}}`` (this turn's prompt), ``{{turn}}``.
+``{{steer}}`` (the last steer), ``{{task}}`` (this turn's prompt), ``{{turn}}``,
+``{{nonce}}`` (the democracy-round nonce in this turn's prompt).
 """
 
 import os
@@ -88,6 +89,9 @@ def load_script(path: str | os.PathLike[str]) -> tuple[list[list[dict[str, Any]]
 
 
 _TOOL_REF = re.compile(r"\{\{tool:([A-Za-z0-9_]+)\}\}")
+# The ballot format line of a democracy round's voter prompt: a script cannot know the fresh
+# nonce in advance, so it takes it from there.
+_BALLOT_FORMAT = re.compile(r"^BALLOT (\S+) <option-id> <rationale>$", re.MULTILINE)
 
 
 def _last_result(messages: list[dict[str, Any]], tool: str | None = None) -> str:
@@ -110,12 +114,14 @@ def _render(value: Any, ctx: StepContext) -> Any:
         last = _last_result(ctx.messages)
         steers = ctx.steers.seen + ctx.steers.pending
         steer = steers[-1] if steers else ""
+        ballot = _BALLOT_FORMAT.search(ctx.task)
         value = _TOOL_REF.sub(lambda m: _last_result(ctx.messages, m.group(1)), value)
         return (
             value.replace("{{last}}", last)
             .replace("{{steer}}", steer)
             .replace("{{task}}", ctx.task)
             .replace("{{turn}}", str(ctx.turn))
+            .replace("{{nonce}}", ballot.group(1) if ballot else "")
         )
     if isinstance(value, dict):
         return {k: _render(v, ctx) for k, v in value.items()}

@@ -136,6 +136,16 @@ def _write_private(path: Path, data: bytes) -> None:
     temp.replace(path)
 
 
+def _remove_emptied(directory: Path) -> None:
+    """Remove ``directory`` and its ancestors while they are empty, as copy-back does."""
+    while directory != directory.parent:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
 def _restore(path: str, base: _State) -> None:
     """Put ``base`` at ``path`` by atomic rename, never following a symlink on the way."""
     parent = Path(path).parent
@@ -144,6 +154,7 @@ def _restore(path: str, base: _State) -> None:
     try:
         if base.data is None:
             os.unlink(name, dir_fd=fd)
+            _remove_emptied(parent)
             return
         temp = f".fleet-revert-{secrets.token_hex(8)}"
         if stat.S_ISLNK(base.mode or 0):

@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -22,6 +22,7 @@ import ipc
 from orchestrator._agents import AgentDefinition, load_agents
 from orchestrator._capacity import Capacity, Lane
 from orchestrator._config import Config
+from orchestrator._democracy import Democracy
 from orchestrator._diagnostics import RunLog
 from orchestrator._errors import (
     FleetError,
@@ -41,7 +42,10 @@ from orchestrator._run import ChildRun, Question
 from orchestrator._sandboxing import check_available, place
 from orchestrator._watchdog import BudgetPolicy, resolve_policy
 
-__all__ = ["SpawnRequest", "Supervisor", "open_supervisor"]
+__all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
+
+#: The parent's name on the discussion paper (children write under their keys, ``a1``...).
+PARENT: Final = "parent"
 
 
 @attrs.define(eq=False)
@@ -66,11 +70,13 @@ class Supervisor:
     _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
+    democracy: Democracy = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
         self.lane = Lane(capacity=self.config.lane)
         self.paper = Paper(self.config.paths.paper)
+        self.democracy = Democracy(sup=self)
 
     @property
     def paths(self) -> Any:
@@ -344,6 +350,13 @@ class Supervisor:
         question: Question | None = None,
         failure: bool = False,
     ) -> None:
+        # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
+        # before the tally. Questions still reach the parent.
+        if question is None and self.democracy.collect(
+            record, report=report, error=error, failure=failure
+        ):
+            self.notes.changed()
+            return
         self.notes.push(
             record,
             report=report,

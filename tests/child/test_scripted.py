@@ -127,3 +127,20 @@ async def test_events_and_say_emit_activity(tmp_path):
     events: list[ipc.Event] = []
     assert (await model.step(_ctx(events=events))).text == "done"
     assert [e.text for e in events] == ["hi", "event 1", "event 2", "event 3"]
+
+
+async def test_nonce_is_taken_from_the_ballot_format_line_of_the_prompt(tmp_path):
+    model = ScriptedModel.from_file(
+        _write(
+            tmp_path,
+            "turns:\n  - steps: [{reply: 'BALLOT {{nonce}} A because'}]\n"
+            "  - steps: [{reply: '[{{nonce}}]'}]\n",
+        )
+    )
+    task = (
+        "Mentions BALLOT 0000 in prose first.\n## Your ballot\n"
+        "BALLOT 9f2c0a41b7d3e856 <option-id> <rationale>\n\n- <option-id> is one of: A, B\n"
+    )
+    assert (await model.step(_ctx(task=task))).text == "BALLOT 9f2c0a41b7d3e856 A because"
+    # A prompt that is not a voter's has no nonce: the template renders empty, never a guess.
+    assert (await model.step(_ctx(task="BALLOT abc A why", turn=2))).text == "[]"

@@ -155,6 +155,23 @@ def test_finalize_applies_every_change_byte_exact(repo, snap, review):
     assert {d.owner for d in review.diff()} == {"worker-1"}
 
 
+def test_review_round_trip_diff_revert_accept(repo, snap, review):
+    before = tree(repo)
+    change_everything(snap.worktree)
+    assert finalize(snap, review, "worker-1").error == ""
+    statuses = {os.path.relpath(d.path, repo): d.status for d in review.diff(["worker-1"])}
+    assert statuses == {c.path: c.status for c in changed_paths(snap)}
+    assert review.revert(["worker-1"]).failed == ()
+    assert tree(repo) == before
+    assert review.diff() == []
+
+    assert finalize(snap, review, "worker-1").error == ""
+    assert len(review.accept()) == 9
+    assert review.diff() == []
+    assert review.revert().reverted == ()
+    assert (repo / "a.txt").read_text() == "modified\n"
+
+
 def test_drift_in_the_parent_blocks_everything_until_resolved(repo, snap, review):
     change_everything(snap.worktree)
     original = (repo / "a.txt").read_bytes()

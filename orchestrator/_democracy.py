@@ -1,0 +1,511 @@
+"""Democracy rounds against a live fleet: seat the voters, collect every ballot, tally.
+
+The rules are pure and live in :mod:`orchestrator._ballots`; this module runs them. A round
+
+1. checks the request (``validate_request``), the electorate and capacity, and refuses with one
+   line before anything is launched;
+2. spawns fresh read-only scouts for the unfilled seats and resumes the nominated idle or paused
+   scouts, every voter getting ``voter_prompt`` with the round's fresh nonce;
+3. collects one ballot per seat. The supervisor hands a voter's settle note to
+   :meth:`Democracy.collect` instead of the parent's notes, so nothing is shown before every
+   ballot is in. A voter whose turn or process fails is ``failed``; one that ends without a turn
+   result (stopped or discarded by someone) is ``missing``; the rest go through ``parse_ballot``;
+4. at the deadline cancels the voters still running, recording them ``failed`` (a nominated
+   scout cancelled this way is retired: stopped);
+5. discards the round's fresh scouts (so they neither hold capacity nor push the parent's retained
+   reports out), then tallies: a ``winner`` only by strict majority of all invited seats,
+   ``needs-user`` with the leading options otherwise, ``failed`` when no voter returned a ballot.
+
+One round runs at a time. :meth:`Democracy.abort` — or cancelling :meth:`Democracy.vote` —
+invalidates the running round: it ends ``failed`` with no ballots, and nominated voters still
+voting are paused. A majority is a recommendation; a round implements nothing.
+"""
+
+import collections
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import trio
+
+from orchestrator._ballots import (
+    MAX_REASON,
+    Ballot,
+    RoundError,
+    RoundRequest,
+    new_nonce,
+    parse_ballot,
+    tally,
+    validate_request,
+    voter_prompt,
+)
+from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
+from orchestrator._plan import SpawnRequest
+from orchestrator._registry import ChildRecord, State, clip
+
+if TYPE_CHECKING:
+    from orchestrator._supervisor import Supervisor
+
+DEFAULT_DEADLINE: Final = 600.0
+DEFAULT_VOTERS: Final = 4
+MIN_VOTERS: Final = 2
+KEPT_ROUNDS: Final = 8
+VOTER_AGENT: Final = "scout"
+_REFUSED: Final = "democracy round refused"
+_VOTABLE: Final = frozenset({State.IDLE, State.PAUSED})
+
+
+@attrs.frozen(kw_only=True)
+class Leading:
+    """An option tied at the top count, with what the user needs to decide on it."""
+
+    id: str
+    title: str
+    tradeoffs: str
+    votes: int
+    rationales: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How a round ended. Only a finished, valid round shows ballots."""
+
+    round: str
+    status: Literal["winner", "needs-user", "failed"]
+    invited: int
+    ballots: tuple[Ballot, ...] = ()
+    winner: str | None = None
+    counts: Mapping[str, int] = attrs.Factory(dict)
+    leading: tuple[Leading, ...] = ()
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fleet vote --json`` shape."""
+        data: dict[str, Any] = {
+            "round": self.round,
+            "status": self.status,
+            "invited": self.invited,
+            "counts": dict(self.counts),
+            "ballots": [attrs.asdict(ballot) for ballot in self.ballots],
+        }
+        if self.winner is not None:
+            data["winner"] = self.winner
+        if self.status == "needs-user":
+            data["leading"] = [attrs.asdict(option) for option in self.leading]
+        if self.error:
+            data["error"] = self.error
+        return data
+
+
+def render_outcome(data: Mapping[str, Any]) -> str:
+    """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
+    head = f"round {data['round']}: {data['status']}"
+    if data["status"] == "failed":
+        return f"{head}: {data.get('error', '')}"
+    counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
+    lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
+    for ballot in data["ballots"]:
+        said = (
+            f"{ballot['option']}: {ballot['rationale']}" if ballot["option"] else ballot["reason"]
+        )
+        lines.append(f"  {ballot['voter']} {ballot['status']} {said}")
+    if data["status"] == "winner":
+        lines.append(f"Recommendation: {data['winner']}. A majority recommends; nothing was done.")
+    else:
+        lines.append("No strict majority. Leading options, for the user to decide:")
+        lines.extend(
+            f"  {option['id']} ({option['votes']}): {option['title']}. "
+            f"Tradeoffs: {option['tradeoffs']}"
+            for option in data["leading"]
+        )
+    return "\n".join(lines)
+
+
+@attrs.define(eq=False)
+class _Seat:
+    """One voter's place; a fresh seat's key is known once its spawn returns."""
+
+    name: str
+    fresh: bool
+    key: str | None = None
+    ballot: Ballot | None = None
+    prompted: bool = False
+    cancelled: bool = False
+    done: trio.Event = attrs.Factory(trio.Event)
+
+    def record(self, ballot: Ballot) -> None:
+        if self.ballot is None:
+            self.ballot = ballot
+            self.done.set()
+
+
+def _unheard(voter: str, status: Literal["missing", "failed"], reason: str) -> Ballot:
+    return Ballot(
+        voter=voter, status=status, option=None, rationale="", reason=clip(reason, MAX_REASON)
+    )
+
+
+@attrs.define(eq=False)
+class Round:
+    """One round: its seats, nonce, and (once ``finished`` is set) its :class:`Outcome`."""
+
+    id: str
+    nonce: str
+    request: RoundRequest
+    seats: list[_Seat]
+    deadline: float
+    outcome: Outcome | None = None
+    finished: trio.Event = attrs.Factory(trio.Event)
+    closed: bool = False
+    aborted: bool = False
+    scope: trio.CancelScope | None = None
+
+    @property
+    def voters(self) -> list[str]:
+        return [seat.key or seat.name for seat in self.seats]
+
+    def seat_for(self, record: ChildRecord) -> _Seat | None:
+        for seat in self.seats:
+            if seat.key == record.key or (seat.key is None and seat.name == record.name):
+                return seat
+        return None
+
+
+async def _first(*events: trio.Event) -> None:
+    """Return as soon as any of *events* is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
+
+
+@attrs.define(eq=False)
+class Democracy:
+    """The supervisor's round runner (``Supervisor.democracy``)."""
+
+    sup: "Supervisor"
+    current: Round | None = None
+    rounds: collections.OrderedDict[str, Round] = attrs.Factory(collections.OrderedDict)
+    _ids: int = 0
+
+    async def vote(
+        self,
+        request: Any,
+        *,
+        agents: Sequence[str] = (),
+        voters: int | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+        model: str | None = None,
+    ) -> Outcome:
+        """Run a round to its end; cancelling this call aborts (invalidates) the round."""
+        running = await self.start(
+            request, agents=agents, voters=voters, deadline=deadline, model=model
+        )
+        try:
+            await running.finished.wait()
+        finally:
+            if not running.finished.is_set():
+                with trio.CancelScope(shield=True):
+                    await self.abort(running.id)
+        assert running.outcome is not None  # noqa: S101 - set before finished
+        return running.outcome
+
+    async def start(
+        self,
+        request: Any,
+        *,
+        agents: Sequence[str] = (),
+        voters: int | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+        model: str | None = None,
+    ) -> Round:
+        """Check everything, launch the voters and return the running round.
+
+        Raises :class:`RoundError` (a round runs already, a gate fails, a nominee cannot vote)
+        or :class:`CapacityError` before anything is launched; errors from spawning the fresh
+        voters propagate with nothing left running.
+        """
+        if self.current is not None:
+            raise RoundError(
+                f"{_REFUSED}: round {self.current.id} is still running "
+                "(wait for its result, or invalidate it with fleet vote --abort)",
+                field="round",
+            )
+        checked = validate_request(request)
+        seats = self._seats(voters)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+            raise UsageError(f"vote: deadline {deadline!r} is not a number of seconds")
+        if not (math.isfinite(deadline) and deadline > 0):
+            raise UsageError(f"vote: deadline {deadline!r} must be a positive number of seconds")
+        nominated = self._electorate(agents, seats)
+        self._check_capacity(seats - len(nominated))
+        self._ids += 1
+        round_id = f"r{self._ids}"
+        running = Round(
+            id=round_id,
+            nonce=new_nonce(),
+            request=checked,
+            deadline=float(deadline),
+            seats=[_Seat(name=r.name, key=r.key, fresh=False) for r in nominated]
+            + [
+                _Seat(name=f"voter-{round_id}-{n}", fresh=True)
+                for n in range(1, seats - len(nominated) + 1)
+            ],
+        )
+        self.current = running  # before any await: from here a second round is refused
+        self.rounds[round_id] = running
+        while len(self.rounds) > KEPT_ROUNDS:
+            self.rounds.popitem(last=False)
+        try:
+            await self._launch(running, model)
+            await self.sup.nursery.start(self._run, running)
+        except BaseException as exc:
+            if not running.finished.is_set():
+                started = [s for s in running.seats if s.fresh or s.prompted]
+                with trio.CancelScope(shield=True):
+                    await self._retire(running, started, pause=True)
+                running.outcome = Outcome(
+                    round=round_id, status="failed", invited=seats, error=f"not started: {exc}"
+                )
+                self.current = None
+                running.finished.set()
+            raise
+        return running
+
+    async def wait(
+        self,
+        round_id: str,
+        timeout: float,  # noqa: ASYNC109 - one slice of fleet vote's wait
+    ) -> Outcome | None:
+        """The outcome of *round_id* once it ends, or ``None`` if it runs past *timeout*."""
+        found = self.rounds.get(round_id)
+        if found is None:
+            raise NotFound(f"vote: no round {round_id!r} in this session (rounds are r1, r2, ...)")
+        with trio.move_on_after(timeout):
+            await found.finished.wait()
+        return found.outcome
+
+    async def abort(self, round_id: str | None = None) -> Outcome:
+        """Invalidate the running round (``round_id``, when given, must name it)."""
+        running = self.current
+        if running is None or (round_id is not None and round_id != running.id):
+            what = "no round is running" if round_id is None else f"round {round_id} is not running"
+            raise NotFound(f"vote --abort: {what} (nothing to abort)")
+        running.aborted = True
+        if running.scope is not None:
+            running.scope.cancel()
+        await running.finished.wait()
+        assert running.outcome is not None  # noqa: S101 - set before finished
+        return running.outcome
+
+    def collect(self, record: ChildRecord, *, report: str, error: str, failure: bool) -> bool:
+        """Take a settle note if it belongs to a voter of the running round.
+
+        Called by the supervisor before a note reaches the parent; ``True`` means the note was
+        a ballot (or came from a voter after the round closed) and must not be shown.
+        """
+        running = self.current
+        seat = None if running is None else running.seat_for(record)
+        if running is None or seat is None:
+            return False
+        if not running.closed:
+            seat.key = record.key
+            if failure or error:
+                seat.record(_unheard(record.key, "failed", error or "the voter failed"))
+            else:
+                ids = {option.id for option in running.request.options}
+                seat.record(parse_ballot(record.key, report, running.nonce, ids))
+        return True
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _seats(self, voters: int | None) -> int:
+        cap = self.sup.capacity.cap
+        if voters is None:
+            return min(DEFAULT_VOTERS, cap)
+        if (
+            isinstance(voters, bool)
+            or not isinstance(voters, int)
+            or not MIN_VOTERS <= voters <= cap
+        ):
+            raise RoundError(
+                f"{_REFUSED}: voters {voters!r} is not {MIN_VOTERS}-{cap} (a strict majority "
+                f"needs {MIN_VOTERS} voters and a round never exceeds max_subagents {cap})",
+                field="voters",
+            )
+        return voters
+
+    def _electorate(self, agents: Sequence[str], seats: int) -> list[ChildRecord]:
+        if len(agents) > seats:
+            raise RoundError(
+                f"{_REFUSED}: {len(agents)} nominated voters for {seats} seats "
+                "(nominate at most --voters scouts)",
+                field="agents",
+            )
+        chosen: dict[str, str] = {}
+        records = []
+        for ref in agents:
+            try:
+                record = self.sup.registry.find(ref, include_retired=False)
+            except FleetError as exc:
+                raise RoundError(f"{_REFUSED}: voter {exc}", field="agents") from None
+            who = f"{record.key} ({record.name})"
+            if record.key in chosen:
+                raise RoundError(
+                    f"{_REFUSED}: {who} is nominated twice (as {chosen[record.key]!r} and "
+                    f"{ref!r}) (name each voter once)",
+                    field="agents",
+                )
+            if record.mode != "scout":
+                kind = {"fork": "a fork", "worktree": "a worker"}.get(record.mode, record.mode)
+                raise RoundError(
+                    f"{_REFUSED}: {who} is {kind}, not a scout (only read-only scouts vote; "
+                    "nominate a scout or leave the seat to a fresh one)",
+                    field="agents",
+                )
+            if record.state not in _VOTABLE or record.queued:
+                raise RoundError(
+                    f"{_REFUSED}: {who} is {record.state}, not idle or paused "
+                    "(wait for it to settle, pause it, or nominate another scout)",
+                    field="agents",
+                )
+            chosen[record.key] = ref
+            records.append(record)
+        return records
+
+    def _check_capacity(self, fresh: int) -> None:
+        capacity = self.sup.capacity
+        free = max(0, capacity.cap - capacity.used)
+        if fresh > free:
+            raise CapacityError(
+                f"vote: {fresh} fresh voter(s) need free slots but max_subagents {capacity.cap} "
+                f"has {free} free ({capacity.used} live) (nominate idle scouts with --agents, "
+                "lower --voters, or stop children yourself; a round never stops one)"
+            )
+
+    # -- the round --------------------------------------------------------------------------
+
+    async def _launch(self, running: Round, model: str | None) -> None:
+        prompt = voter_prompt(running.request, running.nonce)
+        fresh = [seat for seat in running.seats if seat.fresh]
+        if fresh:
+            records = await self.sup.spawn(
+                [
+                    SpawnRequest(task=prompt, agent=VOTER_AGENT, name=seat.name, model=model)
+                    for seat in fresh
+                ]
+            )
+            for seat, spawned in zip(fresh, records, strict=True):
+                seat.key = spawned.key
+        for seat in running.seats:
+            if seat.fresh:
+                continue
+            key = seat.key or seat.name
+            # Checked again with no await before the prompt: the spawn above yielded, and a
+            # voter resumed meanwhile would settle the parent's turn first, not its ballot.
+            record = self.sup.registry.records.get(key)
+            if record is None or record.state not in _VOTABLE or record.queued:
+                state = "gone" if record is None else str(record.state)
+                seat.record(_unheard(key, "failed", f"{state} when the round began"))
+                continue
+            await self.sup.prompt(key, prompt)
+            seat.prompted = True
+
+    async def _run(
+        self, running: Round, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                running.scope = scope
+                if running.aborted:
+                    scope.cancel()
+                task_status.started()
+                with trio.move_on_after(running.deadline):
+                    async with trio.open_nursery() as nursery:
+                        for seat in running.seats:
+                            nursery.start_soon(self._await_ballot, seat)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._close(running)
+
+    async def _await_ballot(self, seat: _Seat) -> None:
+        run = self.sup.runs.get(seat.key or "")
+        if run is not None:
+            await _first(seat.done, run.done)
+        # A failed voter's note arrives before its run is done; only a quiet end is left here.
+        seat.record(_unheard(seat.key or seat.name, "missing", "ended before it voted"))
+
+    async def _close(self, running: Round) -> None:
+        running.closed = True
+        for seat in running.seats:
+            if seat.ballot is None:
+                seat.cancelled = True
+                seat.record(
+                    _unheard(
+                        seat.key or seat.name,
+                        "failed",
+                        f"no ballot within the {running.deadline:g} s deadline; cancelled",
+                    )
+                )
+        leaving = [seat for seat in running.seats if seat.fresh or seat.cancelled]
+        await self._retire(running, leaving, pause=running.aborted)
+        running.outcome = self._outcome(running)
+        self.current = None
+        running.finished.set()
+
+    async def _retire(self, running: Round, seats: Sequence[_Seat], *, pause: bool) -> None:
+        """Discard fresh voters; stop (or, on abort, pause) nominated ones cancelled mid-vote."""
+
+        async def retire(seat: _Seat) -> None:
+            ref = seat.key or seat.name
+            try:
+                if seat.fresh:
+                    await self.sup.discard(ref)
+                elif pause:
+                    await self.sup.pause(ref)
+                else:
+                    await self.sup.stop([ref])
+            except FleetError:
+                return  # already gone: someone stopped or discarded it
+
+        async with trio.open_nursery() as nursery:
+            for seat in seats:
+                nursery.start_soon(retire, seat)
+
+    def _outcome(self, running: Round) -> Outcome:
+        invited = len(running.seats)
+        if running.aborted:
+            error = f"round {running.id} was aborted; its ballots are void (start a new round)"
+            return Outcome(round=running.id, status="failed", invited=invited, error=error)
+        ballots = tuple(seat.ballot for seat in running.seats if seat.ballot is not None)
+        if all(ballot.status in {"failed", "missing"} for ballot in ballots):
+            error = "no voter returned a ballot (see each ballot's reason)"
+            return Outcome(
+                round=running.id, status="failed", invited=invited, ballots=ballots, error=error
+            )
+        result = tally(ballots, invited)
+        options = {option.id: option for option in running.request.options}
+        leading = tuple(
+            Leading(
+                id=option,
+                title=options[option].title,
+                tradeoffs=options[option].tradeoffs,
+                votes=result.counts[option],
+                rationales=tuple(b.rationale for b in ballots if b.option == option),
+            )
+            for option in result.leading
+        )
+        return Outcome(
+            round=running.id,
+            status=result.status,
+            invited=invited,
+            ballots=ballots,
+            winner=result.winner,
+            counts=result.counts,
+            leading=leading,
+        )
