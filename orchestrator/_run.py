@@ -8,6 +8,7 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 
 import contextlib
 import signal
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -262,6 +263,27 @@ class ChildRun:
         if self._holds_lane:
             self._holds_lane = False
             self.sup.lane.release()
+
+    @contextlib.asynccontextmanager
+    async def waiting_on_supervisor(self) -> AsyncIterator[None]:
+        """The turn waits on the supervisor (a nested child): no lane slot, budgets paused.
+
+        Holding the slot would deadlock a full lane (the nested child queues behind its own
+        caller), and the wait is the parent's debt, like a pending question. The slot is taken
+        back afterwards if the same turn is still running.
+        """
+        turn, held = self.turn, self._holds_lane
+        self._release_lane()
+        self.watchdog.pause_for_question()
+        try:
+            yield
+        finally:
+            self.watchdog.resume_after_question()
+        if held and not self.finishing:
+            await self.sup.lane.acquire()
+            self._holds_lane = True
+            if self.finishing or self.turn is not turn:
+                self._release_lane()
 
     def _settled(self, turn: Turn) -> None:
         result = turn.result
