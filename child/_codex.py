@@ -17,6 +17,7 @@ The sandbox comes from the loadout: a scout (or any child without edit/write/bas
 import contextlib
 import json
 import logging
+import os
 import signal
 from typing import Any, Final
 
@@ -90,7 +91,9 @@ def codex_config(loadout: ipc.Loadout, stall: float) -> str:
             # Codex's own idle timeout, a backstop set behind ours: our watchdog acts first.
             f"stream_idle_timeout_ms = {int(stall * 2000)}",
         ]
-        if spec.api_key_env:
+        if spec.api_key_env and os.environ.get(spec.api_key_env):
+            # Only when set: Codex refuses to start a turn when env_key names a missing
+            # variable, and a local endpoint needs no key.
             lines.append(f"env_key = {json.dumps(spec.api_key_env)}")
     return "\n".join(lines) + "\n"
 
