@@ -67,6 +67,7 @@ class Supervisor:
     lane: Lane = attrs.field(init=False)
     _question_ids: int = 0
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
+    _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
     _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
@@ -357,6 +358,12 @@ class Supervisor:
         ):
             self.notes.changed()
             return
+        # A nested child's result or failure belongs to the child that spawned it: the parent
+        # agent sees only that child's report. Its questions still reach the parent.
+        if question is None and record.parent is not None:
+            self._nested_settled.setdefault(record.key, trio.Event()).set()
+            self.notes.changed()
+            return
         self.notes.push(
             record,
             report=report,
@@ -446,9 +453,12 @@ class Supervisor:
             )
         except (PolicyError, FleetError) as exc:
             return ipc.Reply(ok=False, error=str(exc))
-        await self.notes.wait(self.all_records(), [record.key])
-        self.notes.take([record.key])
+        settled = self._nested_settled.setdefault(record.key, trio.Event())
+        nested = self.runs.get(record.key)
+        async with run.waiting_on_supervisor():
+            await _first_set(settled, *([] if nested is None else [nested.done]))
         handoff = (await self.stop([record.key]))[0]
+        self._nested_settled.pop(record.key, None)
         if handoff["state"] == str(State.FAILED) and handoff.get("error"):
             return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
         return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})
@@ -484,6 +494,18 @@ class Supervisor:
             await channel.aclose("unknown owner")
             return
         await run.attach(channel, hello)
+
+
+async def _first_set(*events: trio.Event) -> None:
+    """Return as soon as one of *events* is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

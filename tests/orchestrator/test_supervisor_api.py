@@ -195,6 +195,63 @@ turns:
 """
 
 
+async def test_nested_spawn_returns_only_the_grandchilds_final_text(env: Env) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    scout = env.script(
+        "scout",
+        """
+        turns:
+          - steps:
+              - say: "scanning"
+              - tool: grep
+                args: {pattern: answer}
+              - reply: "## Summary\\nfound it"
+        """,
+    )
+    seen: list[dict[str, Any]] = []
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=scout)) as sup:
+            [lead] = await sup.spawn(
+                [SpawnRequest(task="delegate", agent="lead", model=env.script("lead", LEAD))]
+            )
+            while not any(n["key"] == lead.key for n in seen):
+                seen += await sup.wait()
+            assert [n["key"] for n in seen] == [lead.key]
+            assert seen[0]["report"] == "lead: ## Summary\nfound it"
+            grandchild = sup.registry.find("a2")
+            assert (grandchild.depth, grandchild.parent) == (2, lead.key)
+            assert grandchild.state is State.STOPPED
+            assert sup.capacity.used == 1
+            assert sup.lane.statistics()["working"] == 0
+
+
+async def test_a_grandchilds_question_reaches_the_parent_and_the_answer_returns(env: Env) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    asks = env.script(
+        "asks",
+        """
+        turns:
+          - steps:
+              - tool: ask_parent
+                args: {question: "Which database?"}
+              - reply: "use {{last}}"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=asks)) as sup:
+            [lead] = await sup.spawn(
+                [SpawnRequest(task="delegate", agent="lead", model=env.script("lead", LEAD))]
+            )
+            [note] = await sup.wait()
+            assert note["key"] == "a2"
+            assert note["question"] == {"id": "q1", "text": "Which database?"}
+            assert sup.registry.find("a2").state is State.WAITING
+            sup.answer("q1", "postgres")
+            note = await settle(sup, lead.key)
+            assert note["report"] == "lead: use postgres"
+            assert await sup.wait() == []
+
+
 async def test_nested_spawn_does_not_deadlock_a_one_slot_lane(env: Env) -> None:
     env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
     with trio.fail_after(CEILING):
@@ -207,6 +264,78 @@ async def test_nested_spawn_does_not_deadlock_a_one_slot_lane(env: Env) -> None:
             note = await settle(sup, lead.key)
             assert note["report"].startswith("lead: ## Summary\n")
             assert "The answer is 42." in note["report"]
+
+
+async def test_nested_refusals_come_back_to_the_child_as_one_line_tool_results(env: Env) -> None:
+    # mid is allowed to spawn, but at depth 2 its own subagent call would be depth 3.
+    env.agent("mid", tools=["read"], mode="fork", subagent_agents=["scout"])
+    env.agent("writer", tools=["read", "write"], mode="worktree")
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["mid", "writer"])
+    mid = env.script(
+        "mid",
+        """
+        turns:
+          - steps:
+              - tool: subagent
+                args: {agent: scout, task: "too deep"}
+              - reply: "mid: {{last}}"
+        """,
+    )
+    env.agent("mid", tools=["read"], mode="fork", subagent_agents=["scout"], model=mid)
+    lead = env.script(
+        "lead",
+        """
+        turns:
+          - steps:
+              - tool: subagent
+                args: {agent: scout, task: "not allowlisted"}
+              - reply: "{{last}}"
+          - steps:
+              - tool: subagent
+                args: {agent: mid, task: "go deeper"}
+              - reply: "{{last}}"
+          - steps:
+              - tool: subagent
+                args: {agent: writer, task: "write in plan mode"}
+              - reply: "{{last}}"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=env.script("s", REPLY_LAST))) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="t", agent="lead", model=lead)])
+            first = (await settle(sup, record.key))["report"]
+            assert first == (
+                "subagent refused: subagent: scout is not in lead's subagent_agents "
+                "allowlist (mid, writer)"
+            )
+            await sup.prompt(record.key, "next")
+            second = (await settle(sup, record.key))["report"]
+            assert second == (
+                "mid: subagent refused: subagent: depth 3 exceeds the maximum depth 2"
+            )
+            sup.set_mode("plan")
+            await sup.prompt(record.key, "next")
+            third = (await settle(sup, record.key))["report"]
+            assert third.startswith("subagent refused: spawn writer: tool write is not allowed")
+            for report in (first, second, third):
+                assert "\n" not in report
+            assert sup.capacity.used == 1
+            assert [r.key for r in sup.registry.live()] == [record.key]
+
+
+async def test_a_nested_spawn_over_capacity_is_refused_and_reserves_nothing(env: Env) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    hold = env.script("hold", HOLD)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(max_subagents=2, model=hold)) as sup:
+            await sup.spawn([SpawnRequest(task="fill the cap")])
+            [lead] = await sup.spawn(
+                [SpawnRequest(task="t", agent="lead", model=env.script("lead", LEAD))]
+            )
+            report = (await settle(sup, lead.key))["report"]
+            assert report.startswith("lead: subagent refused: spawn: 1 new child(ren) would ")
+            assert "exceed max_subagents 2 (2 live, 0 free)" in report
+            assert sup.capacity.used == 2
 
 
 # -- ownership over IPC ----------------------------------------------------------------------
@@ -237,3 +366,74 @@ turns:
 """
 
 
+async def test_an_overlapping_writer_is_refused_with_the_holder_named(env: Env) -> None:
+    hold = env.script("hold", WRITE_AND_HOLD)
+    tell = env.script(
+        "tell",
+        """
+        turns:
+          - steps:
+              - tool: write
+                args: {path: "{{task}}", content: "y\\n"}
+              - reply: "{{last}}"
+        """,
+    )
+    env.agent("wa", tools=["read", "write"], mode="worktree", ownership=["src/**"], model=hold)
+    env.agent("wb", tools=["read", "write"], mode="worktree", ownership=["src/app.py"], model=tell)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config()) as sup:
+            [a] = await sup.spawn([SpawnRequest(task="src/new.py", agent="wa")])
+            await until(lambda: a.key in sup.locks.snapshot())
+            repo = env.repo.resolve()
+            assert sup.peek()["locks"] == {a.key: [f"{repo}/src/**"]}
+            [b] = await sup.spawn([SpawnRequest(task="src/app.py", agent="wb")])
+            report = (await settle(sup, b.key))["report"]
+            assert report.startswith(
+                f"write refused: lock for {b.key}: path {repo}/src/app.py is owned by {a.key} "
+                f"({repo}/src/**)"
+            )
+            assert "\n" not in report
+            assert (env.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"
+            assert (env.repo / "src" / "new.py").read_text() == "x\n"
+            assert set(sup.locks.snapshot()) == {a.key}
+
+
+async def test_locks_are_released_exactly_once_however_a_writer_ends(env: Env) -> None:
+    ends = {
+        "stop": WRITE_AND_HOLD,
+        "exit": "turns:\n  - steps:\n      - tool: write\n        args: {path: '{{task}}', "
+        "content: x}\n      - crash: 3\n",
+        "crash": WRITE_AND_HOLD,
+        "close": WRITE_AND_HOLD,
+    }
+    for name, text in ends.items():
+        env.agent(
+            f"w{name}",
+            tools=["read", "write"],
+            mode="worktree",
+            ownership=[f"out/{name}/**"],
+            model=env.script(name, text),
+        )
+    locks = CountingLocks()
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(max_subagents=4)) as sup:
+            sup.locks = locks
+            records = await sup.spawn(
+                [SpawnRequest(task=f"out/{n}/f.txt", agent=f"w{n}", name=n) for n in ends]
+            )
+            keys = {r.name: r.key for r in records}
+            # The exiting writer may be gone already; the others hold their locks until they end.
+            holders = {keys[n] for n in ("stop", "crash", "close")}
+            await until(lambda: holders <= set(locks.snapshot()))
+            await sup.stop([keys["stop"]])
+            [note] = await sup.wait([keys["exit"]])
+            assert note["failure"]["kind"] == "exited"
+            crash = sup.registry.find("crash")
+            assert crash.pid is not None
+            os.kill(crash.pid, 9)
+            [note] = await sup.wait([keys["crash"]])
+            assert note["failure"]["kind"] == "killed"
+            assert set(locks.snapshot()) == {keys["close"]}
+        # Leaving the supervisor closes it: the last writer's locks go with it.
+    assert locks.snapshot() == {}
+    assert locks.released == dict.fromkeys(keys.values(), 1)
