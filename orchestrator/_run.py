@@ -120,6 +120,10 @@ class ChildRun:
         code = await self.launched.wait()
         if self.finishing:
             return
+        if self.stopping and code == 0:
+            # It obeyed our shutdown before stop() resumed: a clean stop, not a failure.
+            await self.finish(State.STOPPED, kind="", error="")
+            return
         if code < 0:
             try:
                 name = signal.Signals(-code).name
