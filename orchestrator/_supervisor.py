@@ -27,6 +27,7 @@ from orchestrator._diagnostics import RunLog
 from orchestrator._errors import (
     FleetError,
     NotFound,
+    OperationFailed,
     PolicyError,
     TimedOut,
     UsageError,
@@ -139,7 +140,22 @@ class Supervisor:
                 )
                 self.registry.add(record)
                 records.append(record)
-                await self._start(record, plan.loadout_fields)
+                try:
+                    await self._start(record, plan.loadout_fields)
+                except Exception as exc:
+                    # Nothing runs for this record or the rest of the batch: give back their
+                    # slots and forget the record, so a failed launch leaves nothing live.
+                    self.registry.records.pop(key, None)
+                    self.runs.pop(key, None)
+                    self.capacity.release(len(plans) - len(records) + 1)
+                    self.notes.changed()
+                    if isinstance(exc, FleetError):
+                        raise
+                    started = "".join(f"; {r.key} already started" for r in records[:-1])
+                    raise OperationFailed(
+                        f"spawn {key}: could not prepare its launch: {exc}{started} "
+                        "(fix the cause and spawn again)"
+                    ) from exc
             self.notes.changed()
             return records
 

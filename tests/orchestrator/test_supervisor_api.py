@@ -338,6 +338,25 @@ async def test_a_nested_spawn_over_capacity_is_refused_and_reserves_nothing(env:
             assert sup.capacity.used == 2
 
 
+async def test_a_failed_nested_launch_releases_everything_it_reserved(env: Env) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=env.script("s", REPLY_LAST))) as sup:
+            # The grandchild will be a2: a directory where its loadout goes makes the launch
+            # fail after its slot was reserved and its record created.
+            sup.paths.loadouts.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (sup.paths.loadouts / "a2.json").mkdir()
+            [lead] = await sup.spawn(
+                [SpawnRequest(task="t", agent="lead", model=env.script("lead", LEAD))]
+            )
+            report = (await settle(sup, lead.key))["report"]
+            assert report.startswith("lead: subagent refused: spawn a2: ")
+            assert "\n" not in report
+            assert sup.capacity.used == 1
+            assert [r.key for r in sup.registry.live()] == [lead.key]
+            assert set(sup.runs) == {lead.key}
+
+
 # -- ownership over IPC ----------------------------------------------------------------------
 
 
