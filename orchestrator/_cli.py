@@ -21,6 +21,7 @@ from orchestrator import _render
 from orchestrator._config import Config, load_config
 from orchestrator._control import WAIT_SLICE, call_async, op_timeout
 from orchestrator._daemon import ensure_daemon, serve
+from orchestrator._democracy import render_outcome
 from orchestrator._errors import FleetError, TimedOut, UsageError
 
 WATCH_INTERVAL = 0.25
@@ -237,6 +238,62 @@ def cmd_mode(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_discuss(args: argparse.Namespace) -> int:
+    if args.action == "ask":
+        payload = {"action": "ask", "text": _text(args.text, "the question"), "to": args.to}
+    elif args.action == "answer":
+        text = _text(args.text, "the answer")
+        payload = {"action": "answer", "question": args.question, "text": text}
+    else:
+        payload = {"action": "list", "since": args.since, "question": args.question}
+    data = _call(args, "discuss", payload)
+    _out(args, data, lambda d: d["text"])
+    return 0
+
+
+def cmd_vote(args: argparse.Namespace) -> int:
+    if args.abort:
+        data = _call(args, "vote", {"action": "abort"})
+        _out(args, data, render_outcome)
+        return 0
+    if not args.options:
+        raise UsageError("pass --options FILE with the round request (or --abort)")
+    try:
+        request = json.loads(Path(args.options).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"options file {args.options}: {exc}") from None
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else []
+    started = _call(
+        args,
+        "vote",
+        {
+            "action": "start",
+            "request": request,
+            "agents": agents,
+            "voters": args.voters,
+            "deadline": args.deadline,
+            "model": args.model,
+        },
+    )
+    wait = {"action": "wait", "round": started["round"], "timeout": WAIT_SLICE}
+    try:
+        data = _call(args, "vote", wait)
+        while data["status"] == "running":
+            data = _call(args, "vote", wait)
+    except KeyboardInterrupt:
+        # Interrupting fleet vote invalidates its round: a partial tally is never shown.
+        _call(args, "vote", {"action": "abort", "round": started["round"]})
+        raise
+    _out(args, data, render_outcome)
+    return 1 if data["status"] == "failed" else 0
+
+
+def cmd_brief(args: argparse.Namespace) -> int:
+    data = _call(args, "brief", {})
+    _out(args, data, lambda d: d["text"])
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.stop:
@@ -376,6 +433,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("mode", cmd_mode, "show or set the workflow mode")
     p.add_argument("name", nargs="?")
+
+    p = verb("discuss", cmd_discuss, "the discussion paper: terse questions and answers")
+    paper = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    q = paper.add_parser("ask", parents=[common], help="post a question (to one agent or all)")
+    q.add_argument("--to", help="the agent it is for (default: everyone)")
+    q.add_argument("text", nargs="+")
+    q = paper.add_parser("answer", parents=[common], help="answer a question on the paper")
+    q.add_argument("question", help="the question's id, dN")
+    q.add_argument("text", nargs="+")
+    q = paper.add_parser("list", parents=[common], help="new entries by others, newest first")
+    q.add_argument("--since", help="reread every entry after dN (d0: the whole paper)")
+    q.add_argument("--question", help="read one thread whole: dN")
+
+    p = verb("vote", cmd_vote, "a democracy round on a persistent, super-complex decision")
+    p.add_argument("--options", help="JSON file with the round request (docs/coordination.md)")
+    p.add_argument("--agents", help="comma-separated idle or paused scouts to seat as voters")
+    p.add_argument("--voters", type=int, help="seats (default 4; 2 at a cap of 2)")
+    p.add_argument("--deadline", type=float, help="seconds before unfinished voters are cancelled")
+    p.add_argument("--model", help="model for fresh voters (default: the session's)")
+    p.add_argument("--abort", action="store_true", help="invalidate the running round")
+
+    verb("brief", cmd_brief, "what the fleet is doing and how to moderate it")
 
     p = verb("serve", cmd_serve, "run the session's supervisor")
     p.add_argument("--foreground", action="store_true")

@@ -15,9 +15,11 @@ import attrs
 import trio
 
 import ipc
+from orchestrator._brief import brief
+from orchestrator._democracy import DEFAULT_DEADLINE
 from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
 from orchestrator._plan import SpawnRequest
-from orchestrator._supervisor import Supervisor
+from orchestrator._supervisor import PARENT, Supervisor
 
 CONTROL_OWNER: Final = "control"
 WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
@@ -164,6 +166,61 @@ async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"session": sup.config.session, "pid": os.getpid(), "warnings": sup.warnings}
 
 
+async def _discuss(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The parent's side of the discussion paper; it writes and reads as ``parent``."""
+    action = _str(args, "action")
+    if action in {"ask", "answer"}:
+        text = _str(args, "text")
+        if action == "ask":
+            reply = await sup.paper.ask(PARENT, text, to=_str(args, "to", required=False) or None)
+        else:
+            reply = await sup.paper.answer(PARENT, _str(args, "question"), text)
+        # The new id comes first; news addressed to the parent may follow it.
+        return {"id": reply.split(maxsplit=1)[0], "text": reply}
+    if action == "list":
+        listed = await sup.paper.list(
+            PARENT,
+            since=_str(args, "since", required=False) or None,
+            question=_str(args, "question", required=False) or None,
+        )
+        return {
+            "entries": [attrs.asdict(entry) for entry in listed.entries],
+            "omitted": listed.omitted,
+            "latest": listed.latest,
+            "text": listed.text,
+        }
+    raise UsageError(f"discuss: action {action!r} is not ask, answer or list")
+
+
+async def _vote(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Start a democracy round, wait one slice for its outcome, or abort it."""
+    action = _str(args, "action")
+    if action == "start":
+        deadline = args.get("deadline")
+        running = await sup.democracy.start(
+            args.get("request"),
+            agents=_strs(args, "agents"),
+            voters=args.get("voters"),
+            deadline=DEFAULT_DEADLINE if deadline is None else deadline,
+            model=_str(args, "model", required=False) or None,
+        )
+        return {"round": running.id, "status": "running", "voters": running.voters}
+    if action == "wait":
+        round_id, timeout = _str(args, "round"), args.get("timeout", WAIT_SLICE)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise UsageError("vote: timeout must be a number of seconds")
+        outcome = await sup.democracy.wait(round_id, min(max(timeout, 0.0), WAIT_SLICE))
+        return {"round": round_id, "status": "running"} if outcome is None else outcome.to_json()
+    if action == "abort":
+        outcome = await sup.democracy.abort(_str(args, "round", required=False) or None)
+        return outcome.to_json()
+    raise UsageError(f"vote: action {action!r} is not start, wait or abort")
+
+
+async def _moderator_brief(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {"text": await brief(sup)}
+
+
 OPS: Final[dict[str, Op]] = {
     "spawn": _spawn,
     "peek": _peek,
@@ -179,6 +236,9 @@ OPS: Final[dict[str, Op]] = {
     "agents": _agents,
     "mode": _mode,
     "ping": _ping,
+    "discuss": _discuss,
+    "vote": _vote,
+    "brief": _moderator_brief,
     "configure": _configure,
 }
 
@@ -296,4 +356,11 @@ async def _no_requests(envelope: ipc.Envelope) -> ipc.Message:
 
 def op_timeout(op: str) -> float:
     """How long the client waits for *op* (the supervisor bounds its own work)."""
-    return {"pause": 30.0, "stop": 90.0, "ask": 120.0, "spawn": 60.0, "wait": 115.0}.get(op, 30.0)
+    return {
+        "pause": 30.0,
+        "stop": 90.0,
+        "ask": 120.0,
+        "spawn": 60.0,
+        "wait": 115.0,
+        "vote": 115.0,
+    }.get(op, 30.0)

@@ -78,7 +78,7 @@ class Outcome:
     winner: str | None = None
     counts: Mapping[str, int] = attrs.Factory(dict)
     leading: tuple[Leading, ...] = ()
-    error: str = ""
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The ``fleet vote --json`` shape."""
@@ -93,8 +93,8 @@ class Outcome:
             data["winner"] = self.winner
         if self.status == "needs-user":
             data["leading"] = [attrs.asdict(option) for option in self.leading]
-        if self.error:
-            data["error"] = self.error
+        if self.reason:
+            data["reason"] = self.reason
         return data
 
 
@@ -102,7 +102,7 @@ def render_outcome(data: Mapping[str, Any]) -> str:
     """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
     head = f"round {data['round']}: {data['status']}"
     if data["status"] == "failed":
-        return f"{head}: {data.get('error', '')}"
+        return f"{head}: {data.get('reason', '')}"
     counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
     lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
     for ballot in data["ballots"]:
@@ -270,7 +270,7 @@ class Democracy:
                 with trio.CancelScope(shield=True):
                     await self._retire(running, started, pause=True)
                 running.outcome = Outcome(
-                    round=round_id, status="failed", invited=seats, error=f"not started: {exc}"
+                    round=round_id, status="failed", invited=seats, reason=f"not started: {exc}"
                 )
                 self.current = None
                 running.finished.set()
@@ -480,13 +480,13 @@ class Democracy:
     def _outcome(self, running: Round) -> Outcome:
         invited = len(running.seats)
         if running.aborted:
-            error = f"round {running.id} was aborted; its ballots are void (start a new round)"
-            return Outcome(round=running.id, status="failed", invited=invited, error=error)
+            reason = f"round {running.id} was aborted; its ballots are void (start a new round)"
+            return Outcome(round=running.id, status="failed", invited=invited, reason=reason)
         ballots = tuple(seat.ballot for seat in running.seats if seat.ballot is not None)
         if all(ballot.status in {"failed", "missing"} for ballot in ballots):
-            error = "no voter returned a ballot (see each ballot's reason)"
+            reason = "no voter returned a ballot (see each ballot's reason)"
             return Outcome(
-                round=running.id, status="failed", invited=invited, ballots=ballots, error=error
+                round=running.id, status="failed", invited=invited, ballots=ballots, reason=reason
             )
         result = tally(ballots, invited)
         options = {option.id: option for option in running.request.options}
