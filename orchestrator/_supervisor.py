@@ -471,10 +471,15 @@ class Supervisor:
             return ipc.Reply(ok=False, error=str(exc))
         settled = self._nested_settled.setdefault(record.key, trio.Event())
         nested = self.runs.get(record.key)
-        async with run.waiting_on_supervisor():
-            await _first_set(settled, *([] if nested is None else [nested.done]))
-        handoff = (await self.stop([record.key]))[0]
-        self._nested_settled.pop(record.key, None)
+        try:
+            async with run.waiting_on_supervisor():
+                await _first_set(settled, *([] if nested is None else [nested.done]))
+        finally:
+            # Also when the caller ends first (its request is cancelled): nobody else would
+            # ever collect the nested child, so it must not outlive the call.
+            with trio.CancelScope(shield=True):
+                handoff = (await self.stop([record.key]))[0]
+            self._nested_settled.pop(record.key, None)
         if handoff["state"] == str(State.FAILED) and handoff.get("error"):
             return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
         return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})

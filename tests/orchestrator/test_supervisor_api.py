@@ -323,6 +323,29 @@ async def test_nested_refusals_come_back_to_the_child_as_one_line_tool_results(e
             assert [r.key for r in sup.registry.live()] == [record.key]
 
 
+@pytest.mark.parametrize("end", ["stop", "kill"])
+async def test_a_grandchild_is_stopped_when_its_caller_ends_first(env: Env, end: str) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=env.script("hold", HOLD))) as sup:
+            [lead] = await sup.spawn(
+                [SpawnRequest(task="t", agent="lead", model=env.script("lead", LEAD))]
+            )
+            await until(lambda: "a2" in sup.registry.records)
+            grandchild = sup.registry.find("a2")
+            await until(lambda: grandchild.state is State.WORKING and not grandchild.queued)
+            if end == "stop":
+                await sup.stop([lead.key])
+            else:
+                assert lead.pid is not None
+                os.kill(lead.pid, 9)
+            await until(lambda: grandchild.state is State.STOPPED)
+            assert lead.state is (State.STOPPED if end == "stop" else State.FAILED)
+            assert sup.capacity.used == 0
+            assert sup.lane.statistics()["working"] == 0
+            assert list(sup.registry.live()) == []
+
+
 async def test_a_nested_spawn_over_capacity_is_refused_and_reserves_nothing(env: Env) -> None:
     env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
     hold = env.script("hold", HOLD)
