@@ -353,7 +353,9 @@ class Democracy:
             try:
                 record = self.sup.registry.find(ref, include_retired=False)
             except FleetError as exc:
-                raise RoundError(f"{_REFUSED}: voter {exc}", field="agents") from None
+                raise RoundError(
+                    f"{_REFUSED}: nominee {ref[:80]!r}: {exc}", field="agents"
+                ) from None
             who = f"{record.key} ({record.name})"
             if record.key in chosen:
                 raise RoundError(

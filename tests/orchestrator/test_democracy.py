@@ -7,7 +7,9 @@ a round can mix opinions. Scripts take the round's nonce from the voter prompt (
 """
 
 import contextlib
+import os
 import shutil
+import subprocess
 import tempfile
 import textwrap
 import time
@@ -22,6 +24,12 @@ from orchestrator._errors import CapacityError, NotFound, UsageError
 from orchestrator._registry import State
 from orchestrator._supervisor import SpawnRequest, open_supervisor
 
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
 REQUEST = {
     "complexity": "super-complex",
     "justification": "The lock, the replay cache and reconnects interact; each fix broke another.",
@@ -75,9 +83,13 @@ def home():
 
 @pytest.fixture
 def workspace(tmp_path):
+    # A real repository: a worker (one of the nominees refused below) runs in a worktree of it.
     path = tmp_path / "repo"
     path.mkdir()
     (path / "README.md").write_text("# sample\n")
+    env = {**os.environ, **GIT_ENV}
+    for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
     return path
 
 
@@ -226,7 +238,7 @@ async def test_busy_forked_and_duplicate_nominees_are_refused_before_any_launch(
                 # Busy: still starting, or working on its hanging task.
                 ([busy.key], f"{busy.key} ({busy.name}) is {busy.state}, not idle or paused"),
                 ([idle, idle], f"{idle} ({sup.registry.find(idle).name}) is nominated twice"),
-                (["nobody"], "voter no child 'nobody'"),
+                (["nobody"], "nominee 'nobody': no child 'nobody' in this session"),
             ]
             for agents, message in cases:
                 with pytest.raises(RoundError, match=None) as info:
