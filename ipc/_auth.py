@@ -29,8 +29,11 @@ def derive_token(session_key: bytes, owner: str) -> str:
 
 
 def tokens_match(presented: str, expected: str) -> bool:
-    """Constant-time comparison of two tokens."""
-    return hmac.compare_digest(presented.encode(), expected.encode())
+    """Constant-time comparison of two tokens; any string is safe to present."""
+    # surrogatepass: a hostile "token" must compare unequal, never raise.
+    return hmac.compare_digest(
+        presented.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
 
 def valid_identifier(value: str) -> bool:

@@ -41,7 +41,7 @@ class FrameDecoder:
         """Bytes received but not yet part of a whole frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add *data*; return every frame body it completes, in order."""
         if self._broken:
             raise FrameError("decode frame: stream already broke framing")

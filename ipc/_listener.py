@@ -47,8 +47,14 @@ def _clear_stale(path: Path) -> None:
     if st.st_uid != os.geteuid():
         raise ListenerError(f"listen on {path}: the socket there belongs to uid {st.st_uid}")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Non-blocking: a live listener with a full backlog answers EAGAIN instead of hanging us.
+    probe.setblocking(False)  # noqa: FBT003 - the stdlib's positional flag
     try:
         probe.connect(os.fspath(path))
+    except BlockingIOError:
+        raise ListenerError(
+            f"listen on {path}: another supervisor is listening there (its backlog is full)"
+        ) from None
     except OSError as exc:
         if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
             raise ListenerError(f"listen on {path}: cannot probe the old socket: {exc}") from None
@@ -107,11 +113,10 @@ class Listener:
         _clear_stale(self.path)
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            old_umask = os.umask(0o177)
-            try:
-                await sock.bind(os.fspath(self.path))
-            finally:
-                os.umask(old_umask)
+            # No umask dance: trio binds in a worker thread, and a process-wide umask held
+            # across that await would leak into every file other tasks create meanwhile. The
+            # 0700 directory already keeps other users out until the chmod below.
+            await sock.bind(os.fspath(self.path))
             os.chmod(self.path, 0o600)
             sock.listen(self.backlog)
         except BaseException:

@@ -6,6 +6,7 @@ mode exactly 0600; otherwise :class:`LoadoutError` says which check failed.
 """
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -13,11 +14,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import cattrs
 
 from ipc._auth import valid_identifier
+from ipc._channel import DEFAULT_TIMEOUT, check_timeout
 from ipc._errors import LoadoutError
-from ipc._messages import converter
+from ipc._messages import converter, render_error
 
 LOADOUT_VERSION: Final = 1
 MAX_LOADOUT_BYTES: Final = 4 << 20
@@ -26,6 +27,14 @@ MAX_LOADOUT_BYTES: Final = 4 << 20
 def _identifier(_: object, attribute: "attrs.Attribute[str]", value: str) -> None:
     if not valid_identifier(value):
         raise ValueError(f"{attribute.name} {value!r} is not a valid identifier")
+
+
+def _deadline(_: object, attribute: "attrs.Attribute[float]", value: float) -> None:
+    # Refused here, in the file's own terms, rather than when the child opens its channel.
+    try:
+        check_timeout(value)
+    except ValueError as exc:
+        raise ValueError(f"{attribute.name}: {exc}") from None
 
 
 @attrs.frozen(kw_only=True)
@@ -70,16 +79,17 @@ class Loadout:
     secret_env: list[str] = attrs.Factory(list)
     #: Reasoning effort for backends that have one (Pi ``--thinking``, Codex); "" = theirs.
     effort: str = ""
-    request_timeout: float = 5.0
+    request_timeout: float = attrs.field(default=DEFAULT_TIMEOUT, validator=_deadline)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":
         """Read and validate a loadout file (see the module docstring for the checks)."""
         where = os.fspath(path)
         try:
-            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted at the path must be refused, not block the open.
+            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
-            if exc.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
                 raise LoadoutError(f"loadout {where}: is a symlink (refused)") from None
             raise LoadoutError(f"loadout {where}: cannot open: {exc.strerror}") from None
         try:
@@ -103,16 +113,13 @@ class Loadout:
     def from_json(cls, data: bytes, *, where: str = "<loadout>") -> "Loadout":
         """Parse loadout JSON; schema errors name the field."""
         try:
-            obj: Any = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LoadoutError(f"loadout {where}: not JSON: {exc}") from None
+            obj: Any = json.loads(data.decode())
+        except (UnicodeError, ValueError, RecursionError) as exc:
+            raise LoadoutError(f"loadout {where}: not UTF-8 JSON: {exc}") from None
         try:
             loadout = converter.structure(obj, cls)
         except Exception as exc:
-            detail: object = exc
-            if isinstance(exc, cattrs.BaseValidationError):
-                messages = cattrs.transform_error(exc)
-                detail = messages[0] if messages else exc
+            _path, detail = render_error(exc, "$")
             raise LoadoutError(f"loadout {where}: {detail}") from None
         if loadout.version != LOADOUT_VERSION:
             raise LoadoutError(f"loadout {where}: version {loadout.version} is not supported")

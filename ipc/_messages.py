@@ -12,12 +12,15 @@ cattrs converter that forbids unknown keys, so a schema error always names its f
 """
 
 import json
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
 import attrs
 import cattrs
+from cattrs.cols import list_structure_factory
 from cattrs.preconf.json import make_converter
+from cattrs.v import format_exception
 
 from ipc._errors import SchemaError
 
@@ -258,6 +261,16 @@ class _RawEnvelope:
 converter: Final = make_converter(forbid_extra_keys=True)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Built once: json.dumps/json.loads with options construct a new coder on every call.
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+_TEXT_CHECK: Final = json.JSONEncoder(ensure_ascii=False)
+
+
 def _strict(expected: type[Any], *accepted: type[Any]) -> Any:
     # cattrs would coerce 1 -> "1" and "x" -> error late; on the wire a type mismatch is a
     # schema error, and bool is not an int.
@@ -275,10 +288,38 @@ converter.register_structure_hook(bool, _strict(bool, bool))
 converter.register_structure_hook(float, _strict(float, float, int))
 
 
-def _render_error(exc: Exception, prefix: str) -> tuple[str, str]:
+def _is_list(cls: Any) -> bool:
+    return typing.get_origin(cls) is list
+
+
+def _strict_list(cls: Any, conv: cattrs.BaseConverter) -> Callable[[Any, Any], Any]:
+    # cattrs builds a list from any iterable, so "abc" would become ["a", "b", "c"] and an
+    # object would become its keys; on the wire only a JSON array is a list.
+    items = list_structure_factory(cls, conv)
+
+    def hook(value: Any, kind: Any) -> Any:
+        if type(value) is not list:
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return items(value, kind)
+
+    return hook
+
+
+converter.register_structure_hook_factory(_is_list, _strict_list)
+
+
+def _format_exception(exc: BaseException, cls: type[Any] | None) -> str:
+    # cattrs says only "invalid value" for a validator's ValueError; its message names the
+    # field and the rule, which is what the reader of the error needs.
+    if isinstance(exc, ValueError) and cls is None and str(exc):
+        return f"invalid value ({exc})"
+    return format_exception(exc, cls)
+
+
+def render_error(exc: Exception, prefix: str) -> tuple[str, str]:
     """Return (path, first message) for a cattrs failure, e.g. ``$.body.text``."""
     if isinstance(exc, cattrs.BaseValidationError):
-        messages = cattrs.transform_error(exc, path=prefix)
+        messages = cattrs.transform_error(exc, path=prefix, format_exception=_format_exception)
         first = messages[0] if messages else f"invalid value @ {prefix}"
         path = first.rsplit(" @ ", 1)[-1] if " @ " in first else prefix
         return path, first
@@ -286,7 +327,11 @@ def _render_error(exc: Exception, prefix: str) -> tuple[str, str]:
 
 
 def encode_envelope(envelope: Envelope) -> bytes:
-    """Serialize *envelope* to the compact UTF-8 JSON a frame carries."""
+    """Serialize *envelope* to the compact UTF-8 JSON a frame carries.
+
+    Raises :class:`SchemaError` (reason ``encode``) for a value JSON cannot carry faithfully:
+    a lone surrogate in a string, or a NaN or infinite float.
+    """
     raw = {
         "v": envelope.v,
         "token": envelope.token,
@@ -296,21 +341,37 @@ def encode_envelope(envelope: Envelope) -> bytes:
         "type": envelope.type,
         "body": converter.unstructure(envelope.body),
     }
-    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return _ENCODER.encode(raw).encode()
+    except (UnicodeError, ValueError) as exc:
+        # A lone surrogate or a NaN would put a frame on the wire that no peer may accept.
+        raise SchemaError(
+            f"encode {envelope.type}: not representable as UTF-8 JSON: {exc}",
+            path="$.body",
+            reason="encode",
+        ) from None
 
 
 def decode_envelope(data: bytes) -> Envelope:
     """Parse one frame body; raise :class:`SchemaError` naming the bad field."""
     try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # Decode strictly ourselves: json.loads(bytes) would also take UTF-16/32 and let
+        # encoded surrogates through ("surrogatepass").
+        text = data.decode()
+        obj = _DECODER.decode(text)
+        # A \u escape may still spell a lone surrogate: valid JSON grammar, but a string that
+        # can never be encoded again. Only frames with an escape pay for the check.
+        if "\\u" in text:
+            _TEXT_CHECK.encode(obj).encode()
+    except (UnicodeError, ValueError, RecursionError) as exc:
+        # ValueError also covers an integer past the interpreter's digit limit.
         raise SchemaError(f"frame is not UTF-8 JSON: {exc}", reason="json") from None
     if not isinstance(obj, dict):
         raise SchemaError("frame is not a JSON object @ $", reason="schema")
     try:
         raw = converter.structure(obj, _RawEnvelope)
     except Exception as exc:
-        path, message = _render_error(exc, "$")
+        path, message = render_error(exc, "$")
         raise SchemaError(message, path=path) from None
     if raw.v != PROTOCOL_VERSION:
         raise SchemaError(f"unsupported protocol version {raw.v} @ $.v", path="$.v")
@@ -322,7 +383,7 @@ def decode_envelope(data: bytes) -> Envelope:
     try:
         body = converter.structure(raw.body, cls)
     except Exception as exc:
-        path, message = _render_error(exc, "$.body")
+        path, message = render_error(exc, "$.body")
         raise SchemaError(message, path=path) from None
     return Envelope(
         v=raw.v,

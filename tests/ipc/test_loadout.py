@@ -1,0 +1,232 @@
+import json
+import os
+import pwd
+import stat
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ipc
+from ipc import Loadout, LoadoutError, write_loadout, write_private
+
+
+def sample(**changes) -> Loadout:
+    values: dict[str, Any] = {
+        "session": "s1",
+        "owner": "a1",
+        "name": "scout-1",
+        "agent": "scout",
+        "token": "f" * 64,
+        "socket": "/run/fleet/ipc.sock",
+        "workspace": "/src/repo",
+        "tools": ["read", "grep"],
+        "model": ipc.ModelSpec(kind="scripted", script="/tmp/turns.json"),
+        "ownership": ["src/*.py"],
+        "env": {"FLEET_CHILD": "1"},
+        "request_timeout": 2.5,
+    }
+    values.update(changes)
+    return Loadout(**values)
+
+
+@pytest.fixture
+def private_dir(tmp_path):
+    directory = tmp_path / "loadouts"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+def written(private_dir, data: bytes, file_mode: int = 0o600):
+    path = private_dir / "a1.json"
+    path.write_bytes(data)
+    path.chmod(file_mode)
+    return path
+
+
+def test_round_trip(private_dir):
+    loadout = sample()
+    write_loadout(private_dir / "a1.json", loadout)
+    assert Loadout.from_file(private_dir / "a1.json") == loadout
+
+
+def test_defaults_round_trip_too(private_dir):
+    loadout = Loadout(
+        session="s", owner="o", name="n", agent="a", token="t" * 64, socket="/s", workspace="/w"
+    )
+    write_loadout(private_dir / "a1.json", loadout)
+    loaded = Loadout.from_file(private_dir / "a1.json")
+    assert loaded == loadout
+    assert (loaded.backend, loaded.mode, loaded.depth, loaded.sandbox) == (
+        "builtin",
+        "scout",
+        1,
+        "none",
+    )
+    assert loaded.request_timeout == ipc.DEFAULT_TIMEOUT
+
+
+def test_write_private_leaves_only_the_0600_file(private_dir):
+    path = private_dir / "a1.json"
+    write_private(path, b"first")
+    write_private(path, b"second")
+    assert os.listdir(private_dir) == ["a1.json"]
+    assert path.read_bytes() == b"second"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_write_private_tightens_a_replaced_file(private_dir):
+    path = private_dir / "a1.json"
+    path.write_bytes(b"old")
+    path.chmod(0o644)
+    write_private(path, b"new")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_write_private_cleans_up_its_temp_file_on_failure(private_dir):
+    with pytest.raises(TypeError):
+        write_private(private_dir / "a1.json", "not bytes")  # type: ignore[arg-type]
+    assert os.listdir(private_dir) == []
+
+
+def test_write_private_refuses_a_group_or_world_accessible_directory(tmp_path):
+    directory = tmp_path / "open"
+    directory.mkdir()
+    directory.chmod(0o750)
+    with pytest.raises(LoadoutError, match="must be mode 0700"):
+        write_private(directory / "a1.json", b"x")
+    assert os.listdir(directory) == []
+
+
+def test_write_private_refuses_a_symlinked_directory(private_dir, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(private_dir)
+    with pytest.raises(LoadoutError, match="not a directory we own"):
+        write_private(link / "a1.json", b"x")
+
+
+def test_a_symlink_is_refused(private_dir):
+    target = written(private_dir, sample().to_json())
+    link = private_dir / "link.json"
+    link.symlink_to(target)
+    with pytest.raises(LoadoutError, match="is a symlink"):
+        Loadout.from_file(link)
+
+
+@pytest.mark.parametrize("file_mode", [0o644, 0o640, 0o604, 0o400, 0o700])
+def test_any_mode_but_0600_is_refused(private_dir, file_mode):
+    path = written(private_dir, sample().to_json(), file_mode)
+    with pytest.raises(LoadoutError, match=f"mode {oct(file_mode)}, must be exactly 0o600"):
+        Loadout.from_file(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown the loadout to nobody")
+def test_another_owner_is_refused(private_dir):
+    nobody = pwd.getpwnam("nobody").pw_uid
+    path = written(private_dir, sample().to_json())
+    os.chown(path, nobody, -1)
+    with pytest.raises(LoadoutError, match=f"owned by uid {nobody}, not by us"):
+        Loadout.from_file(path)
+
+
+def test_a_directory_is_not_a_regular_file(private_dir):
+    directory = private_dir / "a1.json"
+    directory.mkdir(mode=0o600)
+    with pytest.raises(LoadoutError, match="not a regular file"):
+        Loadout.from_file(directory)
+
+
+async def test_a_fifo_is_refused_without_blocking(private_dir):
+    fifo = private_dir / "a1.json"
+    os.mkfifo(fifo, 0o600)
+    # A blocking open of a FIFO waits for a writer forever; the ceiling catches a regression.
+    with trio.fail_after(10), pytest.raises(LoadoutError, match="not a regular file"):
+        await trio.to_thread.run_sync(Loadout.from_file, fifo, abandon_on_cancel=True)
+
+
+def test_a_missing_file_says_so(private_dir):
+    with pytest.raises(LoadoutError, match="cannot open: No such file or directory"):
+        Loadout.from_file(private_dir / "absent.json")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{not json", "not UTF-8 JSON"),
+        (b"\xff\xfe", "not UTF-8 JSON"),
+        (b"[1, 2]", "loadout"),
+    ],
+)
+def test_bad_json_is_refused(private_dir, data, message):
+    with pytest.raises(LoadoutError, match=message):
+        Loadout.from_file(written(private_dir, data))
+
+
+def edited(**changes) -> bytes:
+    obj = json.loads(sample().to_json())
+    obj.update(changes)
+    return json.dumps(obj).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (edited(token=1), "$.token"),
+        (edited(depth="1"), "$.depth"),
+        (edited(tools="read"), "$.tools"),
+        (edited(model={"kind": "openai", "temperature": 2}), "$.model"),
+        (edited(env={"A": 1}), "$.env['A']"),
+    ],
+)
+def test_schema_errors_name_the_field(private_dir, data, field):
+    with pytest.raises(LoadoutError) as caught:
+        Loadout.from_file(written(private_dir, data))
+    assert field in str(caught.value)
+
+
+def test_a_missing_field_is_named(private_dir):
+    obj = json.loads(sample().to_json())
+    del obj["workspace"]
+    with pytest.raises(LoadoutError, match=r"required field missing @ \$\.workspace"):
+        Loadout.from_file(written(private_dir, json.dumps(obj).encode()))
+
+
+def test_an_unknown_field_is_refused(private_dir):
+    with pytest.raises(LoadoutError, match="extra fields found"):
+        Loadout.from_file(written(private_dir, edited(admin=True)))
+
+
+@pytest.mark.parametrize("field", ["owner", "session"])
+def test_identifiers_are_checked_on_read(private_dir, field):
+    with pytest.raises(LoadoutError, match=f"{field} '../x' is not a valid identifier"):
+        Loadout.from_file(written(private_dir, edited(**{field: "../x"})))
+
+
+@pytest.mark.parametrize("timeout", [0, 0.0001, 121, -5])
+def test_the_request_deadline_is_checked_on_read(private_dir, timeout):
+    with pytest.raises(LoadoutError, match="request_timeout: request deadline"):
+        Loadout.from_file(written(private_dir, edited(request_timeout=timeout)))
+
+
+def test_another_loadout_version_is_refused(private_dir):
+    with pytest.raises(LoadoutError, match="version 2 is not supported"):
+        Loadout.from_file(written(private_dir, edited(version=2)))
+
+
+@given(st.from_regex(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$", fullmatch=True))
+def test_any_identifier_matching_the_rule_is_accepted(value):
+    assert sample(owner=value, session=value).owner == value
+
+
+@pytest.mark.parametrize("value", ["", "-a", "a/b", "a" * 129, "a\n", "ä"])
+def test_identifiers_outside_the_rule_are_refused(value):
+    with pytest.raises(ValueError, match="is not a valid identifier"):
+        sample(owner=value)
+
+
+def test_the_loadout_is_frozen():
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        sample().owner = "a2"  # type: ignore[misc]

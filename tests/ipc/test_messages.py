@@ -1,0 +1,245 @@
+import json
+import types
+import typing
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ipc
+from ipc import Envelope, SchemaError, decode_envelope, encode_envelope
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=10,
+)
+
+
+def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
+    """A strategy for one field type of our message classes (JSON-representable values)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is str:
+        return st.text(max_size=40)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.integers()
+    if tp is float:
+        return st.floats(allow_nan=False, allow_infinity=False)
+    if origin is typing.Literal:
+        return st.sampled_from(args)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([strategy_for(arg) for arg in args])
+    if tp is type(None):
+        return st.none()
+    if origin is list:
+        return st.lists(strategy_for(args[0]), max_size=5)
+    if origin is dict:
+        return st.dictionaries(st.text(max_size=10), json_values, max_size=4)
+    if attrs.has(tp):
+        return builds(tp)
+    raise AssertionError(f"no strategy for {tp!r}")
+
+
+def builds(cls: type[Any]) -> st.SearchStrategy[Any]:
+    # Every field, not only the required ones st.builds would infer.
+    return st.builds(cls, **{field.name: strategy_for(field.type) for field in attrs.fields(cls)})
+
+
+messages = st.sampled_from(sorted(ipc.MESSAGE_TYPES.values(), key=lambda c: c.__name__)).flatmap(
+    builds
+)
+TYPE_NAMES = {cls: name for name, cls in ipc.MESSAGE_TYPES.items()}
+
+
+def envelope_for(message: ipc.Message, **fields: Any) -> Envelope:
+    values: dict[str, Any] = {
+        "v": 1,
+        "token": "t" * 64,
+        "owner": "a1",
+        "corr": "3",
+        "kind": "request",
+        "type": TYPE_NAMES[type(message)],
+        "body": message,
+    }
+    values.update(fields)
+    return Envelope(**values)
+
+
+def raw(type_: str, body: Any, **fields: Any) -> bytes:
+    obj = {
+        "v": 1,
+        "token": "t",
+        "owner": "a1",
+        "corr": "1",
+        "kind": "request",
+        "type": type_,
+        "body": body,
+    }
+    obj.update(fields)
+    return json.dumps(obj).encode()
+
+
+def schema_error(data: bytes) -> SchemaError:
+    with pytest.raises(SchemaError) as caught:
+        decode_envelope(data)
+    return caught.value
+
+
+@given(
+    message=messages,
+    kind=st.sampled_from(["request", "response", "event"]),
+    corr=st.text(max_size=10),
+)
+def test_every_message_round_trips(message, kind, corr):
+    envelope = envelope_for(message, kind=kind, corr=corr)
+    assert decode_envelope(encode_envelope(envelope)) == envelope
+
+
+@pytest.mark.parametrize("cls", list(ipc.MESSAGE_TYPES.values()), ids=list(ipc.MESSAGE_TYPES))
+@given(data=st.data())
+def test_each_type_round_trips_through_a_frame(cls, data):
+    message = data.draw(builds(cls))
+    frame = ipc.encode_frame(encode_envelope(envelope_for(message)))
+    (body,) = ipc.FrameDecoder().feed(frame)
+    assert decode_envelope(body).body == message
+
+
+def test_tag_map_covers_the_message_union_exactly_once():
+    assert set(ipc.MESSAGE_TYPES.values()) == set(typing.get_args(ipc.Message))
+    assert len(set(ipc.MESSAGE_TYPES.values())) == len(ipc.MESSAGE_TYPES)
+
+
+def test_only_question_and_spawn_may_wait_without_deadline():
+    assert frozenset({"question", "spawn"}) == ipc.NO_DEADLINE_TYPES
+
+
+def test_encoding_is_compact_utf8():
+    data = encode_envelope(envelope_for(ipc.Steer(text="héllo")))
+    assert b" " not in data
+    assert "héllo".encode() in data
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "path"),
+    [
+        ("prompt", {"text": 1, "turn": 1}, "$.body.text"),
+        ("prompt", {"text": "x"}, "$.body.turn"),
+        (
+            "event",
+            {"activity": "x", "progress": {"done": 1, "total": "2"}},
+            "$.body.progress.total",
+        ),
+        ("ownership", {"paths": ["a", 2]}, "$.body.paths[1]"),
+        ("discuss", {"op": "shout"}, "$.body.op"),
+        ("hello", {"pid": 1, "role": "admin"}, "$.body.role"),
+    ],
+)
+def test_schema_errors_name_the_field_path(type_, body, path):
+    error = schema_error(raw(type_, body))
+    assert error.path == path
+    assert error.reason == "schema"
+    assert str(error).endswith(f"@ {path}")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("v", "1"), ("token", 1), ("owner", None), ("corr", 7), ("kind", "notice")],
+)
+def test_envelope_field_errors_name_the_field(field, value):
+    error = schema_error(raw("steer", {"text": "x"}, **{field: value}))
+    assert error.path == f"$.{field}"
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "path"),
+    [
+        ("steer", {"text": 1}, "$.body.text"),  # 1 is not a str
+        ("prompt", {"text": "x", "turn": True}, "$.body.turn"),  # true is not an int
+        ("prompt", {"text": "x", "turn": 1.0}, "$.body.turn"),  # 1.0 is not an int
+        ("prompt", {"text": "x", "turn": "1"}, "$.body.turn"),  # "1" is not an int
+        ("settled", {"turn": 1, "text": "x", "ok": 1}, "$.body.ok"),  # 1 is not a bool
+        ("event", {"activity": "x", "usage": {"cost_usd": True}}, "$.body.usage.cost_usd"),
+        ("ownership", {"paths": "abc"}, "$.body.paths"),  # a string is not a list
+        ("ownership", {"paths": {"a": 1}}, "$.body.paths"),  # nor is an object
+        ("reply", {"ok": True, "data": [["k", 1]]}, "$.body.data"),  # pairs are not an object
+    ],
+)
+def test_types_are_strict(type_, body, path):
+    assert schema_error(raw(type_, body)).path == path
+
+
+def test_an_int_is_accepted_where_a_float_is_expected():
+    envelope = decode_envelope(raw("event", {"activity": "usage", "usage": {"cost_usd": 2}}))
+    assert envelope.body == ipc.Event(activity="usage", usage=ipc.Usage(cost_usd=2.0))
+
+
+def test_extra_keys_are_refused_in_the_envelope_and_the_body():
+    assert "extra" in str(schema_error(raw("steer", {"text": "x"}, extra=1)))
+    error = schema_error(raw("steer", {"text": "x", "sneaky": 1}))
+    assert error.path == "$.body"
+    assert "sneaky" in str(error)
+
+
+def test_unknown_type_has_its_own_reason():
+    error = schema_error(raw("format_disk", {}))
+    assert (error.reason, error.path) == ("type", "$.type")
+
+
+def test_other_protocol_versions_are_refused():
+    assert schema_error(raw("steer", {"text": "x"}, v=2)).path == "$.v"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{not json",
+        b"\xff\xfe{}",
+        '{"a": 1}'.encode("utf-16"),  # JSON, but not UTF-8
+        '{"a": "\ud800"}'.encode("utf-8", "surrogatepass"),  # an encoded surrogate
+        b'{"a": "\\ud800"}',  # an escaped lone surrogate
+        b'{"a": NaN}',
+        b'{"a": Infinity}',
+        b'{"a": ' + b"9" * 5000 + b"}",  # past the interpreter's int digit limit
+        b"[" * 100_000 + b"]" * 100_000,  # past the recursion limit
+    ],
+    ids=[
+        "syntax",
+        "bom",
+        "utf16",
+        "surrogate",
+        "escaped-surrogate",
+        "nan",
+        "inf",
+        "bigint",
+        "deep",
+    ],
+)
+def test_undecodable_bodies_are_json_errors(data):
+    assert schema_error(data).reason == "json"
+
+
+def test_a_paired_surrogate_escape_is_fine():
+    envelope = decode_envelope(raw("steer", {"text": "\U0001f600"}))  # json escapes it
+    assert envelope.body == ipc.Steer(text="\U0001f600")
+
+
+def test_a_non_object_frame_is_a_schema_error():
+    error = schema_error(b"[1, 2]")
+    assert (error.reason, error.path) == ("schema", "$")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [ipc.Steer(text="\ud800"), ipc.Event(activity="usage", usage=ipc.Usage(cost_usd=float("nan")))],
+    ids=["surrogate", "nan"],
+)
+def test_encoding_refuses_what_no_peer_may_accept(message):
+    with pytest.raises(SchemaError) as caught:
+        encode_envelope(envelope_for(message))
+    assert caught.value.reason == "encode"
