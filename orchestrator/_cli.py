@@ -294,6 +294,54 @@ def cmd_brief(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    data = _call(args, "diff", {"targets": list(args.targets), "context": args.context})
+    _out(
+        args,
+        data,
+        lambda d: "\n".join(f["diff"].rstrip("\n") for f in d["files"]) or "no applied changes",
+    )
+    return 0
+
+
+def cmd_accept(args: argparse.Namespace) -> int:
+    data = _call(args, "accept", {"targets": list(args.targets)})
+    _out(
+        args,
+        data,
+        lambda d: "\n".join(f"accepted {f['path']}" for f in d["files"]) or "nothing to accept",
+    )
+    return 0
+
+
+def cmd_revert(args: argparse.Namespace) -> int:
+    if not args.yes:
+        if args.json or not sys.stdin.isatty():
+            raise UsageError("revert rewrites your files: confirm with --yes")
+        preview = _call(args, "diff", {"targets": list(args.targets), "context": 3})
+        paths = [f["path"] for f in preview["files"]]
+        if not paths:
+            print("nothing to revert")
+            return 0
+        print("revert " + ", ".join(paths) + "? [y/N] ", end="", flush=True)
+        if sys.stdin.readline().strip().lower() not in {"y", "yes"}:
+            print("not reverted")
+            return 0
+    data = _call(args, "revert", {"targets": list(args.targets)})
+    _out(
+        args,
+        data,
+        lambda d: (
+            "\n".join(
+                f"{f['status']} {f['path']}" + (f": {f['error']}" if f.get("error") else "")
+                for f in d["files"]
+            )
+            or "nothing to revert"
+        ),
+    )
+    return 1 if any(f["status"] == "failed" for f in data["files"]) else 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.stop:
@@ -455,6 +503,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--abort", action="store_true", help="invalidate the running round")
 
     verb("brief", cmd_brief, "what the fleet is doing and how to moderate it")
+
+    p = verb("diff", cmd_diff, "review the changes children copied back")
+    p.add_argument("targets", nargs="*", help="agents or paths (default: everything)")
+    p.add_argument("--context", type=int, default=3, help="lines of context")
+
+    p = verb("accept", cmd_accept, "keep copied-back changes and forget their pre-images")
+    p.add_argument("targets", nargs="*", help="agents or paths (default: everything)")
+
+    p = verb("revert", cmd_revert, "restore the pre-images of copied-back changes")
+    p.add_argument("targets", nargs="*", help="agents or paths (default: everything)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     p = verb("serve", cmd_serve, "run the session's supervisor")
     p.add_argument("--foreground", action="store_true")

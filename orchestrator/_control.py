@@ -148,6 +148,45 @@ async def _mode(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"mode": sup.set_mode(_str(args, "name", required=False) or None)}
 
 
+def _review_selector(sup: Supervisor, refs: list[str]) -> list[str]:
+    """Agents (key or name) become their keys; anything else is a path."""
+    selector = []
+    for ref in refs:
+        try:
+            selector.append(sup.registry.find(ref).key)
+        except FleetError:
+            selector.append(ref)
+    return selector
+
+
+async def _diff(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    context = args.get("context", 3)
+    if not isinstance(context, int) or context < 0:
+        raise UsageError("diff: --context must be a whole number >= 0")
+    diffs = await trio.to_thread.run_sync(
+        lambda: sup.review.diff(_review_selector(sup, _strs(args, "targets")), context)
+    )
+    return {
+        "files": [
+            {"path": d.path, "owner": d.owner, "status": d.status, "diff": d.diff} for d in diffs
+        ]
+    }
+
+
+async def _accept(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    selector = _review_selector(sup, _strs(args, "targets"))
+    accepted = await trio.to_thread.run_sync(lambda: sup.review.accept(selector))
+    return {"files": [{"path": path, "status": "accepted"} for path in accepted]}
+
+
+async def _revert(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    selector = _review_selector(sup, _strs(args, "targets"))
+    result = await trio.to_thread.run_sync(lambda: sup.review.revert(selector))
+    files = [{"path": path, "status": "reverted"} for path in result.reverted]
+    files += [{"path": c.path, "status": "failed", "error": c.reason} for c in result.failed]
+    return {"files": files}
+
+
 async def _configure(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     """Apply ``--max-subagents`` / ``--lane`` given to any command to the running supervisor."""
     cap, lane = args.get("max_subagents"), args.get("lane")
@@ -240,6 +279,9 @@ OPS: Final[dict[str, Op]] = {
     "vote": _vote,
     "brief": _moderator_brief,
     "configure": _configure,
+    "diff": _diff,
+    "accept": _accept,
+    "revert": _revert,
 }
 
 

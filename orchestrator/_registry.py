@@ -7,7 +7,7 @@ failed, discarded) leave the live fleet; the newest :data:`RETAINED_REPORTS` sta
 import collections
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, Final
 
 import attrs
@@ -143,13 +143,16 @@ class Registry:
     def live(self) -> Iterator[ChildRecord]:
         return iter(list(self.records.values()))
 
-    def retire(self, key: str) -> None:
+    def retire(self, key: str, *, pinned: Collection[str] = ()) -> None:
+        """Move *key* to the retired reports; the oldest beyond the newest 8 are dropped,
+        except *pinned* ones (an unresolved worktree stays recoverable)."""
         record = self.records.pop(key, None)
         if record is None:
             return
         self.retired[key] = record
-        while len(self.retired) > RETAINED_REPORTS:
-            self.retired.popitem(last=False)
+        evictable = [k for k in self.retired if k not in pinned]
+        while len(self.retired) > RETAINED_REPORTS and evictable:
+            self.retired.pop(evictable.pop(0))
 
     def find(self, ref: str, *, include_retired: bool = True) -> ChildRecord:
         """A child by key or unique name."""

@@ -16,7 +16,8 @@ import trio
 
 import ipc
 from orchestrator._diagnostics import FailureKind, RunLog
-from orchestrator._errors import OperationFailed, UsageError
+from orchestrator._errors import FleetError, OperationFailed, UsageError
+from orchestrator._isolation import apply_settlement
 from orchestrator._launcher import Launched
 from orchestrator._registry import TERMINAL, ChildRecord, State, clip
 from orchestrator._watchdog import BudgetPolicy, Watchdog
@@ -90,6 +91,8 @@ class ChildRun:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
+                if self.record.mode == "worktree":
+                    await self.sup.worktrees.create(self.key)
                 self.launched = await self.sup.launch(self, nursery)
             except Exception as exc:
                 task_status.started()
@@ -489,6 +492,15 @@ class ChildRun:
             with contextlib.suppress(ipc.RequestError):
                 await self.channel.request(message)
 
+    async def _settle_worktree(self, state: State) -> None:
+        try:
+            fields = await self.sup.worktrees.settle(self.key, copy_back=state is State.STOPPED)
+        except FleetError as exc:
+            fields = {"error": f"copy-back failed: {exc}", "remaining": [str(exc)]}
+        apply_settlement(self.record, fields)
+        if fields.get("conflicts") or fields.get("error"):
+            self.log.write(f"worktree unresolved: {fields.get('error') or 'conflicts'}")
+
     async def finish(self, state: State, kind: FailureKind | str, error: str) -> None:
         """Reach the terminal *state* exactly once; later callers wait for the first."""
         if self.finishing:
@@ -507,6 +519,8 @@ class ChildRun:
                 await self.launched.drain(self.sup.config.drain_timeout)
             self.sup.cancel_questions(self.key)
             self._release_lane()
+            if record.mode == "worktree":
+                await self._settle_worktree(state)
             record.state = state
             record.queued = False
             if state is State.FAILED:

@@ -35,9 +35,11 @@ from orchestrator._errors import (
 from orchestrator._launcher import Launched, LaunchSpec, ProcessLauncher, child_argv
 from orchestrator._notes import Notes
 from orchestrator._ownership import LockConflict, LockTable
+from orchestrator._isolation import Worktrees, apply_settlement
 from orchestrator._paper import Paper, PaperError
 from orchestrator._plan import SpawnRequest, plan_spawn
 from orchestrator._policy import check_mode, validate_nested
+from orchestrator._review import ReviewStore
 from orchestrator._registry import ChildRecord, Registry, State
 from orchestrator._run import ChildRun, Question
 from orchestrator._sandboxing import check_available, place
@@ -72,12 +74,18 @@ class Supervisor:
     _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
+    review: ReviewStore = attrs.field(init=False)
+    worktrees: Worktrees = attrs.field(init=False)
     democracy: Democracy = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
         self.lane = Lane(capacity=self.config.lane)
         self.paper = Paper(self.config.paths.paper)
+        self.review = ReviewStore(self.config.paths.review)
+        self.worktrees = Worktrees(
+            root=self.config.paths.worktrees, repo=self.config.workspace, review=self.review
+        )
         self.democracy = Democracy(sup=self)
 
     @property
@@ -165,6 +173,9 @@ class Supervisor:
             ipc.ensure_private_dir(directory)
         scratch = paths.scratch / record.key
         ipc.ensure_private_dir(scratch)
+        if record.mode == "worktree":
+            ipc.ensure_private_dir(paths.worktrees)
+            record.workspace = str(self.worktrees.path_for(record.key))
         token = ipc.derive_token(self.session_key, record.key)
         loadout = ipc.Loadout(
             session=self.config.session,
@@ -277,11 +288,18 @@ class Supervisor:
         async def stop_one(index: int, run: ChildRun) -> None:
             handoffs[index] = await run.stop()
 
+        async def resolve_one(index: int, record: ChildRecord) -> None:
+            # A retired worker whose worktree is unresolved: try the copy-back again.
+            apply_settlement(record, await self.worktrees.settle(record.key, copy_back=True))
+            handoffs[index] = record.handoff()
+
         async with trio.open_nursery() as nursery:
             for index, record in enumerate(records):
                 run = self.runs.get(record.key)
-                if run is not None:  # a retired child's handoff is already final
+                if run is not None:
                     nursery.start_soon(stop_one, index, run)
+                elif record.key in self.worktrees.snapshots:
+                    nursery.start_soon(resolve_one, index, record)
         return handoffs
 
     async def stop_all(self) -> list[dict[str, Any]]:
@@ -293,6 +311,7 @@ class Supervisor:
         run = self.runs.get(record.key)
         if run is not None:
             await run.stop()
+        await self.worktrees.discard(record.key)
         self.registry.retired.pop(record.key, None)
         self.runs.pop(record.key, None)
         return record.key
@@ -488,7 +507,7 @@ class Supervisor:
         """Give back everything a finished run held (called once, by the run)."""
         self.locks.release(run.key)
         self.capacity.release()
-        self.registry.retire(run.key)
+        self.registry.retire(run.key, pinned=self.worktrees.unresolved())
         self.runs.pop(run.key, None)
         self.notes.changed()
 

@@ -1,0 +1,88 @@
+"""Worktree children: their private worktree from spawn to the copy-back at stop.
+
+A worktree child's workspace is a detached worktree holding a snapshot of the parent's
+workspace (:mod:`orchestrator._worktree`). Stop copies its changes back when that is safe
+(:mod:`orchestrator._copyback`) and records every applied file for review
+(:mod:`orchestrator._review`). A conflict, a failed apply or a child that failed keeps the
+worktree: it stays *unresolved* — recoverable by a later ``fleet stop`` or deleted by
+``fleet discard`` — and survives report-history trimming.
+
+Git work is blocking; it runs in a worker thread (no process started there must outlive it).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from orchestrator._copyback import finalize
+from orchestrator._registry import ChildRecord, State
+from orchestrator._review import ReviewStore
+from orchestrator._worktree import Snapshot, create_worktree, remove_worktree
+
+
+@attrs.define(eq=False)
+class Worktrees:
+    """The session's worktrees, by child key."""
+
+    root: Path
+    repo: Path
+    review: ReviewStore
+    snapshots: dict[str, Snapshot] = attrs.Factory(dict)
+
+    def path_for(self, key: str) -> Path:
+        return self.root / key
+
+    async def create(self, key: str) -> Snapshot:
+        snapshot = await trio.to_thread.run_sync(create_worktree, self.repo, self.path_for(key))
+        self.snapshots[key] = snapshot
+        return snapshot
+
+    def unresolved(self) -> set[str]:
+        return set(self.snapshots)
+
+    async def settle(self, key: str, *, copy_back: bool) -> dict[str, Any]:
+        """Finish *key*'s worktree: copy back (when asked) and remove it if nothing is left.
+
+        Returns the handoff fields: ``changed``, ``applied``, ``conflicts``, ``remaining`` and
+        ``error`` ("" when the worktree was resolved).
+        """
+        snapshot = self.snapshots.get(key)
+        if snapshot is None:
+            return {}
+        keep_note = (
+            f"worktree kept at {snapshot.worktree} (fleet stop {key} to copy back after "
+            f"resolving, fleet discard {key} to delete it)"
+        )
+        if not copy_back:
+            return {"remaining": [keep_note], "error": ""}
+        result = await trio.to_thread.run_sync(finalize, snapshot, self.review, key)
+        fields: dict[str, Any] = {
+            "changed": list(result.changed),
+            "applied": list(result.applied),
+            "conflicts": [{"path": c.path, "reason": c.reason} for c in result.conflicts],
+            "error": result.error,
+            "remaining": [],
+        }
+        if result.conflicts or result.error:
+            fields["remaining"] = [keep_note]
+            return fields
+        await self.discard(key)
+        return fields
+
+    async def discard(self, key: str) -> None:
+        snapshot = self.snapshots.pop(key, None)
+        if snapshot is not None:
+            await trio.to_thread.run_sync(remove_worktree, snapshot)
+
+
+def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:
+    """Copy a worktree settlement's handoff fields onto *record*."""
+    for name in ("changed", "applied", "conflicts", "remaining"):
+        if name in fields:
+            setattr(record, name, fields[name])
+    if fields.get("error"):
+        record.error = fields["error"]
+    elif "error" in fields and record.state is State.STOPPED:
+        record.error = ""
