@@ -2,8 +2,8 @@
 
 Settings come from (later wins): defaults, ``$FLEET_HOME/config.yaml``, environment variables
 (``FLEET_MAX_SUBAGENTS``, ``FLEET_LANE``, ``FLEET_IDLE_TIMEOUT_MS``, ``FLEET_MAX_TOTAL_MS``,
-``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``), then explicit arguments. Watchdog budgets are
-global only: never a spawn parameter.
+``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``, ``FLEET_REJECT_LOG``), then explicit arguments.
+Watchdog budgets are global only: never a spawn parameter.
 """
 
 import hashlib
@@ -65,6 +65,8 @@ class Config:
     sandbox: str = "auto"
     agents_scope: str = "default"
     record_output: bool = False
+    #: Opt-in JSONL log of refused requests (``logs/rejected.jsonl``).
+    reject_log: bool = False
     python: str = sys.executable
 
     @property
@@ -189,6 +191,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("surface", "surface"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
+        ("reject_log", "reject_log"),
     ):
         if key in sub:
             settings[target] = sub[key]
@@ -209,6 +212,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
                 raise UsageError(f"{name}={env[name]!r} is not a valid value") from None
     if env.get("FLEET_ALLOW_UNSANDBOXED", "").lower() in {"1", "true", "yes"}:
         settings["allow_unsandboxed"] = True
+    if env.get("FLEET_REJECT_LOG", "").lower() in {"1", "true", "yes"}:
+        settings["reject_log"] = True
     settings.update({k: v for k, v in overrides.items() if v is not None})
     return Config(
         home=home, session=resolve_session(session, workspace), workspace=workspace, **settings

@@ -162,6 +162,9 @@ class ChildRun:
         try:
             await channel.serve(self._handle_request, self._on_event)
         finally:
+            if channel.drops:
+                drops = {"drops": dict(channel.drops), "flagged": channel.flagged}
+                self.sup.reject("dropped-frame", self.key, drops)
             if channel.flagged and not self.finishing:
                 await self.finish(
                     State.FAILED,

@@ -11,7 +11,7 @@ Use it embedded::
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +23,7 @@ from orchestrator._agents import AgentDefinition, load_agents
 from orchestrator._capacity import Capacity, Lane
 from orchestrator._config import Config
 from orchestrator._democracy import Democracy
-from orchestrator._diagnostics import RunLog
+from orchestrator._diagnostics import RejectKind, RejectLog, RunLog
 from orchestrator._errors import (
     FleetError,
     NotFound,
@@ -71,6 +71,7 @@ class Supervisor:
     _question_ids: int = 0
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
+    rejects: RejectLog | None = None
     _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
@@ -108,6 +109,17 @@ class Supervisor:
         self, requests: Sequence[SpawnRequest], *, parent: ChildRun | None = None
     ) -> list[ChildRecord]:
         """Launch a batch: validated and reserved all-or-nothing before any launch."""
+        try:
+            return await self._spawn(requests, parent=parent)
+        except PolicyError as exc:
+            agents = [request.agent for request in requests]
+            owner = PARENT if parent is None else parent.key
+            self.reject("policy", owner, {"agents": agents, "mode": self.mode, "error": str(exc)})
+            raise
+
+    async def _spawn(
+        self, requests: Sequence[SpawnRequest], *, parent: ChildRun | None
+    ) -> list[ChildRecord]:
         if not requests:
             raise UsageError("spawn: no task given")
         async with self._spawn_lock:
@@ -407,6 +419,11 @@ class Supervisor:
             failure=failure,
         )
 
+    def reject(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:
+        """Record a refused request in the opt-in reject log (config ``reject_log``)."""
+        if self.rejects is not None:
+            self.rejects.record(kind, owner, args)
+
     def new_question(self, key: str, text: str) -> Question:
         self._question_ids += 1
         question = Question(id=f"q{self._question_ids}", key=key, text=text)
@@ -444,6 +461,9 @@ class Supervisor:
             else:
                 self.locks.acquire(run.key, targets, root=self.config.workspace)
         except (LockConflict, ValueError) as exc:
+            if isinstance(exc, LockConflict):
+                args = {"paths": list(paths), "holder": exc.holder, "error": str(exc)}
+                self.reject("lock-conflict", run.key, args)
             return ipc.Reply(ok=False, error=str(exc))
         return ipc.Reply(ok=True, data={"held": list(self.locks.snapshot().get(run.key, ()))})
 
@@ -482,11 +502,15 @@ class Supervisor:
                 depth=run.record.depth,
                 agent=body.agent,
             )
+        except PolicyError as exc:
+            self.reject("policy", run.key, {"subagent": body.agent, "error": str(exc)})
+            return ipc.Reply(ok=False, error=str(exc))
+        try:
             [record] = await self.spawn(
                 [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
                 parent=run,
             )
-        except (PolicyError, FleetError) as exc:
+        except FleetError as exc:
             return ipc.Reply(ok=False, error=str(exc))
         settled = self._nested_settled.setdefault(record.key, trio.Event())
         nested = self.runs.get(record.key)
@@ -573,6 +597,9 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
         )
         if warning:
             sup.warnings.append(warning)
+        if config.reject_log:
+            path = config.paths.logs / "rejected.jsonl"
+            sup.rejects = RejectLog(path, secrets=[sup.session_key])
         await nursery.start(listener.serve, sup.handle_connection)
         try:
             yield sup

@@ -19,7 +19,8 @@ import attrs
 import pytest
 import trio
 
-from orchestrator._config import Config
+import ipc
+from orchestrator._config import Config, load_config
 from orchestrator._errors import PolicyError, UsageError
 from orchestrator._ownership import LockTable
 from orchestrator._registry import State
@@ -436,7 +437,8 @@ async def test_an_overlapping_writer_is_refused_with_the_holder_named(env: Env) 
             )
             assert "\n" not in report
             assert (env.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"
-            assert (env.repo / "src" / "new.py").read_text() == "x\n"
+            # Written where a works (its worktree, or the repository itself).
+            assert (Path(a.workspace) / "src" / "new.py").read_text() == "x\n"
             assert set(sup.locks.snapshot()) == {a.key}
 
 
@@ -479,3 +481,95 @@ async def test_locks_are_released_exactly_once_however_a_writer_ends(env: Env) -
         # Leaving the supervisor closes it: the last writer's locks go with it.
     assert locks.snapshot() == {}
     assert locks.released == dict.fromkeys(keys.values(), 1)
+
+
+# -- the reject log --------------------------------------------------------------------------
+
+
+def rejected(sup: Supervisor) -> list[dict[str, Any]]:
+    path = sup.paths.logs / "rejected.jsonl"
+    assert path.stat().st_mode & 0o777 == 0o600
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_the_reject_log_records_policy_refusals_and_lock_conflicts(env: Env) -> None:
+    env.agent("writer", tools=["read", "write"], mode="worktree")
+    hold = env.script("hold", WRITE_AND_HOLD)
+    env.agent("wa", tools=["read", "write"], mode="worktree", ownership=["src/**"], model=hold)
+    writes = env.script(
+        "wb",
+        """
+        turns:
+          - steps:
+              - tool: write
+                args: {path: src/app.py, content: "mine"}
+              - reply: "{{last}}"
+        """,
+    )
+    env.agent("wb", tools=["read", "write"], mode="worktree", model=writes)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(reject_log=True)) as sup:
+            [a] = await sup.spawn([SpawnRequest(task="src/new.py", agent="wa")])
+            await until(lambda: a.key in sup.locks.snapshot())
+            sup.set_mode("plan")
+            with pytest.raises(PolicyError):
+                await sup.spawn([SpawnRequest(task="no", agent="writer")])
+            sup.set_mode("build")
+            [b] = await sup.spawn([SpawnRequest(task="t", agent="wb")])
+            report = (await settle(sup, b.key))["report"]
+            assert report.startswith(f"write refused: lock for {b.key}: ")
+            entries = rejected(sup)
+            text = (sup.paths.logs / "rejected.jsonl").read_text()
+            token = ipc.derive_token(sup.session_key, b.key)
+    assert [(e["kind"], e["owner"]) for e in entries] == [
+        ("policy", "parent"),
+        ("lock-conflict", b.key),
+    ]
+    assert entries[0]["args"]["agents"] == ["writer"]
+    assert entries[0]["args"]["mode"] == "plan"
+    assert "not allowed in plan mode" in entries[0]["args"]["error"]
+    assert entries[1]["args"]["holder"] == a.key
+    [path] = entries[1]["args"]["paths"]
+    assert path.endswith("/src/app.py")
+    assert token not in text
+    assert sup.session_key.hex() not in text
+
+
+async def test_a_nested_policy_refusal_is_logged_under_the_callers_key(env: Env) -> None:
+    env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
+    lead = env.script(
+        "lead",
+        """
+        turns:
+          - steps:
+              - tool: subagent
+                args: {agent: worker, task: "not allowlisted"}
+              - reply: "{{last}}"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(reject_log=True)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="t", agent="lead", model=lead)])
+            await settle(sup, record.key)
+            [entry] = rejected(sup)
+    assert entry["kind"] == "policy"
+    assert entry["owner"] == record.key
+    assert entry["args"]["subagent"] == "worker"
+
+
+async def test_the_reject_log_is_off_unless_asked_for(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.agent("writer", tools=["read", "write"], mode="worktree")
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config()) as sup:
+            sup.set_mode("plan")
+            with pytest.raises(PolicyError):
+                await sup.spawn([SpawnRequest(task="no", agent="writer")])
+            assert not (sup.paths.logs / "rejected.jsonl").exists()
+    monkeypatch.setenv("FLEET_REJECT_LOG", "1")
+    assert load_config(cwd=env.repo, home=env.home).reject_log is True
+    monkeypatch.setenv("FLEET_REJECT_LOG", "0")
+    assert load_config(cwd=env.repo, home=env.home).reject_log is False
+    (env.home / "config.yaml").write_text("subagents:\n  reject_log: true\n")
+    assert load_config(cwd=env.repo, home=env.home).reject_log is True
