@@ -17,7 +17,6 @@ import ipc
 from child._backend import Host, TurnResult
 from child._host_tools import HOST_TOOLS, build_host_tools
 from child._model import Model, ModelError, SteerInbox, StepContext
-from child._scripted import ScriptedModel
 from child.tools import Progress, Tool, ToolContext, build_tools
 
 MAX_STEPS = 200
@@ -27,6 +26,8 @@ _ARG_PREVIEW = 80
 def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
     """The model a loadout names."""
     if spec.kind == "scripted":
+        from child._scripted import ScriptedModel  # noqa: PLC0415 - YAML only when it is used
+
         script = Path(spec.script)
         return ScriptedModel.from_file(script if script.is_absolute() else workspace / script)
     if spec.kind == "openai":
