@@ -127,6 +127,9 @@ class ChildRun:
             # It obeyed our shutdown before stop() resumed: a clean stop, not a failure.
             await self.finish(State.STOPPED, kind="", error="")
             return
+        if code > 128 and self.record.sandboxed:
+            # bwrap is the direct child: it reports a child killed by signal N as 128 + N.
+            code = 128 - code
         if code < 0:
             try:
                 name = signal.Signals(-code).name
