@@ -30,15 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from orchestrator._pathguard import (
-    SiblingCheck,
-    ancestor_problem,
-    lexical_problem,
-    link_target_problem,
-    open_dir,
-    twins_within,
-)
-from orchestrator._worktree import (
+from orchestrator._git import (
     GITLINK,
     SYMLINK,
     WorktreeError,
@@ -48,6 +40,14 @@ from orchestrator._worktree import (
     parse_raw,
     run_git,
     untracked,
+)
+from orchestrator._pathguard import (
+    SiblingCheck,
+    ancestor_problem,
+    lexical_problem,
+    link_target_problem,
+    open_dir,
+    twins_within,
 )
 
 if TYPE_CHECKING:
