@@ -69,7 +69,7 @@ class Leading:
 
 @attrs.frozen(kw_only=True)
 class Outcome:
-    """How a round ended. Only a finished, valid round shows ballots."""
+    """How a round ended. An aborted round shows no ballots: its partial tally is void."""
 
     round: str
     status: Literal["winner", "needs-user", "failed"]
@@ -100,10 +100,8 @@ class Outcome:
 
 def render_outcome(data: Mapping[str, Any]) -> str:
     """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
-    head = f"round {data['round']}: {data['status']}"
-    if data["status"] == "failed":
-        return f"{head}: {data.get('reason', '')}"
     counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
+    head = f"round {data['round']}: {data['status']}"
     lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
     for ballot in data["ballots"]:
         said = (
@@ -112,13 +110,15 @@ def render_outcome(data: Mapping[str, Any]) -> str:
         lines.append(f"  {ballot['voter']} {ballot['status']} {said}")
     if data["status"] == "winner":
         lines.append(f"Recommendation: {data['winner']}. A majority recommends; nothing was done.")
-    else:
+    elif data["status"] == "needs-user":
         lines.append("No strict majority. Leading options, for the user to decide:")
         lines.extend(
             f"  {option['id']} ({option['votes']}): {option['title']}. "
             f"Tradeoffs: {option['tradeoffs']}"
             for option in data["leading"]
         )
+    else:
+        lines.append(data["reason"])
     return "\n".join(lines)
 
 

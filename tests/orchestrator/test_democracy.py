@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator._ballots import RoundError
+from orchestrator._ballots import Ballot, RoundError
 from orchestrator._config import Config
+from orchestrator._democracy import Leading, Outcome, render_outcome
 from orchestrator._errors import CapacityError, NotFound, UsageError
 from orchestrator._registry import State
 from orchestrator._supervisor import SpawnRequest, open_supervisor
@@ -231,10 +232,15 @@ async def test_busy_forked_and_duplicate_nominees_are_refused_before_any_launch(
                     SpawnRequest(task="look", model=hang),
                 ]
             )
-            [idle] = await _scouts(sup, scripts("idle", "turns: []\n"))
+            idle_model = scripts("idle", "turns: []\n")
+            [idle] = await _scouts(sup, idle_model)
+            [fork] = await sup.spawn([SpawnRequest(task="review", mode="fork", model=idle_model)])
+            await sup.wait([fork.key])
+            assert fork.state is State.IDLE
             assert busy.state in {State.STARTING, State.WORKING}
             cases = [
                 ([worker.key], f"{worker.key} ({worker.name}) is a worker, not a scout"),
+                ([fork.key], f"{fork.key} ({fork.name}) is a fork, not a scout"),
                 # Busy: still starting, or working on its hanging task.
                 ([busy.key], f"{busy.key} ({busy.name}) is {busy.state}, not idle or paused"),
                 ([idle, idle], f"{idle} ({sup.registry.find(idle).name}) is nominated twice"),
@@ -247,7 +253,7 @@ async def test_busy_forked_and_duplicate_nominees_are_refused_before_any_launch(
                 assert info.value.field == "agents"
                 assert str(info.value).startswith("democracy round refused: ")
                 assert "\n" not in str(info.value)
-            assert len(list(sup.registry.live())) == 3
+            assert len(list(sup.registry.live())) == 4
             assert sup.democracy.current is None
 
 
@@ -334,3 +340,45 @@ async def test_cancelling_a_vote_call_aborts_its_round(supervisor, scripts):
             assert "aborted" in outcome.reason
             assert list(sup.registry.live()) == []
             assert sup.democracy.current is None
+
+
+def test_the_human_outcome_lists_every_ballot_and_what_is_left_to_the_user():
+    def ballot(voter, status, option=None, rationale="", reason=""):
+        return Ballot(voter=voter, status=status, option=option, rationale=rationale, reason=reason)
+
+    outcome = Outcome(
+        round="r3",
+        status="needs-user",
+        invited=3,
+        ballots=(
+            ballot("a1", "valid", "A", "disk is cheap"),
+            ballot("a2", "valid", "B", "keys survive"),
+            ballot("a3", "stale", reason="nonce 'x' is not this round's"),
+        ),
+        counts={"A": 1, "B": 1},
+        leading=(
+            Leading(id="A", title="Persist", tradeoffs="disk", votes=1, rationales=("d",)),
+            Leading(id="B", title="Keys", tradeoffs="protocol", votes=1, rationales=("k",)),
+        ),
+    )
+    assert render_outcome(outcome.to_json()).split("\n") == [
+        "round r3: needs-user (A 1, B 1; 3 invited)",
+        "  a1 valid A: disk is cheap",
+        "  a2 valid B: keys survive",
+        "  a3 stale nonce 'x' is not this round's",
+        "No strict majority. Leading options, for the user to decide:",
+        "  A (1): Persist. Tradeoffs: disk",
+        "  B (1): Keys. Tradeoffs: protocol",
+    ]
+    void = Outcome(round="r4", status="failed", invited=2, reason="round r4 was aborted")
+    assert void.to_json() == {
+        "round": "r4",
+        "status": "failed",
+        "invited": 2,
+        "counts": {},
+        "ballots": [],
+        "reason": "round r4 was aborted",
+    }
+    assert render_outcome(void.to_json()) == (
+        "round r4: failed (no valid ballots; 2 invited)\nround r4 was aborted"
+    )
