@@ -1,10 +1,9 @@
 """Copy a worker's changes from its worktree back into the parent workspace, all or nothing.
 
-The changed set is the worktree's state against the snapshot commit, compared byte for byte
-(content hashed as Git blobs, no filters) with file type and executable bit. A path is copied
-back only when the parent still holds exactly the snapshot's version of it (bytes and mode) and
-every path passes :mod:`orchestrator._pathguard`; otherwise nothing at all is written, the
-conflicts are listed and the worktree stays for a retry. A path the parent already holds in the
+The changed set comes from :mod:`orchestrator._changes`. A path is copied back only when the
+parent still holds exactly the snapshot's version of it (bytes and mode) and every path passes
+:mod:`orchestrator._pathguard`; otherwise nothing at all is written, the conflicts are listed
+and the worktree stays for a retry. A path the parent already holds in the
 child's version counts as applied, so finalizing again after a crash is safe.
 
 Applying runs in three phases. *Prepare* writes every replacement as a temp file in its
@@ -18,29 +17,26 @@ pre-image is recorded in the :class:`~orchestrator._review.ReviewStore`.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
 import posixpath
 import secrets
 import stat
-import tempfile
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._git import (
-    GITLINK,
-    SYMLINK,
-    WorktreeError,
-    git_env,
-    layout_of,
-    neutral_env,
-    parse_raw,
-    run_git,
-    untracked,
+from orchestrator._changes import (
+    READ_FLAGS,
+    ChangeStatus,
+    Delta,
+    Version,
+    blob_sha,
+    changed_paths,
+    copy_hashed,
+    list_deltas,
+    read_version,
 )
+from orchestrator._git import SYMLINK, WorktreeError, git_env, run_git
 from orchestrator._pathguard import (
     SiblingCheck,
     ancestor_problem,
@@ -51,23 +47,16 @@ from orchestrator._pathguard import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator._review import ReviewStore
     from orchestrator._worktree import Snapshot
 
-ChangeStatus = Literal["added", "modified", "deleted", "mode", "type"]
-_CHUNK = 1 << 20
+# ChangeStatus and changed_paths live in _changes; _review and docs/worktrees.md import them
+# from here.
+__all__ = ["ChangeStatus", "Conflict", "FinalizeResult", "changed_paths", "finalize"]
+
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
-_DIFF_INDEX = ("diff-index", "-z", "--raw", "--no-renames", "--ignore-submodules=all")
-
-
-@attrs.frozen(kw_only=True)
-class Change:
-    """One path the child changed, relative to the workspace root."""
-
-    path: str
-    status: ChangeStatus
 
 
 @attrs.frozen(kw_only=True)
@@ -94,25 +83,11 @@ class FinalizeResult:
     error: str = ""
 
 
-@attrs.frozen(kw_only=True)
-class _Version:
-    mode: int  # Git's: 0o100644, 0o100755 or 0o120000
-    sha: str
-
-
-@attrs.frozen(kw_only=True)
-class _Delta:
-    path: str
-    status: ChangeStatus
-    old: _Version | None
-    new: _Version | None
-
-
 @attrs.define(eq=False)
 class _Op:
     """One path's copy-back, filled in as the phases run."""
 
-    delta: _Delta
+    delta: Delta
     parent: os.stat_result | None  # the parent entry when it was checked
     temp: str | None = None
     backup: str | None = None
@@ -134,120 +109,7 @@ class _DriftError(Exception):
         self.conflict = Conflict(path=path, reason=reason)
 
 
-def _sha(algo: str, size: int, chunks: list[bytes] | None = None) -> hashlib._Hash:
-    digest = hashlib.new(algo, b"blob %d\0" % size)
-    for chunk in chunks or ():
-        digest.update(chunk)
-    return digest
-
-
-def _copy_hashed(src: int, dst: int | None, algo: str) -> str:
-    """Blob id of the open file ``src``, copying its bytes to ``dst`` on the way."""
-    digest = _sha(algo, os.fstat(src).st_size)
-    while chunk := os.read(src, _CHUNK):
-        digest.update(chunk)
-        if dst is not None:
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(dst, view) :]
-    return digest.hexdigest()
-
-
-def _git_mode(st: os.stat_result) -> int:
-    if stat.S_ISLNK(st.st_mode):
-        return SYMLINK
-    return 0o100755 if st.st_mode & stat.S_IXUSR else 0o100644
-
-
-def _read(root: Path, path: str, algo: str) -> tuple[_Version | None, os.stat_result | None]:
-    """Git's view of ``root/path`` (no symlink followed on the way) and the stat it came from."""
-    try:
-        fd = open_dir(root, posixpath.dirname(path))
-    except OSError as exc:
-        if exc.errno in _ABSENT:
-            return None, None
-        raise
-    name = posixpath.basename(path)
-    try:
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            target = os.fsencode(os.readlink(name, dir_fd=fd))
-            return _Version(mode=SYMLINK, sha=_sha(algo, len(target), [target]).hexdigest()), st
-        if not stat.S_ISREG(st.st_mode):
-            return None, None
-        src = os.open(name, _READ_FLAGS, dir_fd=fd)
-        try:
-            st = os.fstat(src)
-            return _Version(mode=_git_mode(st), sha=_copy_hashed(src, None, algo)), st
-        finally:
-            os.close(src)
-    except FileNotFoundError:
-        return None, None
-    finally:
-        os.close(fd)
-
-
-def _status(old: _Version | None, new: _Version | None) -> ChangeStatus | None:
-    if old == new:
-        return None
-    if old is None:
-        return "added"
-    if new is None:
-        return "deleted"
-    if (old.mode == SYMLINK) != (new.mode == SYMLINK):
-        return "type"
-    return "mode" if old.sha == new.sha else "modified"
-
-
-def _deltas(snapshot: Snapshot) -> tuple[str, list[_Delta]]:
-    """The object format and every path whose worktree state differs from the snapshot."""
-    op = f"list changes in {snapshot.worktree}"
-    layout = layout_of(snapshot.worktree, op)
-    # The worktree's .git file is in the child's reach: it must still name this worktree's own
-    # admin directory in the parent's repository, or every Git answer below could be another's.
-    if (layout.root, layout.objects, layout.index.parent.parent) != (
-        snapshot.worktree,
-        layout_of(snapshot.repo, op).objects,
-        layout.objects.parent / "worktrees",
-    ):
-        raise WorktreeError(
-            f"{op}: its .git file no longer points into {snapshot.repo}'s worktree records; "
-            "discard this worktree",
-            repo=snapshot.repo,
-            path=snapshot.worktree,
-        )
-    with tempfile.TemporaryDirectory(prefix="fleet-git-") as tmp:
-        env = neutral_env(Path(tmp), layout, work_tree=layout.root, index=layout.index)
-        out = run_git(
-            [*_DIFF_INDEX, snapshot.commit],
-            cwd=layout.root,
-            env=env,
-            op=op,
-            repo=snapshot.repo,
-        )
-    old: dict[str, _Version | None] = {
-        c.path: None if c.old_mode == 0 else _Version(mode=c.old_mode, sha=c.old_sha)
-        for c in parse_raw(out)
-        if GITLINK not in {c.old_mode, c.new_mode}
-    }
-    for path in untracked(layout, layout.index, op):
-        old.setdefault(path, None)
-    deltas = []
-    for path in sorted(old):
-        new, _ = _read(layout.root, path, layout.object_format)
-        status = _status(old[path], new)
-        if status is not None:
-            deltas.append(_Delta(path=path, status=status, old=old[path], new=new))
-    return layout.object_format, deltas
-
-
-def changed_paths(snapshot: Snapshot) -> list[Change]:
-    """Every path the child added, modified, deleted, re-moded or re-typed, sorted."""
-    _, deltas = _deltas(snapshot)
-    return [Change(path=d.path, status=d.status) for d in deltas]
-
-
-def _guard_problem(snapshot: Snapshot, delta: _Delta, siblings: SiblingCheck) -> str | None:
+def _guard_problem(snapshot: Snapshot, delta: Delta, siblings: SiblingCheck) -> str | None:
     reason = (
         lexical_problem(delta.path)
         or ancestor_problem(snapshot.repo, delta.path)
@@ -265,7 +127,7 @@ def _guard_problem(snapshot: Snapshot, delta: _Delta, siblings: SiblingCheck) ->
     return reason
 
 
-def _drift_reason(old: _Version | None, current: _Version | None) -> str:
+def _drift_reason(old: Version | None, current: Version | None) -> str:
     if old is None:
         return "created in the parent since the snapshot"
     if current is None:
@@ -276,19 +138,19 @@ def _drift_reason(old: _Version | None, current: _Version | None) -> str:
 
 
 def _plan(
-    snapshot: Snapshot, deltas: list[_Delta], algo: str
-) -> tuple[list[_Op], list[_Delta], list[Conflict]]:
+    snapshot: Snapshot, deltas: list[Delta], algo: str
+) -> tuple[list[_Op], list[Delta], list[Conflict]]:
     """Split the changes into work to do, work already done, and conflicts."""
     siblings = SiblingCheck(root=snapshot.repo)
     twins = twins_within([d.path for d in deltas if d.old is None])
     ops: list[_Op] = []
-    done: list[_Delta] = []
+    done: list[Delta] = []
     conflicts: list[Conflict] = []
     for delta in deltas:
         try:
             reason = twins.get(delta.path) or _guard_problem(snapshot, delta, siblings)
             if reason is None:
-                current, st = _read(snapshot.repo, delta.path, algo)
+                current, st = read_version(snapshot.repo, delta.path, algo)
         except OSError as exc:
             reason = f"cannot be read ({exc.strerror or exc})"
         if reason is not None:
@@ -317,23 +179,23 @@ def _permissions(op: _Op, source: os.stat_result) -> int:
     return bits & ~0o111
 
 
-def _stage(snapshot: Snapshot, op: _Op, fd: int, new: _Version, algo: str) -> None:
+def _stage(snapshot: Snapshot, op: _Op, fd: int, new: Version, algo: str) -> None:
     """Write the child's version of ``op`` as ``op.temp`` in the open destination directory."""
     src_dir = open_dir(snapshot.worktree, op.dir_rel)
     try:
         if new.mode == SYMLINK:
             target = os.readlink(op.name, dir_fd=src_dir)
             raw = os.fsencode(target)
-            sha = _sha(algo, len(raw), [raw]).hexdigest()
+            sha = blob_sha(algo, len(raw), [raw]).hexdigest()
             op.temp = _fresh_name("new")
             os.symlink(target, op.temp, dir_fd=fd)
         else:
-            src = os.open(op.name, _READ_FLAGS, dir_fd=src_dir)
+            src = os.open(op.name, READ_FLAGS, dir_fd=src_dir)
             try:
                 op.temp = _fresh_name("new")
                 dst = os.open(op.temp, _NEW_FLAGS, 0o600, dir_fd=fd)
                 try:
-                    sha = _copy_hashed(src, dst, algo)
+                    sha = copy_hashed(src, dst, algo)
                     os.fchmod(dst, _permissions(op, os.fstat(src)))
                     os.fsync(dst)  # the parent's file is the user's data: durable before rename
                 finally:
@@ -460,7 +322,7 @@ def _blobs(snapshot: Snapshot, shas: list[str]) -> list[bytes]:
 
 
 def _record(
-    snapshot: Snapshot, ops: list[_Op], done: list[_Delta], review: ReviewStore, owner: str
+    snapshot: Snapshot, ops: list[_Op], done: list[Delta], review: ReviewStore, owner: str
 ) -> str:
     """Record every applied path's pre-image; an error line, or ``""``.
 
@@ -549,7 +411,7 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
     :class:`~orchestrator._worktree.WorktreeError` only when the changes cannot be listed: Git
     fails, or the worktree's ``.git`` file no longer leads to the snapshot's repository.
     """
-    algo, deltas = _deltas(snapshot)
+    algo, deltas = list_deltas(snapshot)
     changed = tuple(d.path for d in deltas)
     ops, done, conflicts = _plan(snapshot, deltas, algo)
     created: list[str] = []

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import _copyback
-from orchestrator._copyback import Change, Conflict, changed_paths, finalize
+from orchestrator._changes import Change, changed_paths
+from orchestrator._copyback import Conflict, finalize
 from orchestrator._review import ReviewStore
 from orchestrator._worktree import WorktreeError, create_worktree
 
