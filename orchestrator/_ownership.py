@@ -19,33 +19,28 @@ import os
 import re
 import sys
 import tempfile
-from collections import deque
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 import attrs
+
+from orchestrator._globmatch import (
+    MAX_CODE_POINT,
+    Ranges,
+    SpecError,
+    owns,
+    parse_class,
+    witness_path,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-# A set of code points as sorted, disjoint, inclusive (low, high) ranges.
-_Ranges: TypeAlias = tuple[tuple[int, int], ...]
+# SpecError is raised by normalize here and by the automaton in _globmatch; callers catch it
+# from here.
+__all__ = ["LockConflict", "LockTable", "SpecError", "may_overlap", "normalize"]
 
-_MAX_CODE_POINT = 0x10FFFF
-_SLASH = ord("/")
-_ANY: _Ranges = ((0, _MAX_CODE_POINT),)
-_NOT_SLASH: _Ranges = ((0, _SLASH - 1), (_SLASH + 1, _MAX_CODE_POINT))
-_ONLY_SLASH: _Ranges = ((_SLASH, _SLASH),)
 _MAGIC = frozenset("*?[")
-
-
-class SpecError(ValueError):
-    """A lock spec cannot be normalized; ``spec`` and ``reason`` say which and why."""
-
-    def __init__(self, spec: str, reason: str) -> None:
-        super().__init__(f"normalize lock spec {spec!r}: {reason}")
-        self.spec = spec
-        self.reason = reason
 
 
 class LockConflict(Exception):
@@ -90,7 +85,7 @@ def normalize(spec: str, *, root: Path, case_insensitive: bool | None = None) ->
 
 def may_overlap(a: str, b: str) -> bool:
     """Whether some path is owned by both normalized specs ``a`` and ``b``."""
-    return _witness(a, b) is not None
+    return witness_path(a, b) is not None
 
 
 @attrs.frozen(kw_only=True)
@@ -142,7 +137,7 @@ class LockTable:
         """Whether ``owner`` covers the concrete ``path`` (a relative one is under the root)."""
         for claim in self._claims.get(owner, ()):
             concrete = os.path.realpath(os.path.join(claim.root, path))
-            if _owns(claim.spec, _fold(concrete) if claim.folded else concrete):
+            if owns(claim.spec, _fold(concrete) if claim.folded else concrete):
                 return True
         return False
 
@@ -189,7 +184,7 @@ def _fold_spec(spec: str) -> str:
     for component in spec.split("/"):  # like _compile: a bracket never spans a "/"
         i = 0
         while i < len(component):
-            parsed = _parse_class(component, i) if component[i] == "[" else None
+            parsed = parse_class(component, i) if component[i] == "[" else None
             if parsed is None:
                 folded.append(_fold(component[i]))
                 i += 1
@@ -202,215 +197,13 @@ def _fold_spec(spec: str) -> str:
 
 @functools.cache
 def _cased_code_points() -> tuple[int, ...]:
-    return tuple(cp for cp in range(_MAX_CODE_POINT + 1) if _fold(chr(cp)) != chr(cp))
+    return tuple(cp for cp in range(MAX_CODE_POINT + 1) if _fold(chr(cp)) != chr(cp))
 
 
-def _has_cased(ranges: _Ranges) -> bool:
+def _has_cased(ranges: Ranges) -> bool:
     cased = _cased_code_points()
     for low, high in ranges:
         i = bisect.bisect_left(cased, low)
         if i < len(cased) and cased[i] <= high:
             return True
     return False
-
-
-def _merge(items: list[tuple[int, int]]) -> _Ranges:
-    merged: list[tuple[int, int]] = []
-    for low, high in sorted(items):
-        if merged and low <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
-        else:
-            merged.append((low, high))
-    return tuple(merged)
-
-
-def _intersect(a: _Ranges, b: _Ranges) -> _Ranges:
-    out: list[tuple[int, int]] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if low <= high:
-            out.append((low, high))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tuple(out)
-
-
-def _complement(ranges: _Ranges) -> _Ranges:
-    out: list[tuple[int, int]] = []
-    start = 0
-    for low, high in ranges:
-        if low > start:
-            out.append((start, low - 1))
-        start = high + 1
-    if start <= _MAX_CODE_POINT:
-        out.append((start, _MAX_CODE_POINT))
-    return tuple(out)
-
-
-def _parse_class(text: str, start: int) -> tuple[_Ranges, int] | None:
-    """Parse the bracket expression opening at ``text[start]`` the way :mod:`fnmatch` does.
-
-    Returns its code points (never ``/``) and the index after its ``]``, or None when the ``[``
-    is unterminated and therefore a literal.
-    """
-    j = start + 1
-    negate = j < len(text) and text[j] == "!"
-    j += negate
-    body_start = j
-    if j < len(text) and text[j] == "]":
-        j += 1
-    close = text.find("]", j)
-    if close < 0:
-        return None
-    body = text[body_start:close]
-    items: list[tuple[int, int]] = []
-    k = 0
-    while k < len(body):
-        if k + 2 < len(body) and body[k + 1] == "-":
-            low, high = ord(body[k]), ord(body[k + 2])
-            if low <= high:  # a reversed range matches nothing, as in fnmatch
-                items.append((low, high))
-            k += 3
-        else:
-            items.append((ord(body[k]), ord(body[k])))
-            k += 1
-    ranges = _merge(items)
-    return _intersect(_complement(ranges) if negate else ranges, _NOT_SLASH), close + 1
-
-
-@attrs.frozen(kw_only=True)
-class _Nfa:
-    edges: tuple[tuple[tuple[_Ranges, int], ...], ...]
-    closure: tuple[frozenset[int], ...]
-    accept: frozenset[int]
-
-
-class _Builder:
-    """Accumulates an automaton's states, character edges and empty (epsilon) edges."""
-
-    def __init__(self) -> None:
-        self.edges: list[list[tuple[_Ranges, int]]] = [[]]
-        self.epsilon: list[set[int]] = [set()]
-
-    def state(self) -> int:
-        self.edges.append([])
-        self.epsilon.append(set())
-        return len(self.edges) - 1
-
-    def step(self, source: int, ranges: _Ranges) -> int:
-        target = self.state()
-        self.edges[source].append((ranges, target))
-        return target
-
-    def repeat(self, state: int, ranges: _Ranges) -> int:
-        if (ranges, state) not in self.edges[state]:
-            self.edges[state].append((ranges, state))
-        return state
-
-    def skip(self, source: int, target: int) -> None:
-        self.epsilon[source].add(target)
-
-
-@functools.lru_cache(maxsize=4096)
-def _compile(spec: str) -> _Nfa:
-    """The automaton of every path ``spec`` owns: its matches, each optionally plus ``/...``."""
-    if not spec.startswith("/"):
-        raise SpecError(spec, "not normalized (not absolute); pass it through normalize() first")
-    nfa = _Builder()
-    current = 0
-    components = [part for part in spec.split("/") if part]
-    for index, component in enumerate(components):
-        if component == "**":
-            # Last: "/" and anything below. Elsewhere: zero components, or "/" and anything
-            # (slashes included) before the next component's "/".
-            below = nfa.repeat(nfa.step(current, _ONLY_SLASH), _ANY)
-            if index < len(components) - 1:
-                nfa.skip(current, after := nfa.state())
-                nfa.skip(below, after)
-                below = after
-            current = below
-            continue
-        current = nfa.step(current, _ONLY_SLASH)
-        i = 0
-        while i < len(component):
-            parsed = _parse_class(component, i) if component[i] == "[" else None
-            if component[i] == "*":
-                # Each state in a component is entered by one edge only, so a loop is "X*".
-                nfa.repeat(current, _NOT_SLASH)
-            elif parsed is not None:
-                current = nfa.step(current, parsed[0])
-                i = parsed[1] - 1
-            else:
-                char = ord(component[i])
-                current = nfa.step(current, _NOT_SLASH if char == ord("?") else ((char, char),))
-            i += 1
-    below = nfa.repeat(nfa.step(current, _ONLY_SLASH), _ANY)
-    return _Nfa(
-        edges=tuple(map(tuple, nfa.edges)),
-        closure=tuple(_epsilon_closure(nfa.epsilon, s) for s in range(len(nfa.edges))),
-        accept=frozenset({current, below}),
-    )
-
-
-def _epsilon_closure(epsilon: list[set[int]], start: int) -> frozenset[int]:
-    seen = {start}
-    stack = [start]
-    while stack:
-        for nxt in epsilon[stack.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append(nxt)
-    return frozenset(seen)
-
-
-def _pick(ranges: _Ranges) -> str:
-    """A readable member of ``ranges`` for a witness path."""
-    if _intersect(ranges, ((ord("x"), ord("x")),)):
-        return "x"
-    printable = _intersect(ranges, ((0x21, _SLASH - 1), (_SLASH + 1, _MAX_CODE_POINT)))
-    return chr((printable or ranges)[0][0])
-
-
-def _witness(a: str, b: str) -> str | None:
-    """A path owned by both specs, or None when there is none (breadth-first product search)."""
-    left, right = _compile(a), _compile(b)
-    parents: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {(0, 0): None}
-    queue = deque([(0, 0)])
-    while queue:
-        pair = queue.popleft()
-        here_a, here_b = left.closure[pair[0]], right.closure[pair[1]]
-        if here_a & left.accept and here_b & right.accept:
-            chars: list[str] = []
-            link = parents[pair]
-            while link is not None:
-                chars.append(link[1])
-                link = parents[link[0]]
-            return "".join(reversed(chars))
-        for sa in here_a:
-            for ranges_a, ta in left.edges[sa]:
-                for sb in here_b:
-                    for ranges_b, tb in right.edges[sb]:
-                        common = _intersect(ranges_a, ranges_b)
-                        if common and (ta, tb) not in parents:
-                            parents[ta, tb] = (pair, _pick(common))
-                            queue.append((ta, tb))
-    return None
-
-
-def _owns(spec: str, path: str) -> bool:
-    """Whether the normalized ``spec`` owns the concrete absolute ``path``."""
-    nfa = _compile(spec)
-    states = nfa.closure[0]
-    for code in map(ord, path):
-        states = frozenset().union(
-            *(
-                nfa.closure[target]
-                for state in states
-                for ranges, target in nfa.edges[state]
-                if any(low <= code <= high for low, high in ranges)
-            )
-        )
-    return bool(states & nfa.accept)

@@ -6,13 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator._globmatch import owns, witness_path
 from orchestrator._ownership import (
     LockConflict,
     LockTable,
     SpecError,
-    _owns,
     _probe_case_insensitive,
-    _witness,
     may_overlap,
     normalize,
 )
@@ -57,7 +56,7 @@ def test_may_overlap_never_misses_a_path_owned_by_both(a: str, b: str, paths: li
 @settings(max_examples=400, deadline=None)
 @given(a=_SPEC, b=_SPEC)
 def test_every_reported_overlap_has_a_witness_owned_by_both(a: str, b: str) -> None:
-    witness = _witness(a, b)
+    witness = witness_path(a, b)
     if witness is not None:
         assert _ref_owns(a, witness), (a, b, witness)
         assert _ref_owns(b, witness), (a, b, witness)
@@ -66,7 +65,7 @@ def test_every_reported_overlap_has_a_witness_owned_by_both(a: str, b: str) -> N
 @settings(max_examples=400, deadline=None)
 @given(spec=_SPEC, path=_PATH)
 def test_owns_agrees_with_the_reference_matcher(spec: str, path: str) -> None:
-    assert _owns(spec, path) == _ref_owns(spec, path)
+    assert owns(spec, path) == _ref_owns(spec, path)
 
 
 @pytest.mark.parametrize(
@@ -96,8 +95,8 @@ def test_may_overlap_examples(a: str, b: str, expected: bool) -> None:
 
 
 def test_witness_names_a_concrete_shared_path() -> None:
-    assert _witness("/r/a/*/c", "/r/a/b/*") == "/r/a/b/c"
-    assert _witness("/r/*.py", "/r/docs/x.md") is None
+    assert witness_path("/r/a/*/c", "/r/a/b/*") == "/r/a/b/c"
+    assert witness_path("/r/*.py", "/r/docs/x.md") is None
 
 
 def test_may_overlap_refuses_a_spec_that_was_not_normalized() -> None:
@@ -130,7 +129,7 @@ def test_normalize_keeps_wildcard_characters_in_a_real_directory_name_literal(
     root.mkdir()
     spec = normalize("x", root=root, case_insensitive=False)
     assert spec == f"{tmp_path.resolve()}/a[[]1]/x"
-    assert _owns(spec, f"{root}/x/y")
+    assert owns(spec, f"{root}/x/y")
 
 
 def test_normalize_refuses_dotdot_after_a_wildcard_and_empty_specs(tmp_path: Path) -> None:
