@@ -19,6 +19,7 @@ from orchestrator._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolse
 from orchestrator._sandboxing import policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
+SURFACES = ("process", "tmux", "tmux:current", "cmux")
 BACKENDS = ("builtin", "pi", "claude", "codex", "command")
 #: Which model kinds each backend can use; ``native`` = a name handed to the CLI as is.
 MODEL_KINDS = {
@@ -40,11 +41,12 @@ class SpawnRequest:
     backend: str | None = None
     model: str | None = None
     command: tuple[str, ...] = ()
+    surface: str | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
-        known = {"task", "agent", "mode", "name", "backend", "model", "command"}
+        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -54,7 +56,7 @@ class SpawnRequest:
         command = data.get("command") or ()
         if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
             raise UsageError("spawn: command must be a list of strings")
-        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model")}
+        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model", "surface")}
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
@@ -66,6 +68,7 @@ class SpawnRequest:
             backend=fields["backend"],
             model=fields["model"],
             command=tuple(command),
+            surface=fields["surface"],
         )
 
 
@@ -75,6 +78,7 @@ class Plan:
     name: str | None
     mode: str
     task: str
+    surface: str
     loadout_fields: dict[str, Any]
 
 
@@ -131,6 +135,9 @@ def plan_spawn(
     mode = request.mode or definition.mode
     if mode not in CHILD_MODES:
         raise UsageError(f"spawn: mode {mode!r} is not one of {', '.join(CHILD_MODES)}")
+    surface = request.surface or config.surface
+    if surface not in SURFACES:
+        raise UsageError(f"spawn: surface {surface!r} is not one of {', '.join(SURFACES)}")
     backend = request.backend or definition.backend
     if backend not in BACKENDS:
         raise UsageError(f"spawn: backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -173,6 +180,7 @@ def plan_spawn(
         name=request.name,
         mode=mode,
         task=request.task,
+        surface=surface,
         loadout_fields={
             "backend": backend,
             "model": model,

@@ -21,6 +21,7 @@ import trio
 import ipc
 from orchestrator._agents import AgentDefinition, load_agents
 from orchestrator._capacity import Capacity, Lane
+from orchestrator._cmux import CmuxLauncher
 from orchestrator._config import Config
 from orchestrator._democracy import Democracy
 from orchestrator._diagnostics import RejectKind, RejectLog, RunLog
@@ -32,17 +33,18 @@ from orchestrator._errors import (
     TimedOut,
     UsageError,
 )
-from orchestrator._launcher import Launched, LaunchSpec, ProcessLauncher, child_argv
+from orchestrator._isolation import Worktrees, apply_settlement
+from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
 from orchestrator._notes import Notes
 from orchestrator._ownership import LockConflict, LockTable
-from orchestrator._isolation import Worktrees, apply_settlement
 from orchestrator._paper import Paper, PaperError
 from orchestrator._plan import SpawnRequest, plan_spawn
 from orchestrator._policy import check_mode, validate_nested
-from orchestrator._review import ReviewStore
 from orchestrator._registry import ChildRecord, Registry, State
+from orchestrator._review import ReviewStore
 from orchestrator._run import ChildRun, Question
 from orchestrator._sandboxing import check_available, place
+from orchestrator._tmux import TmuxLauncher
 from orchestrator._watchdog import BudgetPolicy, resolve_policy
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
@@ -72,7 +74,7 @@ class Supervisor:
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
     rejects: RejectLog | None = None
-    _launcher: ProcessLauncher = attrs.Factory(ProcessLauncher)
+    launchers: dict[str, Launcher] = attrs.Factory(dict)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
@@ -136,6 +138,7 @@ class Supervisor:
             for plan in plans:
                 fields = plan.loadout_fields
                 check_available(self.config, fields["backend"], fields["tools"], plan.agent)
+                self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
             names = [p.name for p in plans if p.name]
             live = {r.name for r in self.registry.live()}
             clash = next((n for n in names if n in live or names.count(n) > 1), None)
@@ -153,7 +156,7 @@ class Supervisor:
                     task=plan.task,
                     workspace=str(self.config.workspace),
                     backend=plan.loadout_fields["backend"],
-                    surface=self._launcher.name,
+                    surface=plan.surface,
                     workflow_mode=self.mode,
                     depth=1 if parent is None else parent.record.depth + 1,
                     parent=None if parent is None else parent.key,
@@ -200,6 +203,7 @@ class Supervisor:
             depth=record.depth,
             paper=str(paths.paper),
             scratch=str(scratch),
+            surface=record.surface,
             request_timeout=self.config.request_timeout,
             **fields,
         )
@@ -209,7 +213,7 @@ class Supervisor:
             paths.logs / f"{record.key}.log",
             secrets=[token, self.session_key],
             record_output=self.config.record_output,
-            transport=self._launcher.name,
+            transport=self.launcher_for(record.surface).name,
         )
         run = ChildRun(
             sup=self,
@@ -223,6 +227,25 @@ class Supervisor:
         self.runs[record.key] = run
         run.queue_prompt(record.task)
         await self.nursery.start(run.run)
+
+    def launcher_for(self, surface: str) -> Launcher:
+        """The launcher for a validated *surface*, created on first use and then shared."""
+        launcher = self.launchers.get(surface)
+        if launcher is None:
+            # Kept windows let a person read why a child failed; off by default.
+            keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
+            if surface == "tmux":
+                launcher = TmuxLauncher.private(
+                    self.paths.root, self.config.session, base_env=os.environ, keep_failed=keep
+                )
+            elif surface == "tmux:current":
+                launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
+            elif surface == "cmux":
+                launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
+            else:
+                launcher = ProcessLauncher()
+            self.launchers[surface] = launcher
+        return launcher
 
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
@@ -243,7 +266,7 @@ class Supervisor:
             cwd=run.record.workspace,
             env={**child_environment(os.environ), **placement.env},
         )
-        return await self._launcher.launch(spec, run.log.output, nursery)
+        return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
 
     # -- driving children ---------------------------------------------------------------
 
