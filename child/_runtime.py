@@ -11,13 +11,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
 
 import ipc
 from child._backend import Backend, TurnResult
+
+if TYPE_CHECKING:
+    from child._view import ActivityView
 
 log = logging.getLogger("child")
 
@@ -63,10 +66,13 @@ class Runtime:
     _turn: trio.CancelScope | None = None
     _busy: bool = False
     _nursery: trio.Nursery | None = None
+    view: "ActivityView | None" = None
 
     # -- host services ------------------------------------------------------------------
 
     def emit(self, event: ipc.Event) -> None:
+        if self.view is not None:
+            self.view.on_event(event)
         if self._events and event.activity in _COALESCED:
             last = self._events[-1]
             if last.activity == event.activity and event.activity in _COALESCED:
@@ -147,6 +153,8 @@ class Runtime:
         if isinstance(body, ipc.Steer):
             if not self._busy:
                 return ipc.Reply(ok=False, error="no turn is running to steer")
+            if self.view is not None:
+                self.view.on_steer(body.text)
             await self.backend.steer(body.text)
             return ipc.Reply(ok=True)
         if isinstance(body, ipc.Abort):
@@ -164,6 +172,8 @@ class Runtime:
         if self.backend is None:
             return
         side = isinstance(body, ipc.Ask)
+        if self.view is not None:
+            self.view.on_turn(body.turn, body.text, side=side)
         self.emit(ipc.Event(activity="status", text="working"))
         try:
             result = await self.backend.run_turn(body.text, side=side)
@@ -179,6 +189,8 @@ class Runtime:
             error=result.error,
             side=side,
         )
+        if self.view is not None:
+            self.view.on_settled(settled)
         try:
             await self._flush()
             await self.channel.send_event(settled)
@@ -200,6 +212,11 @@ class Runtime:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if _in_pane(self.loadout):
+                    from child._view import ActivityView  # noqa: PLC0415 - only panes need rich
+
+                    self.view = ActivityView.for_loadout(self.loadout, sys.stdout)
+                    await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
                 await self.channel.serve(self.handle, self.on_event)
                 nursery.cancel_scope.cancel()
@@ -207,6 +224,12 @@ class Runtime:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.backend.aclose()
         return 0
+
+
+def _in_pane(loadout: ipc.Loadout) -> bool:
+    """A child in a tmux or cmux pane shows its activity there, when it has a terminal."""
+    surface = loadout.surface
+    return (surface.startswith("tmux") or surface == "cmux") and sys.stdout.isatty()
 
 
 async def run(loadout_path: str) -> int:

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -87,7 +88,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
             raise UsageError(f"batch file {args.batch}: must hold a JSON list of tasks")
     else:
         request: dict[str, Any] = {"task": _text(args.task, "the task"), "agent": args.agent}
-        for key in ("mode", "name", "backend", "model"):
+        for key in ("mode", "name", "backend", "model", "surface"):
             if getattr(args, key):
                 request[key] = getattr(args, key)
         if args.command:
@@ -136,27 +137,95 @@ def cmd_peek(args: argparse.Namespace) -> int:
         data = _call(args, "peek", payload)
         _out(args, data, lambda d: _render.peek_table(d, width=shutil.get_terminal_size().columns))
         return 0
-    tty = sys.stdout.isatty() and not args.json
-    seen_any = False
-    try:
+    return _watch(args, list(args.agents))
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    return _watch(args, [])
+
+
+def _watch(args: argparse.Namespace, refs: list[str]) -> int:
+    """The live fleet view: redrawn in place on a terminal, one line per change otherwise.
+
+    It ends when the fleet, having had children, is empty again (or on Ctrl-C).
+    """
+    config = _config(args)
+    token = ensure_daemon(config)
+    socket = config.paths.control_socket
+    screen = _render.LiveScreen(sys.stdout) if sys.stdout.isatty() and not args.json else None
+    lines = _render.ChangeLines(sys.stdout, json_output=args.json)
+
+    async def peek(agents: list[str]) -> dict[str, Any]:
+        payload = {"agents": agents}
+        return await call_async(socket, token, "peek", payload, timeout=op_timeout("peek"))
+
+    async def loop() -> bool:
+        seen = False
         while True:
-            data = _call(args, "peek", payload)
-            if tty:
-                text = _render.peek_table(data, width=shutil.get_terminal_size().columns)
-                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
-                sys.stdout.flush()
+            data = await peek(refs)
+            agents = _render.live_agents(data)
+            if screen is not None:
+                size = shutil.get_terminal_size()
+                screen.draw(_render.fleet_view(data, width=size.columns), height=size.lines)
             else:
-                for agent in data["agents"]:
-                    line = f"{agent['key']} {agent['state']} {agent['activity']}"
-                    print(json.dumps(agent) if args.json else line, flush=True)
-            seen_any = seen_any or bool(data["agents"])
-            if seen_any and not data["agents"]:
-                if tty:
-                    sys.stdout.write("\x1b[H\x1b[2Jfleet is empty\n")
-                return 0
-            time.sleep(WATCH_INTERVAL)
+                for key in lines.update(agents):
+                    try:
+                        [final] = (await peek([key]))["agents"]
+                    except FleetError:
+                        continue  # no longer retained: nothing more to say about it
+                    lines.left(final)
+            seen = seen or bool(agents)
+            if seen and not agents:
+                return True
+            await trio.sleep(WATCH_INTERVAL)
+
+    emptied = False
+    try:
+        emptied = trio.run(loop)
     except KeyboardInterrupt:
+        pass
+    finally:
+        if screen is not None:
+            screen.close()
+    if emptied and screen is not None:
+        print("fleet is empty")
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    data = _call(args, "attach", {"agent": args.agent or ""})
+    if args.json:
+        _out(args, data, str)
         return 0
+    socket, target = data["socket"], data["target"]
+    inside = os.environ.get("TMUX", "").partition(",")[0]
+    if inside and _same_file(inside, socket):
+        # Already a client of that server: move this client rather than nest another.
+        switch = ["tmux", "-S", socket, "switch-client", "-t", target]
+        return subprocess.run(switch, check=False).returncode
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"attach: stdin is not a terminal, so tmux cannot attach to {target} "
+            "(run it in a terminal, or pass --json for the target)"
+        )
+    return _exec_attach(socket, target)
+
+
+def _exec_attach(socket: str, target: str) -> NoReturn:
+    """Become ``tmux attach``: the user talks to tmux directly, and its exit status is ours.
+
+    ``$TMUX`` is dropped so that inside another tmux server this nests a client, as asked.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in {"TMUX", "TMUX_PANE"}}
+    sys.stdout.flush()
+    os.execvpe("tmux", ["tmux", "-S", socket, "attach-session", "-t", target], env)  # noqa: S606
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def cmd_steer(args: argparse.Namespace) -> int:
@@ -435,14 +504,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend")
     p.add_argument("--model", help="scripted:FILE or openai:MODEL[@URL]")
     p.add_argument("--command", nargs="+", help="argv for the command backend")
-    p.add_argument("--surface", help="process (default)")
+    p.add_argument(
+        "--surface",
+        choices=["process", "tmux", "tmux:current", "cmux"],
+        help="where the child runs: process (default), a tmux window on fleet's own server, "
+        "a window in your current tmux session, or a cmux surface",
+    )
     p.add_argument("--batch", help="JSON file with a list of task objects")
     p.add_argument("--wait", action="store_true", help="wait until they settle")
 
     p = verb("peek", cmd_peek, "show the fleet from memory")
     p.add_argument("agents", nargs="*")
-    p.add_argument("--watch", action="store_true")
+    p.add_argument("--watch", action="store_true", help="a live view (as fleet top)")
     p.add_argument("--locks", action="store_true", help="include ownership locks")
+
+    verb("top", cmd_top, "the live fleet view (fleet peek --watch)")
+
+    p = verb("attach", cmd_attach, "open a tmux child's window, or the fleet's tmux session")
+    p.add_argument("agent", nargs="?", help="a child in tmux (default: the whole fleet session)")
 
     p = verb("wait", cmd_wait, "wait until a child settles")
     p.add_argument("agents", nargs="*")

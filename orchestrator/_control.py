@@ -20,6 +20,7 @@ from orchestrator._democracy import DEFAULT_DEADLINE
 from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
 from orchestrator._plan import SpawnRequest
 from orchestrator._supervisor import PARENT, Supervisor
+from orchestrator._tmux import TmuxLauncher, TmuxPane
 
 CONTROL_OWNER: Final = "control"
 WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
@@ -205,6 +206,29 @@ async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"session": sup.config.session, "pid": os.getpid(), "warnings": sup.warnings}
 
 
+async def _attach(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Where ``fleet attach`` goes: a child's tmux window, or the fleet's tmux session."""
+    ref = _str(args, "agent", required=False)
+    if not ref:
+        launcher = sup.launchers.get("tmux")
+        if not isinstance(launcher, TmuxLauncher):
+            raise UsageError(
+                "attach: no child runs in the fleet's tmux session (spawn one with --surface tmux)"
+            )
+        return await launcher.attach_target()
+    run = sup.run_for(ref)
+    if isinstance(run.launched, TmuxPane):
+        return run.launched.attach_target()
+    surface = run.record.surface
+    if surface == "cmux":
+        raise UsageError(f"attach: {run.key} runs in a cmux surface (switch to it in cmux)")
+    if surface.startswith("tmux"):
+        raise UsageError(f"attach: {run.key} has no tmux window yet (retry in a moment)")
+    raise UsageError(
+        f"attach: {run.key} runs as a plain process, not in tmux (spawn with --surface tmux)"
+    )
+
+
 async def _discuss(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     """The parent's side of the discussion paper; it writes and reads as ``parent``."""
     action = _str(args, "action")
@@ -278,6 +302,7 @@ OPS: Final[dict[str, Op]] = {
     "discuss": _discuss,
     "vote": _vote,
     "brief": _moderator_brief,
+    "attach": _attach,
     "configure": _configure,
     "diff": _diff,
     "accept": _accept,

@@ -1,7 +1,10 @@
 """Human output: tables and lines for the CLI (``--json`` bypasses all of this)."""
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final, TextIO
+
+TERMINAL_STATES: Final = frozenset({"stopped", "failed"})
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, width: int = 120) -> str:
@@ -22,12 +25,16 @@ def _progress(progress: Mapping[str, Any]) -> str:
     return f"{progress['done']}/{progress['total']}" if progress.get("total") else "-"
 
 
-def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
+def _head(data: Mapping[str, Any]) -> str:
     lane = data["lane"]
-    head = (
+    return (
         f"session {data['session']} · mode {data['mode']} · cap {data['cap']} · lane "
         f"{lane['working']}/{lane['capacity']} working, {lane['queued']} queued"
     )
+
+
+def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
+    head = _head(data)
     rows = [
         [
             a["key"],
@@ -46,6 +53,128 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     extra = [f"{q['id']} from {q['key']}: {q['text']}" for q in data.get("questions", [])]
     extra += [f"lock {owner}: {', '.join(specs)}" for owner, specs in data.get("locks", {}).items()]
     return "\n".join([head, body, *extra])
+
+
+def _age(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _state(agent: Mapping[str, Any]) -> str:
+    return str(agent["state"]) + (" (queued)" if agent.get("queued") else "")
+
+
+def live_agents(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The entries a live view shows: a child leaves it on reaching a terminal state."""
+    return [a for a in data["agents"] if a["state"] not in TERMINAL_STATES]
+
+
+def fleet_view(data: Mapping[str, Any], *, width: int = 120) -> list[str]:
+    """The live fleet table of ``fleet top`` / ``fleet peek --watch``, one string per line."""
+    agents = live_agents(data)
+    if not agents:
+        return [_head(data), "fleet is empty"]
+    rows = [
+        [
+            a["key"],
+            a["name"],
+            _state(a),
+            a["mode"],
+            _progress(a["progress"]),
+            _age(a["last_event_age_s"]),
+            a.get("surface", "process"),
+            a["activity"],
+        ]
+        for a in agents
+    ]
+    headers = ["KEY", "NAME", "STATE", "MODE", "DONE", "AGE", "SURFACE", "ACTIVITY"]
+    return [_head(data), *table(headers, rows, width=width).splitlines()]
+
+
+def watch_line(agent: Mapping[str, Any]) -> str:
+    """One plain line for a changed entry (the non-TTY live view)."""
+    return (
+        f"{agent['key']} {agent['name']} {_state(agent)} {agent['mode']} "
+        f"{_progress(agent['progress'])} {agent.get('surface', 'process')}: {agent['activity']}"
+    )
+
+
+def watch_change(agent: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must differ for the non-TTY view to print a new line (the age does not count)."""
+    progress = agent["progress"]
+    return (
+        agent["state"],
+        agent.get("queued"),
+        progress.get("done"),
+        progress.get("total"),
+        agent["activity"],
+    )
+
+
+class LiveScreen:
+    """Redraws a block of lines in place on a terminal's alternate screen.
+
+    Each frame rewrites every line and clears what is left, so there is no flicker and no
+    stale text; closing restores the normal screen and the cursor.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._open = False
+
+    def draw(self, lines: Sequence[str], *, height: int) -> None:
+        if not self._open:
+            self._stream.write("\x1b[?1049h\x1b[?25l")
+            self._open = True
+        shown = list(lines[: max(1, height - 1)])
+        if len(lines) > len(shown):
+            shown[-1] = f"… {len(lines) - len(shown) + 1} more lines (enlarge the terminal)"
+        self._stream.write("\x1b[H" + "".join(f"{line}\x1b[K\r\n" for line in shown) + "\x1b[J")
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._open:
+            self._stream.write("\x1b[?25h\x1b[?1049l")
+            self._stream.flush()
+            self._open = False
+
+
+class ChangeLines:
+    """The non-TTY live view: one line per entry that changed or left, text or JSON."""
+
+    def __init__(self, stream: TextIO, *, json_output: bool) -> None:
+        self._stream = stream
+        self._json = json_output
+        self._last: dict[str, tuple[Any, ...]] = {}
+
+    def update(self, agents: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Print what changed; return the keys that left the view since the last update."""
+        current = {a["key"]: a for a in agents}
+        for key, agent in current.items():
+            change = watch_change(agent)
+            if self._last.get(key) != change:
+                self._last[key] = change
+                self._emit(agent, left=False)
+        gone = [key for key in self._last if key not in current]
+        for key in gone:
+            del self._last[key]
+        return gone
+
+    def left(self, agent: Mapping[str, Any]) -> None:
+        """Print *agent*'s final entry (its terminal state) as it leaves the view."""
+        self._emit(agent, left=True)
+
+    def _emit(self, agent: Mapping[str, Any], *, left: bool) -> None:
+        if self._json:
+            line = json.dumps({**agent, "left": left})
+        else:
+            line = watch_line(agent) + (" (left the fleet)" if left else "")
+        self._stream.write(line + "\n")
+        self._stream.flush()
 
 
 def settled_text(notes: Sequence[Mapping[str, Any]]) -> str:
