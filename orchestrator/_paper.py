@@ -2,9 +2,9 @@
 
 ``ask`` (optionally addressed to one agent) and ``answer`` (to a question id) reply with the new
 id only, never echoing the text; ``list`` shows a reader what it has not seen, newest first and
-bounded, so the paper never becomes a second transcript. Entries hold at most ``MAX_TEXT`` chars,
-at most ``MAX_ENTRIES`` are kept and the compact UTF-8 file never exceeds ``MAX_FILE_BYTES``;
-the oldest go first and ids keep increasing.
+bounded, so the paper never becomes a second transcript. The file keeps a bounded number of
+entries (:mod:`orchestrator._paper_file` sets the limits): the oldest go first and ids keep
+increasing.
 
 A write is read-modify-write under ``flock`` on a separate ``<paper>.lock`` (locking the file we
 ``os.replace`` would serialize nothing), polled with ``trio.sleep`` so waiting yields to the event
@@ -18,27 +18,30 @@ I/O) raises ``PaperError`` instead, so a valid paper is never replaced because a
 """
 
 import contextlib
-import errno
 import fcntl
-import json
 import os
-import re
 import secrets
-import stat
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn, TypeVar
+from typing import Final, Literal, NoReturn, TypeVar
 
 import attrs
-import cattrs
 import trio
 
 from orchestrator._errors import Refused
+from orchestrator._paper_file import (
+    AGENT_NAME,
+    ENTRY_ID,
+    MAX_TEXT,
+    Entry,
+    Sheet,
+    pack_sheet,
+    read_sheet,
+    text_fault,
+    write_atomic,
+)
 
-MAX_TEXT: Final = 1600
-MAX_ENTRIES: Final = 64
-MAX_FILE_BYTES: Final = 64 * 1024
 LIST_BUDGET: Final = 4000
 LIST_CLIP: Final = 400
 ATTACH_BUDGET: Final = 1000
@@ -46,9 +49,6 @@ LOCK_PATIENCE: Final = 1.0
 # Short enough that a writer holding the lock for one fsync costs a waiter little, long enough
 # that a busy paper does not spin the event loop.
 _LOCK_POLL: Final = 0.005
-_FORMAT: Final = "fleet-paper/1"
-_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}")
-_ID: Final = re.compile(r"d[1-9][0-9]{0,9}")
 _T = TypeVar("_T")
 
 
@@ -64,58 +64,6 @@ class PaperError(Refused):
         self.path = path
 
 
-def _entry_text(_: object, attribute: "attrs.Attribute[Any]", value: str) -> None:
-    if (cause := _text_fault(value)) is not None:
-        raise ValueError(f"{attribute.name}: {cause}")
-
-
-def _matching(pattern: re.Pattern[str]) -> Callable[[object, "attrs.Attribute[Any]", Any], None]:
-    def validate(_: object, attribute: "attrs.Attribute[Any]", value: str | None) -> None:
-        if value is not None and pattern.fullmatch(value) is None:
-            raise ValueError(f"{attribute.name} {value!r} does not match {pattern.pattern}")
-
-    return validate
-
-
-def _text_fault(text: str) -> str | None:
-    if not text.strip():
-        return "text is empty"
-    if len(text) > MAX_TEXT:
-        return f"text is {len(text)} chars, over the {MAX_TEXT}-char limit"
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # lone surrogates survive JSON decoding, not UTF-8 encoding
-        return "text is not valid Unicode"
-    return None
-
-
-@attrs.frozen(kw_only=True)
-class Entry:
-    """One question or answer. An answer's ``to`` is the asker and ``question`` the question id."""
-
-    id: str = attrs.field(validator=_matching(_ID))
-    kind: Literal["question", "answer"]
-    author: str = attrs.field(validator=_matching(_NAME))
-    to: str | None = attrs.field(validator=_matching(_NAME))
-    question: str | None = attrs.field(validator=_matching(_ID))
-    text: str = attrs.field(validator=_entry_text)
-    at: float
-
-    def __attrs_post_init__(self) -> None:
-        if (self.kind == "answer") != (self.question is not None):
-            msg = f"{self.kind} {self.id} has question={self.question!r}"
-            raise ValueError(msg)
-
-    @property
-    def number(self) -> int:
-        return int(self.id[1:])
-
-    def render(self) -> str:
-        if self.kind == "answer":
-            return f"{self.id} {self.author} answers {self.question}: {self.text}"
-        return f"{self.id} {self.author} asks {self.to or 'everyone'}: {self.text}"
-
-
 @attrs.frozen(kw_only=True)
 class ListResult:
     """What ``Paper.list`` found; ``text`` is the rendering a child or the CLI shows."""
@@ -124,129 +72,6 @@ class ListResult:
     omitted: int
     latest: str
     text: str
-
-
-@attrs.frozen(kw_only=True)
-class _Sheet:
-    """The whole file. ``paper`` names this incarnation of the file; ``last`` is the newest id."""
-
-    format: str
-    paper: str
-    last: int
-    entries: tuple[Entry, ...]
-
-    def find(self, entry_id: str) -> Entry | None:
-        return next((entry for entry in self.entries if entry.id == entry_id), None)
-
-
-_EMPTY: Final = _Sheet(format=_FORMAT, paper="", last=0, entries=())
-
-
-def _exactly(*kinds: type[Any]) -> Callable[[Any, type[Any]], Any]:
-    # cattrs would coerce 5 to "5" and "1.5" to 1.5; a file that needs coercion is not ours.
-    def structure(value: Any, target: type[Any]) -> Any:
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            msg = f"expected {target.__name__}, got {type(value).__name__}"
-            raise TypeError(msg)
-        return target(value)
-
-    return structure
-
-
-_converter = cattrs.Converter(forbid_extra_keys=True)
-_converter.register_structure_hook(str, _exactly(str))
-_converter.register_structure_hook(int, _exactly(int))
-_converter.register_structure_hook(float, _exactly(int, float))
-
-
-def _parse(data: bytes) -> _Sheet | None:
-    """The sheet in ``data``, or None when it is not a paper this module could have written."""
-    try:
-        raw = json.loads(data)
-        if not isinstance(raw, dict):
-            return None
-        sheet = _converter.structure(raw, _Sheet)
-    except (ValueError, TypeError, RecursionError, cattrs.errors.CattrsError):
-        return None
-    numbers = [entry.number for entry in sheet.entries]
-    if (
-        sheet.format != _FORMAT
-        or not sheet.paper
-        or len(numbers) > MAX_ENTRIES
-        or numbers != sorted(set(numbers))
-        or sheet.last < max(numbers, default=0)
-    ):
-        return None
-    return sheet
-
-
-def _read(path: Path) -> tuple[_Sheet, bool]:
-    """The sheet at ``path`` and whether the file there is corrupt (missing is not corrupt).
-
-    Raises ``OSError`` when the file exists but cannot be read: that is not corruption.
-    """
-    try:
-        # O_NONBLOCK: a FIFO planted at the path must not hang the supervisor.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return _EMPTY, False
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        return _EMPTY, True  # a symlink is never ours: we replace the path, we never link it
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return _EMPTY, True
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    sheet = _parse(data) if len(data) <= MAX_FILE_BYTES else None
-    return (_EMPTY, True) if sheet is None else (sheet, False)
-
-
-def _pack(sheet: _Sheet) -> tuple[_Sheet, bytes]:
-    """``sheet`` with its oldest entries evicted until it fits, and its compact UTF-8 bytes."""
-    # Entries are encoded one by one so eviction is arithmetic, not repeated whole-file dumps.
-    bodies = [_dump(_converter.unstructure(entry)) for entry in sheet.entries]
-    fields = _converter.unstructure(attrs.evolve(sheet, entries=()))
-    del fields["entries"]
-    head = _dump(fields)[:-1] + b',"entries":['
-    start = max(0, len(bodies) - MAX_ENTRIES)
-    size = len(head) + sum(len(body) + 1 for body in bodies[start:]) + 1  # commas, then "]}"
-    while size > MAX_FILE_BYTES:
-        size -= len(bodies[start]) + 1
-        start += 1
-    data = head + b",".join(bodies[start:]) + b"]}"
-    return attrs.evolve(sheet, entries=sheet.entries[start:]), data
-
-
-def _dump(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _write(path: Path, data: bytes, *, set_aside: bool) -> None:
-    """Atomically replace ``path`` with ``data`` (0600), keeping a corrupt predecessor aside."""
-    if set_aside:
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(path, path.with_name(f"{path.name}.corrupt"))
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with open(fd, "wb") as file:
-            os.fchmod(fd, 0o600)  # the umask may have narrowed it; never widened
-            file.write(data)
-            file.flush()
-            os.fsync(fd)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -324,7 +149,7 @@ class Paper:
             self._refuse("list", "since= and question= given together", "pass one of them")
         if since is not None and since != "d0":
             self._check("list", entry=since)
-        sheet, _ = await self._io("list", lambda: _read(self.path))
+        sheet, _ = await self._io("list", lambda: read_sheet(self.path))
         latest = f"d{sheet.last}"
         if question is not None:
             asked = self._question(sheet, question, "list")
@@ -345,11 +170,11 @@ class Paper:
 
     async def _append(self, author: str, text: str, to: str | None, question: str | None) -> str:
         operation = f"{'ask' if question is None else 'answer'} by {author}"
-        if (cause := _text_fault(text)) is not None:
+        if (cause := text_fault(text)) is not None:
             hint = f"write a terse entry of 1-{MAX_TEXT} chars; split longer ones"
             self._refuse(operation, f"{cause}, nothing written", hint)
         async with self._locked():
-            sheet, corrupt = await self._io(operation, lambda: _read(self.path))
+            sheet, corrupt = await self._io(operation, lambda: read_sheet(self.path))
             if question is not None:  # checked under the lock: a writer may just have evicted it
                 to = self._question(sheet, question, operation).author
             number = sheet.last + 1
@@ -365,12 +190,12 @@ class Paper:
             )
             paper = sheet.paper or secrets.token_hex(8)
             grown = attrs.evolve(sheet, paper=paper, last=number, entries=(*sheet.entries, entry))
-            sheet, data = _pack(grown)
-            await self._io(operation, lambda: _write(self.path, data, set_aside=corrupt))
+            sheet, data = pack_sheet(grown)
+            await self._io(operation, lambda: write_atomic(self.path, data, set_aside=corrupt))
             # Still under the lock, so a concurrent call by the same reader sees our cursor.
             return self._reply(author, sheet, entry)
 
-    def _reply(self, reader: str, sheet: _Sheet, entry: Entry) -> str:
+    def _reply(self, reader: str, sheet: Sheet, entry: Entry) -> str:
         seen = self._seen(reader, sheet)
         unseen = [e for e in sheet.entries if e.number > seen and e.author != reader]
         if not unseen:
@@ -382,15 +207,15 @@ class Paper:
             return f"{entry.id}\n{block}"
         return f"{entry.id} ({len(unseen)} new {_entries(len(unseen))}; list to read)"
 
-    def _seen(self, reader: str, sheet: _Sheet) -> int:
+    def _seen(self, reader: str, sheet: Sheet) -> int:
         paper, number = self._cursors.get(reader, ("", 0))
         return number if paper == sheet.paper else 0
 
-    def _advance(self, reader: str, sheet: _Sheet) -> None:
+    def _advance(self, reader: str, sheet: Sheet) -> None:
         # max: a list that read an older snapshot must not move the cursor back.
         self._cursors[reader] = (sheet.paper, max(sheet.last, self._seen(reader, sheet)))
 
-    def _question(self, sheet: _Sheet, question: str, operation: str) -> Entry:
+    def _question(self, sheet: Sheet, question: str, operation: str) -> Entry:
         asked = sheet.find(question)
         hint = "list to see current question ids"
         if asked is None:
@@ -424,10 +249,10 @@ class Paper:
 
     def _check(self, operation: str, *names: str | None, entry: str | None = None) -> None:
         for name in names:
-            if name is not None and _NAME.fullmatch(name) is None:
+            if name is not None and AGENT_NAME.fullmatch(name) is None:
                 hint = "use 1-64 letters, digits, '_', '.', '@', ':' or '-'"
                 self._refuse(operation, f"{name[:80]!r} is not an agent name", hint)
-        if entry is not None and _ID.fullmatch(entry) is None:
+        if entry is not None and ENTRY_ID.fullmatch(entry) is None:
             self._refuse(operation, f"{entry[:80]!r} is not an entry id", "pass one like d7")
 
     async def _io(self, operation: str, work: Callable[[], _T]) -> _T:
