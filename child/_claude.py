@@ -14,11 +14,14 @@ Mapping (details: ``docs/backends.md``):
   ``total_cost_usd`` (cumulative for the session).
 
 Tools: the loadout's tools become ``--tools`` (the built-in set that exists at all) and
-``--allowedTools=`` (what runs without a permission prompt); nothing else can run.
+``--allowedTools=`` (what runs without a permission prompt); nothing else can run. fleet's own
+tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from our MCP server
+(:mod:`child._mcp`) as ``mcp__fleet__<tool>``.
 """
 
 import logging
 import os
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -40,6 +43,7 @@ from child._cli_env import (
     stall_seconds,
 )
 from child._jsonl import Oversize
+from child._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
 
 log = logging.getLogger("child")
 
@@ -68,8 +72,14 @@ def claude_tools(tools: list[str]) -> list[str]:
     return names
 
 
-def claude_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[str]:
+def claude_argv(
+    binary: str, loadout: ipc.Loadout, dirs: PrivateDirs, mcp_config: Path | None = None
+) -> list[str]:
+    """The command line; *mcp_config* (the relay's 0600 JSON) adds fleet's own tools."""
     tools = claude_tools(loadout.tools)
+    allowed = list(tools)
+    if mcp_config is not None:
+        allowed += [f"mcp__{SERVER}__{tool}" for tool in relayed_tools(loadout.tools)]
     argv = [
         binary,
         "-p",
@@ -86,8 +96,10 @@ def claude_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[st
         "acceptEdits" if {"edit", "write"} & set(loadout.tools) else "default",
         # With "=": a bare list would swallow the next argument as another tool name.
         f"--tools={','.join(tools)}",
-        f"--allowedTools={','.join(tools)}",
+        f"--allowedTools={','.join(allowed)}",
     ]
+    if mcp_config is not None:
+        argv += ["--mcp-config", str(mcp_config)]
     if loadout.model.kind in {"anthropic", "native"} and loadout.model.name:
         argv += ["--model", loadout.model.name]
     if loadout.system_prompt:
@@ -102,6 +114,12 @@ def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_MAX_RETRIES": "0",
+        # Connect our MCP server before the first model call (else its tools are "still
+        # connecting" when a fast model calls them).
+        "MCP_CONNECTION_NONBLOCKING": "false",
+        "MCP_TIMEOUT": "60000",  # our server's start-up (Python + the MCP SDK) on a busy box
+        # ask_parent waits for a person: no MCP tool timeout that a human answer could hit.
+        "MCP_TOOL_TIMEOUT": str(24 * 3600 * 1000),
         # Claude's own idle timeout, a backstop set behind ours: our watchdog acts first.
         "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(stall * 2000)),
     }
@@ -123,6 +141,7 @@ class ClaudeBackend:
     version: Version | None = None
     _dirs: PrivateDirs | None = None
     _cli: CliProcess | None = None
+    _relay: ToolRelay | None = None
     _turn: CliTurn | None = None
     _nursery: trio.Nursery | None = None
     _watch: StallWatch = attrs.field(init=False)
@@ -164,9 +183,16 @@ class ClaudeBackend:
         self.version = await probe_version(
             "claude", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
         )
+        mcp_config = None
+        if relayed_tools(self.loadout.tools):
+            self._relay = ToolRelay.create(
+                self.loadout.tools, self.host, self.loadout.workspace, dirs.root
+            )
+            mcp_config = dirs.config / "mcp.json"
+            write_private(mcp_config, claude_mcp_config(self._relay))
         self._cli = await CliProcess.start(
             "claude",
-            claude_argv(self.binary, self.loadout, dirs),
+            claude_argv(self.binary, self.loadout, dirs, mcp_config),
             env=env,
             cwd=self.loadout.workspace,
             stderr_path=dirs.root / "stderr.log",
@@ -200,7 +226,10 @@ class ClaudeBackend:
         kind = record.get("type")
         if turn is None:
             return
-        if kind == "stream_event":
+        if kind == "system" and record.get("subtype") == "init":
+            # The turn has begun (MCP servers connected): from here silence means a stall.
+            self._watch.arm()
+        elif kind == "stream_event":
             self._on_stream(record.get("event") or {})
         elif kind == "assistant":
             for block in (record.get("message") or {}).get("content") or []:
@@ -285,11 +314,12 @@ class ClaudeBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._relay is not None:
+                    await nursery.start(self._relay.serve)
                 nursery.start_soon(self._pump, cli, nursery.cancel_scope)
                 nursery.start_soon(self._guard, turn)
                 if not turn.abort_requested:
                     self._tools.clear()
-                    self._watch.arm()
                     await self._send_user(message)
                     await turn.done.wait()
                 nursery.cancel_scope.cancel()
@@ -357,9 +387,7 @@ class ClaudeBackend:
 
     async def aclose(self) -> None:
         if self._cli is not None:
-            await self._cli.close_stdin()
-            with trio.move_on_after(2):
-                await self._cli.process.wait()
+            # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
             await self._cli.terminate()
         if self._dirs is not None:
             self._dirs.remove()

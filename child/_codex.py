@@ -12,6 +12,8 @@ One app-server process and one thread for the child's life (details: ``docs/back
 The sandbox comes from the loadout: a scout (or any child without edit/write/bash) runs
 ``read-only``, others ``workspace-write``. ``CODEX_HOME`` is private, holds a generated
 ``config.toml``, and is not below ``TMPDIR`` (Codex's sandboxed tools break when it is).
+fleet's own tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from our MCP server
+(:mod:`child._mcp`), configured there as ``[mcp_servers.fleet]``.
 """
 
 import contextlib
@@ -41,6 +43,7 @@ from child._cli_env import (
     stall_seconds,
 )
 from child._jsonl import Oversize
+from child._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
 
 log = logging.getLogger("child")
 
@@ -48,6 +51,7 @@ MINIMUM: Final = Version(0, 171, 0)
 PACKAGE: Final = "@openai/codex"
 REQUEST_TIMEOUT: Final = 30.0
 INTERRUPT_GRACE: Final = 10.0
+MCP_STARTUP: Final = 60.0
 _WRITING: Final = frozenset({"edit", "write", "bash"})
 _EFFORTS: Final = frozenset({"minimal", "low", "medium", "high", "xhigh"})
 _TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall", "webSearch"})
@@ -110,6 +114,8 @@ class CodexBackend:
     version: Version | None = None
     _dirs: PrivateDirs | None = None
     _cli: CliProcess | None = None
+    _relay: ToolRelay | None = None
+    _mcp_ready: trio.Event = attrs.Factory(trio.Event)
     _thread: str = ""
     _turn_id: str = ""
     _turn: CliTurn | None = None
@@ -145,7 +151,13 @@ class CodexBackend:
         dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
         codex_home = dirs.config / "codex"
         codex_home.mkdir(mode=0o700)
-        (codex_home / "config.toml").write_text(codex_config(self.loadout, self.stall))
+        config = codex_config(self.loadout, self.stall)
+        if relayed_tools(self.loadout.tools):
+            self._relay = ToolRelay.create(
+                self.loadout.tools, self.host, self.loadout.workspace, dirs.root
+            )
+            config += codex_mcp_config(self._relay)
+        write_private(codex_home / "config.toml", config)
         secrets = [*self.loadout.secret_env, self.loadout.model.api_key_env]
         env = cli_environment(
             dirs, secrets=[s for s in secrets if s], extra={"CODEX_HOME": str(codex_home)}
@@ -175,6 +187,10 @@ class CodexBackend:
                 params["developerInstructions"] = self.loadout.system_prompt
             reply = await self._request("thread/start", params)
             self._thread = str(((reply.get("result") or {}).get("thread") or {}).get("id", ""))
+            if self._thread and self._relay is not None:
+                # Else a fast first turn starts before our tools exist.
+                with trio.move_on_after(MCP_STARTUP):
+                    await self._mcp_ready.wait()
             nursery.cancel_scope.cancel()
         if not self._thread:
             detail = _error_text(reply) or cli.stderr_line() or "no thread id"
@@ -234,6 +250,12 @@ class CodexBackend:
             return
         method = record.get("method")
         params = record.get("params") or {}
+        if method == "mcpServer/startupStatus/updated" and params.get("name") == SERVER:
+            if params.get("status") != "starting":
+                if params.get("status") != "ready":
+                    log.warning("codex could not start fleet's MCP server: %s", params)
+                self._mcp_ready.set()
+            return
         if "id" in record:
             # A server request (an approval; none should come with approvalPolicy "never").
             self._answer_server_request(record)
@@ -317,6 +339,8 @@ class CodexBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._relay is not None:
+                    await nursery.start(self._relay.serve)
                 nursery.start_soon(self._pump, cli, nursery.cancel_scope)
                 nursery.start_soon(self._guard, turn)
                 if not turn.abort_requested:
@@ -384,9 +408,7 @@ class CodexBackend:
 
     async def aclose(self) -> None:
         if self._cli is not None:
-            await self._cli.close_stdin()
-            with trio.move_on_after(2):
-                await self._cli.process.wait()
+            # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
             await self._cli.terminate()
         if self._dirs is not None:
             self._dirs.remove()

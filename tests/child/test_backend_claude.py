@@ -70,7 +70,8 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path):
         calls = model_calls(srv)
         assert len(calls) == 2
         assert "the secret is 4217" in calls[1].tool_results()[0]
-        assert [t["name"] for t in calls[0].body["tools"]] == ["Glob", "Grep", "Read"]
+        names = [t["name"] for t in calls[0].body["tools"]]
+        assert names == ["Glob", "Grep", "Read", "mcp__fleet__ask_parent"]
         assert "You are a scout." in str(calls[0].body["system"])
         assert list((tmp_path / "scratch").iterdir()) == []
 
@@ -107,7 +108,7 @@ async def test_a_stalled_stream_is_interrupted_by_our_watchdog(tmp_path):
         assert not stalled.ok
         assert stalled.error.startswith("claude: no output for 2 s while waiting on the model")
         assert 2.0 <= elapsed < 15
-        assert (resumed.ok, resumed.text) == (True, "fine again")
+        assert (resumed.ok, resumed.text) == (True, "fine again"), resumed.error
 
 
 async def test_pause_interrupts_and_resume_continues_the_same_context(tmp_path):
@@ -212,3 +213,32 @@ def test_tools_map_to_claude_code_built_ins(tmp_path):
     assert argv[argv.index("--model") + 1] == "claude-fake"
     scout = claude_argv("claude", claude_loadout(tmp_path, "http://x"), dirs)
     assert scout[scout.index("--permission-mode") + 1] == "default"
+
+
+async def test_ask_parent_reaches_the_parent_through_our_mcp_server(tmp_path):
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {
+                    "tool_calls": [
+                        {"name": "mcp__fleet__ask_parent", "arguments": {"question": "Which way?"}}
+                    ]
+                },
+                {"text": "Going east, as told."},
+            ],
+        )
+        backend, host = make_backend(tmp_path, srv)
+        host._answers = ["east"]
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("find the way")
+        finally:
+            await backend.aclose()
+        calls = model_calls(srv)
+    assert (result.ok, result.text) == (True, "Going east, as told.")
+    assert calls[1].tool_results() == ["east"], calls[1].tool_results()
+    assert host.questions == ["Which way?"]
+    names = [t["name"] for t in calls[0].body["tools"]]
+    assert "mcp__fleet__ask_parent" in names
+    assert [e.tool for e in host.activities("tool_start")] == ["mcp__fleet__ask_parent"]

@@ -189,3 +189,22 @@ def test_config_and_sandbox_follow_the_loadout(tmp_path):
     assert 'base_url = "http://127.0.0.1:9/v1"' in config
     assert "stream_idle_timeout_ms = 10000" in config
     assert "request_max_retries = 0" in config
+
+
+async def test_our_mcp_tools_are_offered_to_the_model(tmp_path):
+    # Codex offers MCP tools as a Responses "namespace"; calling one needs a function_call
+    # item with a "namespace" field, which the scripted server cannot emit (docs/backends.md).
+    # The call path itself is covered with Claude Code and in test_mcp.py.
+    async with ModelServer() as srv:
+        srv.script("a", [{"text": "done"}])
+        backend, _host = make_backend(tmp_path, srv, tools=["read", "ask_parent", "todo"])
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("list your tools")
+        finally:
+            await backend.aclose()
+        [request] = srv.requests("a")
+    assert result.ok, result.error
+    [fleet] = [t for t in request.body["tools"] if t.get("name") == "mcp__fleet"]
+    assert fleet["type"] == "namespace"
+    assert sorted(t["name"] for t in fleet["tools"]) == ["ask_parent", "todo"]
