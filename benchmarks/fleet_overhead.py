@@ -1,0 +1,416 @@
+"""Fleet overhead: 32 scripted children through the supervisor vs the same work without it.
+
+Two figures, each a ratio against a baseline measured in the same run (DESIGN.md §12):
+
+* ``wall_ratio``: 32 builtin children, each a scripted model whose one turn makes 20 ``read``
+  tool calls on its own 20 files of a generated repository and then replies, run through an
+  embedded supervisor with a lane of 8 — divided by 32 plain ``python -I -c`` subprocesses,
+  8 at a time and with no IPC, that read the same 20 files each and print a report. The fleet
+  wall runs from the ``spawn`` call until every child is reaped after ``stop``; the baseline
+  wall from the first start to the last exit. The product caps a fleet at 16
+  (``max_subagents``), so the benchmark swaps in a 32-slot
+  :class:`~orchestrator._capacity.Capacity` after ``open_supervisor``; the cap rule itself is
+  unchanged.
+* ``spawn_ratio``: spawn→hello p50 — from the ``Supervisor.spawn`` call until the supervisor
+  has accepted the child's authenticated hello (``run.connected``), one child at a time on an
+  idle supervisor — divided by the p50 of ``python -c pass`` timed interleaved with it.
+
+Printed before the last line, to say what bounds those: the fleet wall against the same 32
+children's *agent* work run without a supervisor (the builtin agent loop, scripted model and
+tools in-process, no IPC, all 32 processes at once as the fleet starts them: what is left is
+what the supervisor and the wire add);
+the CPU seconds each side burnt (children and this process); Popen→hello; and the start-up
+floors of the interpreter, of ``import trio`` and of the child's import set before its hello.
+
+Children run unsandboxed (``sandbox="off"``) so both sides do the same work; ``--sandboxed``
+times spawn→hello under bubblewrap too. Bytecode caches of our packages are refreshed first
+(``compileall``): with ``PYTHONDONTWRITEBYTECODE`` set and a stale cache, every child would
+recompile. Run::
+
+    .venv/bin/python benchmarks/fleet_overhead.py                  # 3 repetitions, medians
+    .venv/bin/python benchmarks/fleet_overhead.py --reps 5 --spawns 40 --sandboxed
+
+The last line is one JSON object.
+"""
+
+import argparse
+import compileall
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._capacity import Capacity
+from orchestrator._config import Config
+from orchestrator._launcher import LaunchedProcess, LaunchSpec, OutputSink, ProcessLauncher
+from orchestrator._plan import SpawnRequest
+from orchestrator._supervisor import Supervisor, open_supervisor
+
+CHILDREN = 32
+FILES = 20
+LANE = 8
+LINES = 120
+TARGET_WALL = 1.25
+TARGET_SPAWN = 10
+CEILING = 900.0
+PACKAGES = ("ipc", "child", "orchestrator", "sandbox")
+
+# The baseline process: read the same 20 files and print a report like the child's.
+PLAIN_SCRIPT = """
+import sys
+lines = 0
+for path in sys.argv[2:]:
+    with open(path, encoding="utf-8") as handle:
+        lines += sum(1 for _ in handle)
+print(f"## Summary\\nRead {len(sys.argv) - 2} modules of {sys.argv[1]} ({lines} lines).")
+"""
+
+# The child's agent work without the supervisor: the builtin agent loop with the same scripted
+# model and tools, in-process; events go nowhere and there is no IPC. It leaves the way a child
+# does (child/__main__.py), without the interpreter's teardown.
+SOLO_SCRIPT = """
+import os, sys
+import trio
+import ipc
+from child._builtin import BuiltinBackend
+
+class Host:
+    def emit(self, event):
+        pass
+
+    async def ownership(self, paths):
+        return "read-only"
+
+script, workspace = sys.argv[1:]
+loadout = ipc.Loadout(
+    session="solo", owner="a1", name="solo", agent="scout", token="0" * 64,
+    socket="/nonexistent", workspace=workspace, scratch=workspace,
+    model=ipc.ModelSpec(kind="scripted", script=script),
+    tools=["read", "grep", "find", "ls", "todo", "ask_parent"], system_prompt="You are a scout.",
+)
+
+async def main():
+    os.chdir(workspace)
+    backend = BuiltinBackend.from_loadout(loadout, Host())
+    result = await backend.run_turn("Read the modules and report.")
+    await backend.aclose()
+    return result.text
+
+print(trio.run(main), flush=True)
+os._exit(0)
+"""
+
+# Start-up floors: what any child pays before it can say hello.
+FLOORS = {
+    "python -c pass": ["-c", "pass"],
+    "import trio": ["-I", "-c", "import trio"],
+    "child import set before hello": ["-I", "-c", "import child._runtime"],
+}
+
+
+@attrs.frozen(kw_only=True)
+class Cost:
+    """Wall seconds, and CPU seconds of this process and of its reaped children."""
+
+    wall: float
+    own_cpu: float
+    children_cpu: float
+
+    @property
+    def cpu(self) -> float:
+        return self.own_cpu + self.children_cpu
+
+
+def _cpu() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+async def measure(work: Callable[[], Awaitable[None]]) -> Cost:
+    own, children = _cpu()
+    started = time.perf_counter()
+    await work()
+    wall = time.perf_counter() - started
+    own_after, children_after = _cpu()
+    return Cost(wall=wall, own_cpu=own_after - own, children_cpu=children_after - children)
+
+
+# -- the workload -------------------------------------------------------------------------------
+
+
+def make_repo(root: Path) -> list[list[str]]:
+    """``CHILDREN`` packages of ``FILES`` modules each; every child's list of files."""
+    listing = []
+    for package in range(CHILDREN):
+        (root / f"pkg{package:02d}").mkdir(parents=True)
+        files = []
+        for module in range(FILES):
+            name = f"pkg{package:02d}/mod{module:02d}.py"
+            body = "".join(
+                f"def f{line}(x: int) -> int:  # {name} line {line}\n    return x + {line}\n"
+                for line in range(LINES // 2)
+            )
+            (root / name).write_text(f'"""Module {module} of package {package}."""\n\n{body}')
+            files.append(name)
+        listing.append(files)
+    return listing
+
+
+def write_scripts(directory: Path, listing: list[list[str]]) -> list[Path]:
+    """One scripted model per child: 20 ``read`` steps, then the report."""
+    directory.mkdir()
+    scripts = []
+    for index, files in enumerate(listing):
+        steps: list[dict[str, Any]] = [{"tool": "read", "args": {"path": f}} for f in files]
+        steps.append({"reply": f"## Summary\nRead {len(files)} modules of pkg{index:02d}.\n"})
+        path = directory / f"child{index:02d}.yaml"
+        path.write_text(json.dumps({"turns": [{"steps": steps}]}))  # JSON is YAML
+        scripts.append(path)
+    return scripts
+
+
+def bench_config(base: Path, repo: Path, session: str, *, sandbox: str = "off") -> Config:
+    return Config(
+        home=base / "state",
+        session=session,
+        workspace=repo,
+        sandbox=sandbox,
+        lane=LANE,
+        max_subagents=16,
+    )
+
+
+def widen(sup: Supervisor, cap: int) -> None:
+    """Benchmark-only: a fleet larger than the product's largest cap (16)."""
+    sup.capacity = Capacity(cap=cap)
+
+
+def requests(scripts: Sequence[Path]) -> list[SpawnRequest]:
+    return [
+        SpawnRequest(
+            task=f"Read the modules of pkg{index:02d} and report.",
+            agent="scout",
+            name=f"bench{index:02d}",
+            model=f"scripted:{script}",
+        )
+        for index, script in enumerate(scripts)
+    ]
+
+
+def reported(index: int, text: str) -> bool:
+    return f"Read {FILES} modules of pkg{index:02d}" in text
+
+
+async def run_fleet(base: Path, repo: Path, scripts: Sequence[Path], session: str) -> None:
+    """Spawn every child, wait for every report, stop them all; check every handoff."""
+    async with open_supervisor(bench_config(base, repo, session)) as sup:
+        widen(sup, len(scripts))
+        records = await sup.spawn(requests(scripts))
+        keys = [r.key for r in records]
+        await sup.wait(keys, every=True)
+        handoffs = await sup.stop(keys)
+    for index, handoff in enumerate(handoffs):
+        if handoff["state"] != "stopped" or not reported(index, handoff["last"]):
+            raise RuntimeError(f"fleet child {index} did not finish its work: {handoff}")
+
+
+async def run_processes(argvs: Sequence[Sequence[str]], cwd: Path, *, at_once: int) -> None:
+    """Run *argvs* as plain subprocesses, *at_once* at a time; check each one's report."""
+    limiter = trio.CapacityLimiter(at_once)
+
+    async def one(index: int, argv: Sequence[str]) -> None:
+        async with limiter:
+            done = await trio.run_process(list(argv), cwd=cwd, capture_stdout=True)
+        if not reported(index, done.stdout.decode()):
+            raise RuntimeError(f"baseline process {index} printed {done.stdout!r}")
+
+    async with trio.open_nursery() as nursery:
+        for index, argv in enumerate(argvs):
+            nursery.start_soon(one, index, argv)
+
+
+# -- spawn -> hello -----------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class TimedLauncher(ProcessLauncher):
+    """The product's launcher, noting when each ``Popen`` began (a benchmark-side hook)."""
+
+    started: dict[str, float] = attrs.Factory(dict)
+
+    async def launch(
+        self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
+    ) -> LaunchedProcess:
+        self.started[spec.key] = time.perf_counter()
+        return await super().launch(spec, sink, nursery)
+
+
+async def process_ms(argv: Sequence[str]) -> float:
+    """Milliseconds from ``Popen`` to exit of *argv*."""
+    started = time.perf_counter()
+    # Popen on the trio thread, as the product's launcher does: the floor starts the same way.
+    process = subprocess.Popen(list(argv))  # noqa: ASYNC220
+    await trio.to_thread.run_sync(process.wait)
+    if process.returncode != 0:
+        raise RuntimeError(f"{argv} exited with {process.returncode}")
+    return (time.perf_counter() - started) * 1000
+
+
+@attrs.frozen(kw_only=True)
+class Spawns:
+    spawn_ms: list[float]
+    popen_ms: list[float]
+    floors_ms: dict[str, list[float]]
+
+
+async def time_spawns(base: Path, repo: Path, script: Path, count: int, sandbox: str) -> Spawns:
+    """Spawn one child at a time on an idle supervisor; the floors are timed in between."""
+    spawn_ms: list[float] = []
+    popen_ms: list[float] = []
+    floors_ms: dict[str, list[float]] = {name: [] for name in FLOORS}
+    async with open_supervisor(
+        bench_config(base, repo, f"spawn-{sandbox}", sandbox=sandbox)
+    ) as sup:
+        launcher = TimedLauncher()
+        sup.launchers["process"] = launcher
+        for _ in range(count):
+            for name, args in FLOORS.items():
+                floors_ms[name].append(await process_ms([sys.executable, *args]))
+            started = time.perf_counter()
+            [record] = await sup.spawn(requests([script]))
+            await sup.runs[record.key].connected.wait()
+            hello = time.perf_counter()
+            spawn_ms.append((hello - started) * 1000)
+            popen_ms.append((hello - launcher.started[record.key]) * 1000)
+            await sup.wait([record.key])
+            [handoff] = await sup.stop([record.key])
+            if handoff["state"] != "stopped" or handoff["error"]:
+                raise RuntimeError(f"spawn benchmark child failed: {handoff}")
+    return Spawns(spawn_ms=spawn_ms, popen_ms=popen_ms, floors_ms=floors_ms)
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def spread(values: Sequence[float], unit: str = "") -> str:
+    return (
+        f"median {statistics.median(values):.3f}{unit} "
+        f"(min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
+    )
+
+
+def latency(values: Sequence[float]) -> str:
+    return (
+        f"p50 {percentile(values, 0.5):.1f} p95 {percentile(values, 0.95):.1f} "
+        f"(min {min(values):.1f}, max {max(values):.1f}, n={len(values)})"
+    )
+
+
+def refresh_bytecode() -> None:
+    root = Path(ipc.__file__).resolve().parents[1]
+    for package in PACKAGES:
+        compileall.compile_dir(root / package, quiet=1)
+
+
+async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
+    refresh_bytecode()
+    costs: dict[str, list[Cost]] = {"fleet": [], "plain": [], "solo": []}
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp, trio.fail_after(CEILING):
+        base = Path(tmp)
+        repo = base / "repo"
+        listing = make_repo(repo)
+        scripts = write_scripts(base / "scripts", listing)
+        plain = [
+            [sys.executable, "-I", "-c", PLAIN_SCRIPT, f"pkg{index:02d}", *files]
+            for index, files in enumerate(listing)
+        ]
+        solo = [
+            [sys.executable, "-I", "-c", SOLO_SCRIPT, str(script), str(repo)] for script in scripts
+        ]
+        runs: dict[str, Callable[[], Awaitable[None]]] = {
+            "fleet": lambda: run_fleet(base, repo, scripts, f"fleet{len(costs['fleet'])}"),
+            "plain": lambda: run_processes(plain, repo, at_once=LANE),
+            # All at once, as the fleet starts its processes: on a shared box the CPU is split
+            # per process, so both sides must ask for the same share.
+            "solo": lambda: run_processes(solo, repo, at_once=CHILDREN),
+        }
+        # Warm-up, outside the measurements: the page cache and the interpreter's own caches.
+        await run_processes(plain[:LANE], repo, at_once=LANE)
+        await run_processes(solo[:LANE], repo, at_once=LANE)
+        await run_fleet(base, repo, scripts[:LANE], "warmup")
+        for rep in range(reps):
+            # Rotate the order so a slow spell on a shared box does not favour one side.
+            order = list(runs)[rep % 3 :] + list(runs)[: rep % 3]
+            for name in order:
+                costs[name].append(await measure(runs[name]))
+            print(
+                f"rep {rep + 1}/{reps}: "
+                + ", ".join(f"{n} {costs[n][-1].wall:.3f} s" for n in runs),
+                flush=True,
+            )
+        timed = await time_spawns(base, repo, scripts[0], spawns, "off")
+        boxed = await time_spawns(base, repo, scripts[0], spawns, "auto") if sandboxed else None
+
+    wall_ratios = [f.wall / p.wall for f, p in zip(costs["fleet"], costs["plain"], strict=True)]
+    solo_ratios = [f.wall / s.wall for f, s in zip(costs["fleet"], costs["solo"], strict=True)]
+    for name, label in (("fleet", "fleet"), ("plain", "plain processes"), ("solo", "solo agents")):
+        walls = [c.wall for c in costs[name]]
+        per_child = [c.children_cpu / CHILDREN * 1000 for c in costs[name]]
+        own = [c.own_cpu for c in costs[name]]
+        print(f"{label:16} wall s {spread(walls)}")
+        print(f"{'':16} child CPU ms each {spread(per_child)}; this process CPU s {spread(own)}")
+    print(f"wall ratio, fleet / plain processes: {spread(wall_ratios)}")
+    print(f"wall ratio, fleet / solo agents:     {spread(solo_ratios)}")
+    cpu_ratio = statistics.median(
+        f.cpu / p.cpu for f, p in zip(costs["fleet"], costs["plain"], strict=True)
+    )
+    print(f"CPU ratio, fleet / plain processes: median {cpu_ratio:.3f}")
+    print(f"spawn->hello ms: {latency(timed.spawn_ms)}")
+    print(f"Popen->hello ms: {latency(timed.popen_ms)}")
+    for name, values in timed.floors_ms.items():
+        print(f"floor {name} ms: {latency(values)}")
+    if boxed is not None:
+        print(f"sandboxed (bwrap) spawn->hello ms: {latency(boxed.spawn_ms)}")
+
+    spawn_p50 = percentile(timed.spawn_ms, 0.5)
+    floor_p50 = percentile(timed.floors_ms["python -c pass"], 0.5)
+    return {
+        "benchmark": "fleet_overhead",
+        "wall_ratio": round(statistics.median(wall_ratios), 3),
+        "spawn_hello_p50_ms": round(spawn_p50, 1),
+        "python_floor_p50_ms": round(floor_p50, 1),
+        "spawn_ratio": round(spawn_p50 / floor_p50, 2),
+        "target_wall": TARGET_WALL,
+        "target_spawn": TARGET_SPAWN,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="32-child fleet overhead and spawn latency.")
+    parser.add_argument("--reps", type=int, default=3, help="fleet/baseline repetitions")
+    parser.add_argument("--spawns", type=int, default=30, help="single spawns to time")
+    parser.add_argument("--sandboxed", action="store_true", help="also time bwrap spawns")
+    args = parser.parse_args(argv)
+    result = trio.run(bench, args.reps, args.spawns, args.sandboxed)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
