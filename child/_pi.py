@@ -12,6 +12,10 @@ Mapping (protocol facts: ``docs/backends.md``):
   question when the loadout grants ``ask_parent``; any other dialog is cancelled at once (an
   unanswered dialog blocks Pi).
 
+fleet's own tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from a Pi extension
+shipped beside this module (``pi_extension/fleet_tools.js``), which relays each call to the child
+runtime through :class:`child._mcp.ToolRelay` (Pi has no MCP client).
+
 Pi keeps stdin open until settled (stdin EOF mid-turn exits at once without ``agent_end``).
 Each child gets a private ``PI_CODING_AGENT_DIR`` with a generated ``models.json`` (for an
 ``openai:`` endpoint; the key is referenced by its variable *name*, Pi resolves it from the
@@ -20,6 +24,7 @@ environment) and ``settings.json``.
 
 import json
 import logging
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -41,6 +46,7 @@ from child._cli_env import (
     stall_seconds,
 )
 from child._jsonl import Oversize
+from child._mcp import ToolRelay, relayed_tools
 
 log = logging.getLogger("child")
 
@@ -53,6 +59,8 @@ COMMAND_TIMEOUT: Final = 10.0
 #: How long an aborted turn may take to settle before the process is killed.
 ABORT_GRACE: Final = 10.0
 _DIALOGS: Final = frozenset({"select", "confirm", "input", "editor"})
+#: Registers fleet's own tools in Pi and relays their calls to us (shipped as package data).
+EXTENSION: Final = Path(__file__).with_name("pi_extension") / "fleet_tools.js"
 _PROVIDER: Final = "fleet"
 
 
@@ -91,8 +99,10 @@ def pi_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[str]:
         argv += ["--provider", _PROVIDER, "--model", spec.name]
     elif spec.kind == "native" and spec.name:
         argv += ["--model", spec.name]
-    tools = [tool for tool in loadout.tools if tool in PI_TOOLS]
+    tools = [tool for tool in loadout.tools if tool in PI_TOOLS] + relayed_tools(loadout.tools)
     argv += ["--tools", ",".join(tools)] if tools else ["--no-tools"]
+    if relayed_tools(loadout.tools):
+        argv += ["--extension", str(EXTENSION)]  # loads even with --no-extensions
     if loadout.effort:
         argv += ["--thinking", loadout.effort]
     if loadout.system_prompt:
@@ -136,6 +146,7 @@ class PiBackend:
     has_queue: bool = False
     _dirs: PrivateDirs | None = None
     _cli: CliProcess | None = None
+    _relay: ToolRelay | None = None
     _pending: dict[str, _Pending] = attrs.Factory(dict)
     _ids: int = 0
     _turn: CliTurn | None = None
@@ -171,11 +182,13 @@ class PiBackend:
         if self.loadout.model.kind == "openai":
             (agent_dir / "models.json").write_text(json.dumps(pi_models(self.loadout.model)))
         secrets = [*self.loadout.secret_env, self.loadout.model.api_key_env]
-        env = cli_environment(
-            dirs,
-            secrets=[name for name in secrets if name],
-            extra={"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1"},
-        )
+        extra = {"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1"}
+        if relayed_tools(self.loadout.tools):
+            self._relay = ToolRelay.create(
+                self.loadout.tools, self.host, self.loadout.workspace, dirs.root
+            )
+            extra |= self._relay.server_env()
+        env = cli_environment(dirs, secrets=[name for name in secrets if name], extra=extra)
         self.version = await probe_version(
             "pi", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
         )
@@ -370,6 +383,8 @@ class PiBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._relay is not None:
+                    await nursery.start(self._relay.serve)
                 nursery.start_soon(self._pump, nursery.cancel_scope)
                 nursery.start_soon(self._guard, turn)
                 if not turn.abort_requested:

@@ -193,3 +193,81 @@ def test_argv_maps_tools_effort_and_the_openai_endpoint(tmp_path):
     no_tools = pi_argv("pi", pi_loadout(tmp_path, "http://x", tools=["todo"]), dirs)
     assert "--no-tools" in no_tools
     assert "--tools" not in no_tools
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_ask_parent_and_todo_reach_the_runtime_through_our_extension(tmp_path, binary):
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "Which way?"}}]},
+                {
+                    "tool_calls": [
+                        {"name": "todo", "arguments": {"op": "write", "items": [{"text": "go"}]}}
+                    ]
+                },
+                {"text": "Going east, as told."},
+            ],
+        )
+        backend, host = make_backend(
+            tmp_path, srv, binary, tools=["read", "ask_parent", "todo"], answers=["east"]
+        )
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("find the way")
+        finally:
+            await backend.aclose()
+        requests = srv.requests("a")
+    assert (result.ok, result.text) == (True, "Going east, as told."), result.error
+    assert host.questions == ["Which way?"]
+    assert requests[1].tool_results() == ["east"]
+    assert "error" not in requests[2].tool_results()[-1].lower()
+    [progress] = [e.progress for e in host.activities("todo")]
+    assert progress is not None
+    assert progress.total == 1
+    names = {t["function"]["name"] for t in requests[0].body["tools"]}
+    assert {"read", "ask_parent", "todo"} <= names
+
+
+GATE = """
+export default function gate(pi) {
+  pi.on("tool_call", async (event, ctx) => {
+    const road = await ctx.ui.select("Which road?", ["north", "east"]);
+    const ok = await ctx.ui.confirm("Allow read?", `read ${event.input.path} via ${road}`);
+    const note = await ctx.ui.editor("Notes", "");
+    if (!ok || road !== "east" || note !== undefined) return { block: true, reason: "refused" };
+  });
+}
+"""
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_extension_dialogs_become_questions_to_the_parent(tmp_path, binary, monkeypatch):
+    gate = tmp_path / "gate.js"
+    gate.write_text(GATE)
+    monkeypatch.setattr("child._pi.EXTENSION", gate)  # a dialog-raising extension in its place
+    async with ModelServer() as srv:
+        srv.script(
+            "a",
+            [
+                {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]},
+                {"text": "done"},
+            ],
+        )
+        backend, host = make_backend(
+            tmp_path, srv, binary, tools=["read", "ask_parent"], answers=["East", "yes"]
+        )
+        try:
+            with trio.fail_after(60):
+                result = await backend.run_turn("read the notes")
+        finally:
+            await backend.aclose()
+        requests = srv.requests("a")
+    assert (result.ok, result.text) == (True, "done"), result.error
+    assert host.questions == [
+        "Which road? (one of: north; east)",
+        "Allow read? read notes.txt via east (yes or no)",
+    ]
+    # The editor dialog was cancelled (undefined), the select matched case-insensitively.
+    assert requests[1].tool_results() == ["the secret is 4217\n"]
