@@ -186,13 +186,15 @@ def test_argv_maps_tools_effort_and_the_openai_endpoint(tmp_path):
         "--model",
         "fake-model",
     ]
-    assert argv[argv.index("--tools") + 1] == "read"
+    assert argv[argv.index("--tools") + 1] == "read,todo"
+    assert argv[argv.index("--extension") + 1].endswith("child/pi_extension/fleet_tools.js")
     assert argv[argv.index("--thinking") + 1] == "high"
     prompt = Path(argv[argv.index("--append-system-prompt") + 1])
     assert prompt.read_text() == "You are a scout."
-    no_tools = pi_argv("pi", pi_loadout(tmp_path, "http://x", tools=["todo"]), dirs)
+    no_tools = pi_argv("pi", pi_loadout(tmp_path, "http://x", tools=[]), dirs)
     assert "--no-tools" in no_tools
     assert "--tools" not in no_tools
+    assert "--extension" not in no_tools
 
 
 @pytest.mark.parametrize("binary", BINARIES)
