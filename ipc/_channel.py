@@ -35,14 +35,13 @@ from ipc._errors import (
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
 from ipc._messages import (
     NO_DEADLINE_TYPES,
-    PROTOCOL_VERSION,
     Answer,
     Envelope,
     Kind,
     Message,
     Reply,
     decode_envelope,
-    encode_envelope,
+    encode_fields,
     type_name,
 )
 
@@ -81,6 +80,8 @@ class _Pending:
     done: trio.Event = attrs.Factory(trio.Event)
     result: Envelope | None = None
     error: Exception | None = None
+    # Set only when serve()'s deadline keeper enforces this request's deadline.
+    deadline: float = math.inf
 
 
 @attrs.define(eq=False)
@@ -111,38 +112,46 @@ class Channel:
         factory=collections.OrderedDict, init=False
     )
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # The deadline keeper's sleep, due at the earliest deadline it enforces (while serving).
+    _timer: trio.CancelScope | None = attrs.field(default=None, init=False)
     _serving: bool = attrs.field(default=False, init=False)
 
     # -- sending ----------------------------------------------------------------------------
 
     def _frame(self, kind: Kind, corr: str, message: Message) -> bytes:
-        envelope = Envelope(
-            v=PROTOCOL_VERSION,
+        body = encode_fields(
             token=self.token,
             owner=self.owner,
             corr=corr,
             kind=kind,
-            type=type_name(message),
+            type_=type_name(message),
             body=message,
         )
-        return encode_frame(encode_envelope(envelope), max_frame=self.max_frame)
+        return encode_frame(body, max_frame=self.max_frame)
 
     async def _write(self, frame: bytes) -> None:
         if self.closed:
             raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
+        lock = self._send_lock
         try:
-            async with self._send_lock:
-                # A cancellation delivered here has written nothing: the stream is intact.
-                await trio.lowlevel.checkpoint_if_cancelled()
-                try:
-                    await self.stream.send_all(frame)
-                except trio.Cancelled:
-                    # Part of the frame may be on the wire; the peer can never resync.
-                    self._mark_closed("send cancelled mid-frame")
-                    raise
+            # The uncontended case skips a trip through the scheduler; send_all checkpoints.
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()  # FIFO behind the frames already queued
+        try:
+            # A cancellation delivered here has written nothing: the stream is intact.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                await self.stream.send_all(frame)
+            except trio.Cancelled:
+                # Part of the frame may be on the wire; the peer can never resync.
+                self._mark_closed("send cancelled mid-frame")
+                raise
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._mark_closed("send failed")
             raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
+        finally:
+            lock.release()
 
     async def _send(self, kind: Kind, corr: str, message: Message) -> None:
         await self._write(self._frame(kind, corr, message))
@@ -178,15 +187,21 @@ class Channel:
         self._pending[corr] = pending
         try:
             await self._write(frame)
-            with trio.move_on_after(deadline):
+            timer = self._timer
+            if timer is None or deadline == math.inf:
+                with trio.move_on_after(deadline):
+                    await pending.done.wait()
+            else:
+                # serve()'s deadline keeper times this request out: one cancel scope per
+                # channel instead of one per request, which cost a tenth of a round trip.
+                pending.deadline = trio.current_time() + deadline
+                timer.deadline = min(timer.deadline, pending.deadline)
                 await pending.done.wait()
         finally:
             # Still registered and unanswered: we timed out or were cancelled (a close would
             # have removed it), so the peer may yet answer.
-            if self._pending.pop(corr, None) is not None and not pending.done.is_set():
-                self._expired[corr] = None
-                while len(self._expired) > REPLAY_CACHE:
-                    self._expired.popitem(last=False)
+            if self._pending.pop(corr, None) is not None and pending.result is None:
+                self._remember_expired(corr)
         if pending.error is not None:
             raise pending.error
         if pending.result is None:
@@ -199,6 +214,28 @@ class Channel:
                 body.error or f"{kind} request to {self.owner} failed", data=body.data
             )
         return body
+
+    def _remember_expired(self, corr: str) -> None:
+        self._expired[corr] = None
+        while len(self._expired) > REPLAY_CACHE:
+            self._expired.popitem(last=False)
+
+    async def _keep_deadlines(self) -> None:
+        """While serve() runs: time out every request whose deadline has passed."""
+        try:
+            while True:
+                earliest = min((p.deadline for p in self._pending.values()), default=math.inf)
+                with trio.CancelScope(deadline=earliest) as timer:
+                    self._timer = timer
+                    await trio.sleep_forever()
+                now = trio.current_time()
+                for corr, pending in list(self._pending.items()):
+                    if pending.deadline <= now:
+                        del self._pending[corr]
+                        self._remember_expired(corr)
+                        pending.done.set()  # no result, no error: the requester times out
+        finally:
+            self._timer = None
 
     async def reply(self, corr: str, message: Message) -> None:
         """Answer the request *corr* (used for the hello reply before :meth:`serve`)."""
@@ -225,6 +262,7 @@ class Channel:
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
+                nursery.start_soon(self._keep_deadlines)
                 task_status.started()
                 for frame in self.initial:
                     await self._dispatch(frame, handler, on_event, nursery)

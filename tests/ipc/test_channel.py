@@ -498,6 +498,39 @@ async def test_the_channel_default_deadline_is_configurable(autojump_clock):
     assert trio.current_time() == start + 0.5
 
 
+async def test_a_serving_channel_times_out_at_exactly_five_seconds(
+    autojump_clock, serve_channel, nursery
+):
+    # While serve() runs, its deadline keeper (not a per-request scope) enforces deadlines.
+    channel, _silent_peer = memory_channels()
+    await serve_channel(nursery, channel)
+    start = trio.current_time()
+    with pytest.raises(RequestTimeout, match="within 5 s"):
+        await channel.request(ipc.Prompt(text="x", turn=1))
+    assert trio.current_time() == start + 5.0
+    assert channel.statistics()["pending"] == 0
+
+
+async def test_a_shorter_deadline_behind_a_longer_one_fires_first(
+    autojump_clock, serve_channel, nursery
+):
+    channel, _silent_peer = memory_channels()
+    await serve_channel(nursery, channel)
+    start = trio.current_time()
+    fired = {}
+
+    async def ask(name, timeout):
+        with pytest.raises(RequestTimeout):
+            await channel.request(ipc.Abort(), timeout=timeout)
+        fired[name] = trio.current_time() - start
+
+    async with trio.open_nursery() as waiting:
+        waiting.start_soon(ask, "long", 120.0)
+        await trio.sleep(1.0)
+        waiting.start_soon(ask, "short", 0.5)
+    assert fired == {"short": 1.5, "long": 120.0}
+
+
 async def test_a_response_inside_the_deadline_wins(autojump_clock, serve_channel, nursery):
     async def slow(envelope):
         await trio.sleep(4.999)
