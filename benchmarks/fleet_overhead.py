@@ -63,6 +63,7 @@ LINES = 120
 TARGET_WALL = 1.25
 TARGET_SPAWN = 10
 CEILING = 900.0
+SPAWN_CEILING = 60.0
 PACKAGES = ("ipc", "child", "orchestrator", "sandbox")
 
 # The baseline process: read the same 20 files and print a report like the child's.
@@ -226,12 +227,19 @@ async def run_fleet(base: Path, repo: Path, scripts: Sequence[Path], session: st
 
 
 async def run_processes(argvs: Sequence[Sequence[str]], cwd: Path, *, at_once: int) -> None:
-    """Run *argvs* as plain subprocesses, *at_once* at a time; check each one's report."""
+    """Run *argvs* as plain subprocesses, *at_once* at a time; check each one's report.
+
+    Each gets its own session, as the launcher gives a child: with the kernel's autogroup
+    scheduling a session is a unit of CPU share, so on a busy box a fleet of sessions would
+    otherwise outrun baseline processes that share one.
+    """
     limiter = trio.CapacityLimiter(at_once)
 
     async def one(index: int, argv: Sequence[str]) -> None:
         async with limiter:
-            done = await trio.run_process(list(argv), cwd=cwd, capture_stdout=True)
+            done = await trio.run_process(
+                list(argv), cwd=cwd, capture_stdout=True, start_new_session=True
+            )
         if not reported(index, done.stdout.decode()):
             raise RuntimeError(f"baseline process {index} printed {done.stdout!r}")
 
@@ -259,12 +267,30 @@ class TimedLauncher(ProcessLauncher):
 async def process_ms(argv: Sequence[str]) -> float:
     """Milliseconds from ``Popen`` to exit of *argv*."""
     started = time.perf_counter()
-    # Popen on the trio thread, as the product's launcher does: the floor starts the same way.
-    process = subprocess.Popen(list(argv))  # noqa: ASYNC220
+    # Popen on the trio thread in a new session, as the product's launcher starts a child.
+    process = subprocess.Popen(list(argv), start_new_session=True)  # noqa: ASYNC220
     await trio.to_thread.run_sync(process.wait)
     if process.returncode != 0:
         raise RuntimeError(f"{argv} exited with {process.returncode}")
     return (time.perf_counter() - started) * 1000
+
+
+async def hello_or_end(sup: Supervisor, key: str) -> None:
+    """Wait for *key*'s hello; raise if the child ended without one (a broken tree, say)."""
+    run = sup.runs.get(key)
+    with trio.fail_after(SPAWN_CEILING):
+        if run is not None:
+            async with trio.open_nursery() as nursery:
+
+                async def first(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(first, run.connected)
+                nursery.start_soon(first, run.done)
+    if run is None or not run.connected.is_set():
+        record = sup.all_records()[key]
+        raise RuntimeError(f"spawn benchmark child {key} ended before its hello: {record.error}")
 
 
 @attrs.frozen(kw_only=True)
@@ -289,7 +315,7 @@ async def time_spawns(base: Path, repo: Path, script: Path, count: int, sandbox:
                 floors_ms[name].append(await process_ms([sys.executable, *args]))
             started = time.perf_counter()
             [record] = await sup.spawn(requests([script]))
-            await sup.runs[record.key].connected.wait()
+            await hello_or_end(sup, record.key)
             hello = time.perf_counter()
             spawn_ms.append((hello - started) * 1000)
             popen_ms.append((hello - launcher.started[record.key]) * 1000)
@@ -347,7 +373,7 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
             "fleet": lambda: run_fleet(base, repo, scripts, f"fleet{len(costs['fleet'])}"),
             "plain": lambda: run_processes(plain, repo, at_once=LANE),
             # All at once, as the fleet starts its processes: on a shared box the CPU is split
-            # per process, so both sides must ask for the same share.
+            # per session, so both sides must ask for the same share.
             "solo": lambda: run_processes(solo, repo, at_once=CHILDREN),
         }
         # Warm-up, outside the measurements: the page cache and the interpreter's own caches.
