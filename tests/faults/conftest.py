@@ -109,6 +109,11 @@ class Faults:
         wrapper.chmod(0o755)
         return str(wrapper)
 
+    def rogue_config(self, **overrides: Any) -> Config:
+        """Rogues speak the wire themselves: no sandbox, and a model nobody will run."""
+        model = self.script("unused", "turns: []\n")
+        return self.config(python=self.rogue(), sandbox="off", model=model, **overrides)
+
     def loadout(self, key: str) -> dict[str, Any]:
         path = self.home / "sessions" / "t" / "loadouts" / f"{key}.json"
         data: dict[str, Any] = json.loads(path.read_text())
@@ -182,7 +187,7 @@ class Faults:
         if kind is None:
             assert "failure" not in note
         else:
-            assert note["failure"]["kind"] == kind, note["failure"]
+            assert note["failure"]["kind"] == kind, note["failure"]["tail"]
             assert note["failure"]["log"] == str(sup.paths.logs / f"{key}.log")
             assert "\n" not in note["failure"]["error"]
         # Later classifications (the kill's exit after a timeout) must not show it again.
@@ -197,10 +202,14 @@ class Faults:
         assert [q for q in sup.questions.values() if q.key == key] == []
         assert sup.capacity.used == capacity
         assert sup.lane.statistics()["working"] == working
+        await self.gone(pids)
+        return note
+
+    async def gone(self, pids: Sequence[int]) -> None:
+        """Every process of *pids* ends (zombies count as gone) within the reap slack."""
         with trio.move_on_after(REAP_SLACK):
             await self.until(lambda: not running(list(pids)))
-        assert running(list(pids)) == [], f"{key}'s processes survived: {running(list(pids))}"
-        return note
+        assert running(list(pids)) == [], f"processes survived: {running(list(pids))}"
 
 
 def make_repo(path: Path) -> Path:

@@ -1,0 +1,123 @@
+"""A misbehaving child for the fault suite, started where ``python -I -m child LOADOUT`` would be.
+
+The act is the part of the child's name after ``rogue-``; any other child becomes the real one
+(``exec``, same pid). Each act speaks the real protocol with the loadout's real token, then
+does one wrong thing:
+
+- ``flood``: prints its own token (split across writes) and 5 MiB to stdout and stderr, then
+  becomes the real child.
+- ``late``: answers a prompt with its ``settled`` frame twice, one for a turn that never ran and
+  one for a side turn nobody asked, then idles.
+- ``garbage``: after the hello, sends frames with a wrong token until the supervisor hangs up.
+- ``drop``: takes ownership of ``src/rogue.txt``, then closes its connection and stays alive.
+- ``vanish``: asks the parent a question (no deadline); the next request from the supervisor
+  goes unanswered: it closes its connection and exits 0.
+"""
+
+import json
+import os
+import sys
+import time
+
+import trio
+
+import ipc
+
+
+def become_real_child(loadout: str) -> None:
+    # Same pid, same argv as the supervisor started: from here on it is the real child.
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "child", loadout])  # noqa: S606
+
+
+def flood(token: str) -> None:
+    half = len(token) // 2
+    for stream in (sys.stdout.buffer, sys.stderr.buffer):
+        stream.write(f"my token is {token[:half]}".encode())
+        stream.flush()
+        stream.write(f"{token[half:]} (leaked)\n".encode())
+        stream.flush()
+        chunk = (b"x" * 1023) + b"\n"
+        for _ in range(5 * 1024 // 2):
+            stream.write(chunk)
+        stream.write(f"and again {token}\n".encode())
+        stream.flush()
+
+
+async def act(name: str, loadout: ipc.Loadout) -> None:
+    channel, _ = await ipc.open_client(
+        loadout.socket,
+        owner=loadout.owner,
+        token=loadout.token,
+        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
+        request_timeout=loadout.request_timeout,
+    )
+    async with trio.open_nursery() as nursery:
+
+        async def handle(envelope: ipc.Envelope) -> ipc.Message:
+            body = envelope.body
+            if isinstance(body, ipc.Prompt) and name == "late":
+                nursery.start_soon(late_frames, body.turn)
+            if name == "vanish" and not isinstance(body, ipc.Prompt):
+                await channel.aclose("vanishing mid-request")
+                os._exit(0)
+            if isinstance(body, ipc.Shutdown):
+                channel.close("shutdown")
+            return ipc.Reply(ok=True)
+
+        async def ignore(envelope: ipc.Envelope) -> None:
+            return None
+
+        async def late_frames(turn: int) -> None:
+            await trio.sleep(0.2)
+            for settled in (
+                ipc.Settled(turn=turn, text="first"),
+                ipc.Settled(turn=turn, text="second"),
+                ipc.Settled(turn=turn + 98, text="a turn that never ran"),
+                ipc.Settled(turn=turn, text="a side turn nobody asked", side=True),
+            ):
+                await channel.send_event(settled)
+
+        nursery.start_soon(channel.serve, handle, ignore)
+        if name == "garbage":
+            forged = ipc.Envelope(
+                v=1,
+                token="0" * 64,
+                owner=loadout.owner,
+                corr="",
+                kind="event",
+                type="event",
+                body=ipc.Event(activity="message", text="forged"),
+            )
+            frame = ipc.encode_frame(ipc.encode_envelope(forged))
+            for _ in range(ipc.MAX_DROPS):
+                # Through the channel's own writer, so frames never interleave with replies.
+                await channel._write(frame)
+        elif name == "drop":
+            await channel.request(ipc.Ownership(paths=[f"{loadout.workspace}/src/rogue.txt"]))
+            await channel.aclose("dropping the connection on purpose")
+            await trio.sleep_forever()
+        elif name == "vanish":
+            await channel.request(ipc.Question(text="Which way?"), timeout=None)
+
+
+def main() -> None:
+    path = sys.argv[-1]
+    with open(path, encoding="utf-8") as file:
+        name = json.load(file)["name"]
+    if not name.startswith("rogue-"):
+        become_real_child(path)
+    loadout = ipc.Loadout.from_file(path)
+    act_name = name.removeprefix("rogue-")
+    if act_name == "flood":
+        flood(loadout.token)
+        become_real_child(path)
+    try:
+        trio.run(act, act_name, loadout)
+    except (ipc.IpcError, ExceptionGroup) as exc:
+        # The supervisor hanging up on a rogue is the expected end of most acts.
+        print(f"rogue {act_name}: {exc!r}", file=sys.stderr)
+    time.sleep(3600)  # stay alive: the supervisor's kill ladder must end us
+
+
+if __name__ == "__main__":
+    main()
