@@ -1,32 +1,37 @@
 """The in-pane activity view: what a child in a tmux window or cmux surface shows a person.
 
-A live panel, redrawn in place at most every :data:`REDRAW_INTERVAL` seconds (and once a
-second for the clock): who the child is, its state and turn, the task, the current tool and
-its arguments, the text the model is streaming, the checklist (done/total, the current item, the
-next ones), usage, and the last few finished steps. When a turn settles, its report is printed
-*above* the panel, so the pane's scrollback keeps every report. The runtime feeds the view the
-same events it sends to the supervisor (:meth:`ActivityView.on_event`) plus turn starts and
-settled results.
+A full-screen live view, redrawn at most every :data:`REDRAW_INTERVAL` seconds (and once a
+second for the clock): who the child is, its state and turn, the task, the current tool and its
+arguments, the text the model is streaming, the checklist (done/total, the current item, the next
+ones), usage, the last few finished steps, and the last report. The runtime feeds it the same
+events it sends to the supervisor (:meth:`ActivityView.on_event`) plus turn starts and settled
+results.
 
-Nothing else may write to the terminal while the panel is live: the child's logging is routed
-into the panel's log lines for as long as the view runs, and stray ``print`` output is printed
-above it (``rich.live.Live`` redirects ``sys.stdout``/``sys.stderr``). A traceback of a crash is
-printed after the panel stops, where it stays readable — and where a failed run's screen capture
-finds it.
+It draws on the terminal's alternate screen, repainting the whole screen each time, so a window
+resized by an attaching client never leaves torn frames behind. When the view stops, the last
+frame is printed once more on the normal screen, where it stays in the scrollback (and in a dead
+pane's screen). A child killed outright leaves its last frame on the alternate screen instead.
+
+Nothing else may write to the terminal while the view is live: the child's logging and stray
+writes to ``sys.stdout``/``sys.stderr`` become the view's log rows for as long as it runs. A
+traceback of a crash is printed after the view stops, where it stays readable — and where a failed
+run's screen capture finds it.
 
 The view shows only what the child already knows and reports: never the loadout's token.
 """
 
 import collections
 import contextlib
+import io
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from typing import Final, TextIO
 
 import attrs
 import trio
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -51,6 +56,24 @@ def _clock(seconds: float) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
+class _ViewWriter(io.TextIOBase):
+    """Stands in for ``sys.stdout``/``sys.stderr`` while the view runs: lines become log rows."""
+
+    def __init__(self, view: "ActivityView") -> None:
+        self.view = view
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                self.view.log_line(line)
+        return len(text)
+
+
 class _ViewHandler(logging.Handler):
     def __init__(self, view: "ActivityView") -> None:
         super().__init__()
@@ -66,6 +89,7 @@ class ActivityView:
     """One child's live panel; see the module docstring."""
 
     title: str
+    key: str
     console: Console
     state: str = "starting"
     turn: int = 0
@@ -79,18 +103,19 @@ class ActivityView:
     tokens: int = 0
     cost_usd: float | None = None
     steer: str = ""
+    report: str = ""
+    report_label: str = ""
     recent: collections.deque[str] = attrs.Factory(lambda: collections.deque(maxlen=RECENT_STEPS))
     logs: collections.deque[str] = attrs.Factory(lambda: collections.deque(maxlen=LOG_LINES))
     _started: float = attrs.Factory(time.monotonic)
     _turn_started: float = attrs.Factory(time.monotonic)
     _turn_ended: float | None = None
     _dirty: trio.Event = attrs.Factory(trio.Event)
-    _live: Live | None = None
 
     @classmethod
     def for_loadout(cls, loadout: ipc.Loadout, stream: TextIO) -> "ActivityView":
         title = f"{loadout.owner} · {loadout.name} · {loadout.agent} ({loadout.mode})"
-        return cls(title=title, console=Console(file=stream, highlight=False))
+        return cls(title=title, key=loadout.owner, console=Console(file=stream, highlight=False))
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -140,8 +165,8 @@ class ActivityView:
         self.tool_status = "" if self.tool_status == "running" else self.tool_status
         self._turn_ended = time.monotonic()
         if settled.text:
-            label = "side answer" if settled.side else f"turn {settled.turn} report"
-            self._print_above(settled.text, label)
+            self.report = settled.text.rstrip()
+            self.report_label = "side answer" if settled.side else f"turn {settled.turn} report"
         self._changed()
 
     def log_line(self, line: str) -> None:
@@ -184,24 +209,24 @@ class ActivityView:
         took = (self._turn_ended or now) - self._turn_started
         status = f"{self.state} · turn {self.turn} · {_clock(took)}"
         footer = f"alive {_clock(now - self._started)}"
-        return Panel(
+        panel = Panel(
             grid,
             title=Text(self.title, style="bold"),
             title_align="left",
-            subtitle=f"{status} · {footer}",
+            # The key again at the bottom: a dead pane's last message can scroll the top away.
+            subtitle=f"{self.key} {status} · {footer}",
             subtitle_align="right",
         )
-
-    def _print_above(self, text: str, label: str) -> None:
-        lines = text.rstrip().splitlines()
+        if not self.report:
+            return panel
+        lines = self.report.splitlines()
         shown = "\n".join(lines[:REPORT_LINES])
         if len(lines) > REPORT_LINES:
             shown += f"\n… {len(lines) - REPORT_LINES} more lines (the parent has them all)"
-        panel = Panel(Text(shown), title=label, title_align="left", border_style="green")
-        if self._live is not None:
-            self._live.console.print(panel)
-        else:
-            self.console.print(panel)
+        report = Panel(
+            Text(shown), title=self.report_label, title_align="left", border_style="green"
+        )
+        return Group(panel, report)
 
     def _changed(self) -> None:
         self._dirty.set()
@@ -209,37 +234,37 @@ class ActivityView:
     # -- running --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _logging_into_view(self) -> Iterator[None]:
+    def _writes_into_view(self) -> Iterator[None]:
+        """Route logging and stray writes to stdout/stderr into the view's log rows."""
         root = logging.getLogger()
-        saved = root.handlers[:]
+        saved = root.handlers[:], sys.stdout, sys.stderr
         root.handlers = [_ViewHandler(self)]
+        sys.stdout = sys.stderr = _ViewWriter(self)
         try:
             yield
         finally:
-            root.handlers = saved
+            root.handlers, sys.stdout, sys.stderr = saved
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Show the panel until cancelled; the last frame stays on the screen."""
+        """Show the view until cancelled; then print its last frame on the normal screen."""
         live = Live(
             self.render(),
             console=self.console,
+            screen=True,
             auto_refresh=False,  # redraws happen here, on the trio thread, not a timer thread
-            transient=False,
-            redirect_stdout=True,
-            redirect_stderr=True,
+            redirect_stdout=False,  # _writes_into_view keeps them, where Live would drop them
+            redirect_stderr=False,
             vertical_overflow="crop",
         )
-        with self._logging_into_view(), live:
-            self._live = live
-            task_status.started()
-            try:
+        try:
+            with self._writes_into_view(), live:
+                task_status.started()
                 while True:
                     with trio.move_on_after(CLOCK_INTERVAL):
                         await self._dirty.wait()
                     self._dirty = trio.Event()
                     live.update(self.render(), refresh=True)
                     await trio.sleep(REDRAW_INTERVAL)
-            finally:
-                self.state = f"{self.state} · exiting"
-                live.update(self.render(), refresh=True)
-                self._live = None
+        finally:
+            self.state = f"{self.state} · exited"
+            self.console.print(self.render())

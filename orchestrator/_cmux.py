@@ -372,7 +372,7 @@ def _checked(pid: int, argv: Sequence[str], surface_id: str, socket: str) -> int
         cmdline = psutil.Process(pid).cmdline()
     except psutil.Error:
         return pid  # it has already exited; the screen will say how
-    if cmdline == list(argv):
+    if not cmdline or cmdline == list(argv):  # a zombie's command line reads as empty
         return pid
     if "fleet-child" in cmdline:
         return None  # announced, not yet exec'd

@@ -192,6 +192,49 @@ def test_a_tmux_child_completes_its_task_in_a_pane_that_shows_its_activity(fleet
     assert sorted(p.name for p in surfaces.tmux_tmpdir.rglob("*")) == ["user"]
 
 
+VIEW_DRIVER = """
+import logging, sys, trio
+from rich.console import Console
+import ipc
+from child._view import ActivityView
+
+async def main():
+    logging.basicConfig(level=logging.INFO, format="child %(levelname)s %(message)s")
+    console = Console(file=sys.stdout, highlight=False)
+    view = ActivityView(title="a9 · probe · scout (scout)", key="a9", console=console)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(view.run)
+        view.on_turn(1, "probe the view", side=False)
+        view.on_event(ipc.Event(activity="tool_start", tool="grep", text='{"pattern":"x"}'))
+        logging.getLogger("child").warning("disk almost full")
+        print("stray write to stderr", file=sys.stderr)
+        print("DRAWN")
+        await trio.sleep(30)
+
+trio.run(main)
+"""
+
+
+def test_the_pane_view_keeps_logging_and_stray_writes_inside_its_frame(surfaces):
+    repo_root = str(Path(__file__).resolve().parents[2])
+    surfaces.start_user_server(command=["-c", repo_root, "--", sys.executable, "-c", VIEW_DRIVER])
+
+    def screen() -> list[str]:
+        out = tmux(surfaces.user_socket, "capture-pane", "-p", "-t", "mine:editor")
+        return [line.rstrip() for line in out.splitlines() if line.strip()]
+
+    until(lambda: any("DRAWN" in line for line in screen()), "the view to draw")
+    lines = screen()
+    assert lines[0].startswith("╭─ a9 · probe · scout (scout) ─")
+    assert lines[-1].startswith("╰─")
+    assert lines[-1].endswith(" ─╯")
+    assert all(line.startswith("│") and line.endswith("│") for line in lines[1:-1])
+    rows = [line.strip("│ ") for line in lines[1:-1]]
+    assert "log   WARNING disk almost full" in rows
+    assert "stray write to stderr" in rows
+    assert "DRAWN" in rows
+
+
 def test_fleet_attach_moves_a_client_to_the_childs_window(fleet, surfaces):
     model = fleet.script("hang", HANG)
     for name in ("left", "right"):
@@ -279,12 +322,13 @@ def test_a_killed_pane_is_a_classified_failure_with_its_screen_redacted(fleet, s
     assert note["state"] == "failed"
     assert (failure["kind"], failure["transport"]) == ("killed", "tmux")
     assert failure["error"] == "child killed by SIGKILL"
-    assert "a1 · scout-1" in failure["tail"]
+    assert "│ task   leak" in failure["tail"]
+    assert "─ a1 working · turn 1 · " in failure["tail"]
     assert "[redacted]" in failure["tail"]
     assert token not in failure["tail"]
     log = Path(failure["log"]).read_text()
     assert "--- recent output ---" in log
-    assert "a1 · scout-1" in log
+    assert "│ task   leak" in log
     assert token not in log
     until(lambda: server_gone(surfaces.private), "the failed child's window to close")
     peek = fleet.json("peek", "--locks")
