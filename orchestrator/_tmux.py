@@ -414,11 +414,7 @@ class TmuxLauncher:
         return True
 
     async def attach_target(self) -> dict[str, Any]:
-        """``fleet attach`` with no agent: the fleet's own tmux session."""
-        if not self.server.private:
-            raise UsageError(
-                "attach: the children run in your own tmux session; name one (fleet attach a1)"
-            )
+        """``fleet attach`` with no agent: the fleet's own tmux session (private server only)."""
         if not await self._has_session():
             raise UsageError(
                 "attach: no fleet tmux session is running (spawn a child with --surface tmux)"
