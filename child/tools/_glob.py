@@ -47,7 +47,14 @@ def _translate(pattern: str) -> str:
             negate = body.startswith("!")
             # Escape what Python's regex classes treat specially (and warn about as future sets).
             body = re.sub(r"([\\\[&~|])", r"\\\1", body.removeprefix("!"))
-            out.append(f"[{'^' if negate else ''}{body}]")
+            body = re.sub(r"(?<=-)-", r"\\-", body)  # "--" would read as a set difference
+            cls = f"[{'^' if negate else ''}{body}]"
+            try:
+                re.compile(cls)
+            except re.error:
+                # A reversed range such as [?-/] matches no character (as in fnmatch).
+                cls = "(?!)" if not negate else "[^/]"
+            out.append(cls)
             i = end + 1
         elif char == "{" and (end := _brace_end(pattern, i)) > 0:
             options = _split_top_level(pattern[i + 1 : end])

@@ -48,3 +48,10 @@ def test_any_pattern_compiles_and_answers(pattern, path):
 def test_a_literal_path_matches_itself_and_star_never_crosses_a_slash(path):
     assert compile_glob(path)(path)
     assert compile_glob("*/*")(path) is (path.count("/") == 1)
+
+
+@pytest.mark.parametrize("pattern", ["[?-/]", "[?--]", "[z-a]x"])
+def test_a_reversed_class_range_matches_nothing_instead_of_raising(pattern):
+    matcher = compile_glob(pattern)
+    assert not matcher("a")
+    assert not matcher("ax")
