@@ -340,6 +340,11 @@ class StallWatch:
 _PREVIEW: Final = 80
 
 
+def side_question(text: str) -> str:
+    """A parent's "by the way" question, as the prompt an agent CLI gets."""
+    return f"By the way (a side question; answer it briefly and do not resume your task): {text}"
+
+
 def preview(value: object) -> str:
     """A tool call's arguments as one short line for ``peek``."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))

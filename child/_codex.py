@@ -40,6 +40,7 @@ from child._cli_env import (
     cli_environment,
     preview,
     probe_version,
+    side_question,
     stall_seconds,
 )
 from child._jsonl import Oversize
@@ -331,11 +332,7 @@ class CodexBackend:
         except CliError as exc:
             self._turn = None
             return TurnResult(text="", ok=False, error=str(exc))
-        message = (
-            f"By the way (a side question; answer it briefly and do not resume your task): {text}"
-            if side
-            else text
-        )
+        message = side_question(text) if side else text
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -271,3 +271,24 @@ def test_a_pi_scout_works_with_nothing_but_loopback(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "1 passed" in result.stdout
+
+
+@pytest.mark.parametrize("kind", MODEL_BACKENDS)
+async def test_a_side_question_to_an_idle_child_is_answered_in_its_context(
+    kind, repo, home, monkeypatch
+):
+    use_cli(monkeypatch, kind)
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"text": "the answer is 42"}, {"text": "I said 42."}])
+        async with fleet(repo, home) as sup:
+            [record] = await sup.spawn([spawn_request(kind, srv.base_url(CHILD), "find it")])
+            await settle(sup, record.key)
+            with trio.fail_after(60):
+                answer = await sup.ask(record.key, "what did you find?")
+            state = sup.peek([record.key])["agents"][0]["state"]
+            await sup.stop([record.key])
+        calls = [r for r in srv.requests(CHILD) if r.api]
+    assert answer == "I said 42."
+    assert state == "idle"
+    assert "By the way" in str(calls[-1].body)
+    assert "find it" in str(calls[-1].body)
