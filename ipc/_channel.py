@@ -4,7 +4,9 @@ A :class:`Channel` wraps a connected trio stream whose peer has already been aut
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
 Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
 halfway would desynchronize the stream. Incoming requests run in their own tasks inside
-``serve``'s nursery so a long ``question`` never blocks the reader.
+``serve``'s nursery so a long ``question`` never blocks the reader. While ``serve`` runs, one
+deadline keeper task times out this side's requests (a cancel scope per request cost a tenth of
+a round trip); before it runs, each request carries its own scope.
 
 Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
 type, schema error, unexpected correlation id) is dropped and counted by reason; after
