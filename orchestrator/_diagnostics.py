@@ -33,7 +33,18 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 FailureKind = Literal[
-    "handshake-timeout", "exited", "killed", "idle", "max-total", "protocol", "launch"
+    "handshake-timeout",
+    "exited",
+    "killed",
+    "idle",
+    "max-total",
+    "protocol",
+    "launch",
+    # cmux surfaces classify their own launch failures (orchestrator._cmux):
+    "binary-missing",
+    "socket-unreachable",
+    "auth-rejected",
+    "surface-creation-failed",
 ]
 RejectKind = Literal["policy", "lock-conflict", "dropped-frame"]
 

@@ -96,7 +96,9 @@ class ChildRun:
                 self.launched = await self.sup.launch(self, nursery)
             except Exception as exc:
                 task_status.started()
-                await self.finish(State.FAILED, kind="launch", error=str(exc))
+                # A surface may classify its own failure (cmux: binary-missing, ...).
+                kind = getattr(exc, "failure", "launch")
+                await self.finish(State.FAILED, kind=kind, error=str(exc))
                 return
             self.record.pid = self.launched.pid
             self.log.write(f"launched {self.launched.describe()}")

@@ -475,9 +475,9 @@ def test_a_refused_cmux_launch_is_shown_once_with_its_class(fleet, cmux):
     result = fleet.run("wait", "a1", "--timeout", "30", "--json")
     assert result.returncode == 1
     [note] = json.loads(result.stdout)["settled"]
-    assert note["failure"]["kind"] == "launch"
+    assert note["failure"]["kind"] == "auth-rejected"
     assert note["failure"]["transport"] == "cmux"
     assert note["failure"]["error"].startswith("cmux auth-rejected: ERROR: Access denied")
     log = Path(note["failure"]["log"]).read_text()
-    assert log.count("failed (launch) over cmux: cmux auth-rejected") == 1
+    assert log.count("failed (auth-rejected) over cmux: cmux auth-rejected") == 1
     assert cmux.requests == [], "cmux refused before reading any request"
