@@ -74,6 +74,8 @@ class Supervisor:
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
     rejects: RejectLog | None = None
+    #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
+    stale: list[dict[str, Any]] = attrs.Factory(list)
     launchers: dict[str, Launcher] = attrs.Factory(dict)
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
@@ -370,6 +372,7 @@ class Supervisor:
             "questions": [
                 {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
             ],
+            "stale": self.stale,
         }
 
     async def wait(
