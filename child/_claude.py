@@ -28,19 +28,14 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
+from child._backend import Host
+from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
 from child._cli_env import (
-    CliError,
-    CliProcess,
-    CliTurn,
     PrivateDirs,
-    StallWatch,
     Version,
     binary_for,
     cli_environment,
-    preview,
     probe_version,
-    side_question,
     stall_seconds,
 )
 from child._jsonl import Oversize
@@ -118,7 +113,10 @@ def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:
         # Connect our MCP server before the first model call (else its tools are "still
         # connecting" when a fast model calls them).
         "MCP_CONNECTION_NONBLOCKING": "false",
-        "MCP_TIMEOUT": "60000",  # our server's start-up (Python + the MCP SDK) on a busy box
+        # Our server's start-up (Python + the MCP SDK) on a busy box: both default to seconds,
+        # after which Claude goes on without the server.
+        "MCP_TIMEOUT": "60000",
+        "MCP_CONNECT_TIMEOUT_MS": "60000",
         # ask_parent waits for a person: no MCP tool timeout that a human answer could hit.
         "MCP_TOOL_TIMEOUT": str(24 * 3600 * 1000),
         # Claude's own idle timeout, a backstop set behind ours: our watchdog acts first.
@@ -131,29 +129,16 @@ def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:
 
 
 @attrs.define(eq=False)
-class ClaudeBackend:
+class ClaudeBackend(CliBackend):
     """Backend ``claude``."""
 
-    loadout: ipc.Loadout
-    host: Host
-    binary: str
-    stall: float
     name: str = "claude"
     version: Version | None = None
-    _dirs: PrivateDirs | None = None
-    _cli: CliProcess | None = None
-    _relay: ToolRelay | None = None
-    _turn: CliTurn | None = None
-    _nursery: trio.Nursery | None = None
-    _watch: StallWatch = attrs.field(init=False)
     _sent: int = 0  # user lines written
     _consumed: int = 0  # user lines Claude echoed back (consumed)
     _tools: dict[str, str] = attrs.Factory(dict)  # running tool_use id → tool name
     _tokens: int = 0
     _interrupts: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        self._watch = StallWatch(self.stall)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "ClaudeBackend":
@@ -168,12 +153,7 @@ class ClaudeBackend:
         if self._cli is not None:
             if self._cli.process.returncode is None:
                 return self._cli
-            raise CliError(
-                f"backend claude: the claude process exited ({self._cli.process.returncode}) "
-                "and its context is gone (stop this child and spawn a new one)",
-                backend="claude",
-                binary=self.binary,
-            )
+            raise self._gone()
         dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
         secrets = list(self.loadout.secret_env)
         extra = claude_extra_env(self.loadout, self.stall)
@@ -300,41 +280,22 @@ class ClaudeBackend:
 
     # -- the Backend protocol --------------------------------------------------------------
 
-    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
-        turn = self._turn = CliTurn()
-        try:
-            cli = await self._start()
-        except CliError as exc:
-            self._turn = None
-            return TurnResult(text="", ok=False, error=str(exc))
-        message = side_question(text) if side else text
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                if self._relay is not None:
-                    await nursery.start(self._relay.serve)
-                nursery.start_soon(self._pump, cli, nursery.cancel_scope)
-                nursery.start_soon(self._guard, turn)
-                if not turn.abort_requested:
-                    self._tools.clear()
-                    await self._send_user(message)
-                    await turn.done.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            self._watch.disarm()
-            self._nursery = None
-            self._turn = None
-        return turn.result()
+    async def _begin(self, turn: CliTurn, message: str) -> None:
+        # The stall watch is armed by the turn's system/init, not here (start-up is not model time).
+        self._tools.clear()
+        await self._send_user(message)
 
-    async def _send_user(self, text: str) -> None:
+    async def _send_user(self, text: str) -> bool:
+        """Write one user line; False when Claude has gone (its EOF fails the turn)."""
         if self._cli is None:
-            return
+            return False
         self._sent += 1
         try:
             await self._cli.send({"type": "user", "message": {"role": "user", "content": text}})
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._sent -= 1
-            raise
+            return False
+        return True
 
     async def _interrupt(self) -> None:
         if self._cli is None:
@@ -360,31 +321,8 @@ class ClaudeBackend:
         if self._cli is not None:
             await self._cli.terminate()
 
-    async def _guard(self, turn: CliTurn) -> None:
-        await self._watch.wait_stalled()
-        turn.fail(
-            f"claude: no output for {self.stall:g} s while waiting on the model (stalled "
-            "stream); the turn was interrupted (check the endpoint, or raise FLEET_STALL_TIMEOUT)"
-        )
-        turn.abort_requested = True
-        await self._stop_turn()
-
     async def steer(self, text: str) -> None:
         if self._cli is None or self._turn is None:
             raise ValueError("claude: no turn is running to steer")
-        await self._send_user(f"Steer from parent: {text}")
-
-    async def abort(self) -> None:
-        turn = self._turn
-        if turn is None:
-            return
-        turn.abort_requested = True
-        if self._nursery is not None:
-            self._nursery.start_soon(self._stop_turn)
-
-    async def aclose(self) -> None:
-        if self._cli is not None:
-            # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
-            await self._cli.terminate()
-        if self._dirs is not None:
-            self._dirs.remove()
+        if not await self._send_user(f"Steer from parent: {text}"):
+            raise ValueError("claude: the claude process has gone; the steer was not delivered")

@@ -1,4 +1,4 @@
-"""What every agent-CLI backend (Pi, Claude Code, Codex) needs before and around its protocol.
+"""What every agent-CLI backend (Pi, Claude Code, Codex) needs before it starts its CLI.
 
 - :class:`PrivateDirs`: a private ``HOME``, ``TMPDIR`` and config directory per child, under the
   loadout's ``scratch`` directory (or a temp directory), removed on close. The CLIs write
@@ -8,41 +8,26 @@
   variables are never passed (the CLIs must talk to their endpoint directly).
 - :func:`probe_version`: ``<binary> --version``; a missing or too-old CLI is one-line
   :class:`CliError` that says what to install.
-- :class:`CliProcess`: the running CLI — JSONL in and out, its stderr tail for errors, and
-  a kill that takes its whole process tree (tool processes included).
-- :class:`StallWatch`: our own stall watchdog. None of the CLIs reliably times out a model stream
-  that stops mid-way, so a backend arms this while it waits on the model and aborts the turn when
-  no output arrived for ``seconds``.
 """
 
-import contextlib
-import json
 import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
-import psutil
 import trio
-
-from child._backend import TurnResult
-from child._jsonl import RecordReader, encode
 
 log = logging.getLogger("child")
 
 #: Seconds without any CLI output, while the model is being waited on, before a turn is failed.
 DEFAULT_STALL_SECONDS: Final = 180.0
 STALL_ENV: Final = "FLEET_STALL_TIMEOUT"
-KILL_GRACE: Final = 2.0
 PROBE_TIMEOUT: Final = 30.0
-STDERR_TAIL: Final = 8192
 #: Variables copied from our environment: enough to run node and a shell, nothing secret.
 _BASE_NAMES: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL")
 _PROXY_NAMES: Final = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy", "ftp_proxy"})
@@ -194,191 +179,3 @@ async def probe_version(
             binary=found,
         )
     return version
-
-
-@attrs.define(eq=False)
-class CliProcess:
-    """A running agent CLI speaking JSONL on its stdin/stdout.
-
-    It stays in our process group, so the supervisor's kill of the child's group takes it too
-    even if this child dies first. Its stderr goes to a file in the private directory (a pipe
-    nobody reads between turns could fill and block it); :meth:`stderr_line` reads the tail.
-    """
-
-    backend: str
-    process: trio.Process
-    stderr_path: Path
-    reader: RecordReader
-    _send_lock: trio.Lock = attrs.Factory(trio.Lock)
-
-    @classmethod
-    async def start(
-        cls,
-        backend: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: str,
-        stderr_path: Path,
-        stdin: bool = True,
-    ) -> "CliProcess":
-        try:
-            with stderr_path.open("ab") as stderr:
-                process = await trio.lowlevel.open_process(
-                    list(argv),
-                    env=dict(env),
-                    cwd=cwd,
-                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                )
-        except OSError as exc:
-            raise CliError(
-                f"backend {backend}: cannot start {argv[0]}: {exc.strerror} (check the path)",
-                backend=backend,
-                binary=argv[0],
-            ) from None
-        assert process.stdout is not None  # noqa: S101 - started with a stdout pipe
-        return cls(
-            backend=backend,
-            process=process,
-            stderr_path=stderr_path,
-            reader=RecordReader(process.stdout),
-        )
-
-    async def send(self, message: dict[str, Any]) -> None:
-        """Write one JSONL record (``BrokenResourceError`` once the CLI has gone)."""
-        stdin = self.process.stdin
-        if stdin is None:
-            raise trio.ClosedResourceError(f"{self.backend}: the CLI has no stdin")
-        async with self._send_lock:
-            await stdin.send_all(encode(message))
-
-    async def close_stdin(self) -> None:
-        if self.process.stdin is not None:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.process.stdin.aclose()
-
-    def stderr_line(self) -> str:
-        """The last non-empty stderr line, clipped: evidence for a one-line error."""
-        try:
-            with self.stderr_path.open("rb") as handle:
-                handle.seek(max(0, handle.seek(0, os.SEEK_END) - STDERR_TAIL))
-                tail = handle.read()
-        except OSError:
-            return ""
-        lines = [line.strip() for line in tail.decode(errors="replace").splitlines()]
-        lines = [line for line in lines if line]
-        return lines[-1][:200] if lines else ""
-
-    async def terminate(self, grace: float = KILL_GRACE) -> int:
-        """SIGTERM the CLI and every descendant (snapshotted first), then SIGKILL survivors."""
-        with trio.CancelScope(shield=True):
-            try:
-                tree = psutil.Process(self.process.pid).children(recursive=True)
-            except psutil.Error:
-                tree = []
-            if self.process.returncode is None:
-                self.process.send_signal(signal.SIGTERM)
-            _signal_all(tree, signal.SIGTERM)
-            with trio.move_on_after(grace):
-                await self.process.wait()
-            if self.process.returncode is None:
-                self.process.kill()
-            _signal_all(tree, signal.SIGKILL)
-            await self.process.wait()
-            await self.close_stdin()
-            if self.process.stdout is not None:
-                await trio.aclose_forcefully(self.process.stdout)
-        return self.process.returncode if self.process.returncode is not None else -1
-
-
-def _signal_all(processes: list[psutil.Process], sig: int) -> None:
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.send_signal(sig)
-
-
-@attrs.define(eq=False)
-class StallWatch:
-    """Fires when armed and nothing was heard for ``seconds``.
-
-    A backend arms it while it waits on the model, touches it on every record, and disarms it
-    while a tool runs (a long build is not a stalled stream; the supervisor's idle budget covers
-    that).
-    """
-
-    seconds: float
-    armed: bool = False
-    _last: float = 0.0
-    _rearmed: trio.Event = attrs.Factory(trio.Event)
-
-    def arm(self) -> None:
-        self.armed = True
-        self._last = trio.current_time()
-        self._rearmed.set()
-
-    def disarm(self) -> None:
-        self.armed = False
-
-    def touch(self) -> None:
-        self._last = trio.current_time()
-
-    async def wait_stalled(self) -> None:
-        """Return once armed with no :meth:`touch` for ``seconds``."""
-        while True:
-            if not self.armed:
-                self._rearmed = trio.Event()
-                await self._rearmed.wait()
-                continue
-            deadline = self._last + self.seconds
-            if trio.current_time() >= deadline:
-                return
-            await trio.sleep_until(deadline)
-
-
-_PREVIEW: Final = 80
-
-
-def side_question(text: str) -> str:
-    """A parent's "by the way" question, as the prompt an agent CLI gets."""
-    return f"By the way (a side question; answer it briefly and do not resume your task): {text}"
-
-
-def preview(value: object) -> str:
-    """A tool call's arguments as one short line for ``peek``."""
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    text = " ".join(text.split())
-    return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
-
-
-@attrs.define(eq=False)
-class CliTurn:
-    """How one turn of a CLI backend is ending; the first failure recorded is the one kept."""
-
-    done: trio.Event = attrs.Factory(trio.Event)
-    text: str = ""
-    error: str = ""
-    aborted: bool = False
-    abort_requested: bool = False
-
-    def fail(self, error: str) -> None:
-        """Record why the turn failed; it still settles only through :meth:`finish`, so the
-        CLI is quiet before the next turn starts."""
-        if not self.error:
-            self.error = error
-
-    def finish(self, *, aborted: bool = False) -> None:
-        self.aborted = self.aborted or aborted
-        self.done.set()
-
-    def stopping(self) -> bool:
-        """Whether an abort was asked for (a call, so a check after an await is not narrowed)."""
-        return self.abort_requested
-
-    def result(self) -> TurnResult:
-        if self.error:
-            return TurnResult(text=self.text, ok=False, error=self.error)
-        if self.aborted or self.abort_requested:
-            return TurnResult(text=self.text, aborted=True)
-        return TurnResult(text=self.text)

@@ -28,19 +28,15 @@ import psutil
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
+from child._backend import Host
+from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
 from child._cli_env import (
     CliError,
-    CliProcess,
-    CliTurn,
     PrivateDirs,
-    StallWatch,
     Version,
     binary_for,
     cli_environment,
-    preview,
     probe_version,
-    side_question,
     stall_seconds,
 )
 from child._jsonl import Oversize
@@ -104,32 +100,19 @@ def codex_config(loadout: ipc.Loadout, stall: float) -> str:
 
 
 @attrs.define(eq=False)
-class CodexBackend:
+class CodexBackend(CliBackend):
     """Backend ``codex``."""
 
-    loadout: ipc.Loadout
-    host: Host
-    binary: str
-    stall: float
     name: str = "codex"
     version: Version | None = None
-    _dirs: PrivateDirs | None = None
-    _cli: CliProcess | None = None
-    _relay: ToolRelay | None = None
-    _mcp_ready: trio.Event = attrs.Factory(trio.Event)
     _thread: str = ""
     _turn_id: str = ""
-    _turn: CliTurn | None = None
-    _nursery: trio.Nursery | None = None
-    _watch: StallWatch = attrs.field(init=False)
+    _mcp_ready: trio.Event = attrs.Factory(trio.Event)
     _ids: int = 0
     _pending: dict[int, trio.Event] = attrs.Factory(dict)
     _replies: dict[int, dict[str, Any]] = attrs.Factory(dict)
     _commands: dict[str, int] = attrs.Factory(dict)  # running command item id → pid
     _tools: set[str] = attrs.Factory(set)
-
-    def __attrs_post_init__(self) -> None:
-        self._watch = StallWatch(self.stall)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "CodexBackend":
@@ -143,12 +126,7 @@ class CodexBackend:
         if self._cli is not None:
             if self._cli.process.returncode is None and self._thread:
                 return self._cli
-            raise CliError(
-                f"backend codex: app-server exited ({self._cli.process.returncode}) and its "
-                "thread is gone (stop this child and spawn a new one)",
-                backend="codex",
-                binary=self.binary,
-            )
+            raise self._gone()
         dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
         codex_home = dirs.config / "codex"
         codex_home.mkdir(mode=0o700)
@@ -325,43 +303,21 @@ class CodexBackend:
 
     # -- the Backend protocol --------------------------------------------------------------
 
-    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
-        turn = self._turn = CliTurn()
-        try:
-            cli = await self._start()
-        except CliError as exc:
-            self._turn = None
-            return TurnResult(text="", ok=False, error=str(exc))
-        message = side_question(text) if side else text
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                if self._relay is not None:
-                    await nursery.start(self._relay.serve)
-                nursery.start_soon(self._pump, cli, nursery.cancel_scope)
-                nursery.start_soon(self._guard, turn)
-                if not turn.abort_requested:
-                    self._watch.arm()
-                    params = {"threadId": self._thread, "input": [_text(message)]}
-                    reply = await self._request("turn/start", params)
-                    self._turn_id = str(
-                        ((reply.get("result") or {}).get("turn") or {}).get("id", "")
-                    )
-                    if not self._turn_id:
-                        turn.fail(f"codex refused the turn: {_error_text(reply) or 'no reply'}")
-                        turn.finish()
-                    if turn.stopping():  # an abort came while turn/start was in flight
-                        nursery.start_soon(self._stop_turn)
-                    await turn.done.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            self._watch.disarm()
-            self._nursery = None
-            self._turn = None
-            self._turn_id = ""
-            self._tools.clear()
-            _kill_commands(self._commands)
-        return turn.result()
+    async def _begin(self, turn: CliTurn, message: str) -> None:
+        self._watch.arm()
+        params = {"threadId": self._thread, "input": [_text(message)]}
+        reply = await self._request("turn/start", params)
+        self._turn_id = str(((reply.get("result") or {}).get("turn") or {}).get("id", ""))
+        if not self._turn_id:
+            turn.fail(f"codex refused the turn: {_error_text(reply) or 'no reply'}")
+            turn.finish()
+        elif turn.stopping() and self._nursery is not None:
+            self._nursery.start_soon(self._stop_turn)  # an abort came while turn/start flew
+
+    def _after_turn(self) -> None:
+        self._turn_id = ""
+        self._tools.clear()
+        _kill_commands(self._commands)
 
     async def _stop_turn(self) -> None:
         """``turn/interrupt``; kill app-server if the turn does not settle within the grace."""
@@ -374,15 +330,6 @@ class CodexBackend:
             return
         await self._cli.terminate()
 
-    async def _guard(self, turn: CliTurn) -> None:
-        await self._watch.wait_stalled()
-        turn.fail(
-            f"codex: no output for {self.stall:g} s while waiting on the model (stalled "
-            "stream); the turn was interrupted (check the endpoint, or raise FLEET_STALL_TIMEOUT)"
-        )
-        turn.abort_requested = True
-        await self._stop_turn()
-
     async def steer(self, text: str) -> None:
         if self._turn is None or not self._turn_id:
             raise ValueError("codex: no turn is running to steer")
@@ -394,21 +341,6 @@ class CodexBackend:
         reply = await self._request("turn/steer", params)
         if "result" not in reply:
             raise ValueError(f"codex refused the steer: {_error_text(reply) or 'no reply'}")
-
-    async def abort(self) -> None:
-        turn = self._turn
-        if turn is None:
-            return
-        turn.abort_requested = True
-        if self._nursery is not None:
-            self._nursery.start_soon(self._stop_turn)
-
-    async def aclose(self) -> None:
-        if self._cli is not None:
-            # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
-            await self._cli.terminate()
-        if self._dirs is not None:
-            self._dirs.remove()
 
 
 def _text(text: str) -> dict[str, Any]:

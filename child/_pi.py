@@ -31,19 +31,15 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
+from child._backend import Host
+from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
 from child._cli_env import (
     CliError,
-    CliProcess,
-    CliTurn,
     PrivateDirs,
-    StallWatch,
     Version,
     binary_for,
     cli_environment,
-    preview,
     probe_version,
-    side_question,
     stall_seconds,
 )
 from child._jsonl import Oversize
@@ -134,31 +130,18 @@ class _Pending:
 
 
 @attrs.define(eq=False)
-class PiBackend:
+class PiBackend(CliBackend):
     """Backend ``pi``."""
 
-    loadout: ipc.Loadout
-    host: Host
-    binary: str
-    stall: float
     name: str = "pi"
     version: Version | None = None
     #: ``clear_queue`` and ``agent_settled`` (probed once the process is up).
     has_queue: bool = False
-    _dirs: PrivateDirs | None = None
-    _cli: CliProcess | None = None
-    _relay: ToolRelay | None = None
     _pending: dict[str, _Pending] = attrs.Factory(dict)
     _ids: int = 0
-    _turn: CliTurn | None = None
-    _nursery: trio.Nursery | None = None
-    _watch: StallWatch = attrs.field(init=False)
     _tokens: int = 0
     _cost: float = 0.0
     _streamed: str = ""
-
-    def __attrs_post_init__(self) -> None:
-        self._watch = StallWatch(self.stall)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "PiBackend":
@@ -167,15 +150,10 @@ class PiBackend:
     # -- the process ----------------------------------------------------------------------
 
     async def _start(self) -> CliProcess:
-        if self._cli is not None and self._cli.process.returncode is None:
-            return self._cli
         if self._cli is not None:
-            raise CliError(
-                f"backend pi: the pi process exited ({self._cli.process.returncode}) and its "
-                "context is gone (stop this child and spawn a new one)",
-                backend="pi",
-                binary=self.binary,
-            )
+            if self._cli.process.returncode is None:
+                return self._cli
+            raise self._gone()
         dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "pi")
         agent_dir = dirs.config / "pi"
         agent_dir.mkdir(mode=0o700)
@@ -201,7 +179,7 @@ class PiBackend:
             stderr_path=dirs.root / "stderr.log",
         )
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, nursery.cancel_scope)
+            nursery.start_soon(self._pump, cli, nursery.cancel_scope)
             with trio.move_on_after(READY_TIMEOUT) as ready:
                 # No ready event exists: the first answered command is the sign of life.
                 await self._command({"type": "get_state"}, patience=float("inf"))
@@ -237,19 +215,18 @@ class PiBackend:
             self._pending.pop(ident, None)
         return pending.reply
 
-    async def _pump(self, scope: trio.CancelScope) -> None:
+    async def _pump(self, cli: CliProcess, scope: trio.CancelScope) -> None:
         """Read Pi's records until EOF, dispatching each; EOF fails the turn."""
-        assert self._cli is not None  # noqa: S101 - started before pumping
         while True:
-            record = await self._cli.reader.receive()
+            record = await cli.reader.receive()
             if record is None:
                 break
             self._watch.touch()
             if isinstance(record, Oversize):
                 record = {"type": record.kind}
             await self._dispatch(record)
-        code = await self._cli.process.wait()
-        detail = self._cli.stderr_line()
+        code = await cli.process.wait()
+        detail = cli.stderr_line()
         for pending in self._pending.values():
             pending.done.set()
         if self._turn is not None:
@@ -369,45 +346,14 @@ class PiBackend:
 
     # -- the Backend protocol --------------------------------------------------------------
 
-    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
-        turn = self._turn = CliTurn()
-        try:
-            await self._start()
-        except CliError as exc:
-            self._turn = None
-            return TurnResult(text="", ok=False, error=str(exc))
-        message = side_question(text) if side else text
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                if self._relay is not None:
-                    await nursery.start(self._relay.serve)
-                nursery.start_soon(self._pump, nursery.cancel_scope)
-                nursery.start_soon(self._guard, turn)
-                if not turn.abort_requested:
-                    self._watch.arm()
-                    reply = await self._command({"type": "prompt", "message": message})
-                    if not reply.get("success"):
-                        error = reply.get("error") or "no response"
-                        turn.fail(f"pi refused the prompt: {error}")
-                        turn.finish()
-                    await turn.done.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            self._watch.disarm()
-            self._nursery = None
-            self._turn = None
-        return turn.result()
+    async def _begin(self, turn: CliTurn, message: str) -> None:
+        self._watch.arm()
+        reply = await self._command({"type": "prompt", "message": message})
+        if not reply.get("success"):
+            turn.fail(f"pi refused the prompt: {reply.get('error') or 'no response'}")
+            turn.finish()
 
-    async def _guard(self, turn: CliTurn) -> None:
-        await self._watch.wait_stalled()
-        turn.fail(
-            f"pi: no output for {self.stall:g} s while waiting on the model (stalled stream); "
-            "the turn was aborted (check the endpoint, or raise FLEET_STALL_TIMEOUT)"
-        )
-        await self._abort_process()
-
-    async def _abort_process(self) -> None:
+    async def _stop_turn(self) -> None:
         """``clear_queue`` + ``abort``; kill Pi if it does not settle within the grace."""
         if self._cli is None:
             return
@@ -423,17 +369,3 @@ class PiBackend:
         reply = await self._command({"type": "steer", "message": text})
         if not reply.get("success"):
             raise ValueError(f"pi refused the steer: {reply.get('error') or 'no response'}")
-
-    async def abort(self) -> None:
-        turn = self._turn
-        if turn is None:
-            return
-        turn.abort_requested = True
-        if self._nursery is not None:
-            self._nursery.start_soon(self._abort_process)
-
-    async def aclose(self) -> None:
-        if self._cli is not None:
-            await self._cli.terminate()
-        if self._dirs is not None:
-            self._dirs.remove()

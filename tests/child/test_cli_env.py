@@ -4,12 +4,10 @@ import stat
 from pathlib import Path
 
 import pytest
-import trio
 
 from child._cli_env import (
     CliError,
     PrivateDirs,
-    StallWatch,
     Version,
     binary_for,
     cli_environment,
@@ -99,25 +97,3 @@ async def test_probe_refuses_old_or_broken_clis_in_one_line(tmp_path, output, co
 async def test_probe_of_a_missing_binary_names_it():
     with pytest.raises(CliError, match=r"^backend codex: nope-codex is not on PATH \(install"):
         await probe_version("codex", "nope-codex", minimum=Version(1, 0, 0), package="p", env={})
-
-
-async def test_stall_watch_fires_only_when_armed_and_silent(autojump_clock):
-    watch = StallWatch(seconds=5.0)
-    fired_at: list[float] = []
-
-    async def wait() -> None:
-        await watch.wait_stalled()
-        fired_at.append(trio.current_time())
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait)
-        await trio.sleep(100)  # disarmed: silence does not count
-        assert fired_at == []
-        watch.arm()  # t = 100
-        await trio.sleep(4)
-        watch.touch()  # t = 104
-        await trio.sleep(3)
-        watch.disarm()  # a tool runs from t = 107 ...
-        await trio.sleep(50)
-        watch.arm()  # ... until t = 157
-    assert fired_at == [162.0]
