@@ -17,7 +17,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from orchestrator._kill import kill_tree
+from orchestrator._kill import MARKER_ENV, kill_tree
 
 OutputSink = Callable[[str, bytes], None]
 
@@ -63,6 +63,8 @@ class LaunchedProcess:
 
     popen: subprocess.Popen[bytes]
     pid: int
+    #: The run's marker (``MARKER_ENV``), so the kill also finds descendants that left the tree.
+    marker: str | None = None
     exited: trio.Event = attrs.Factory(trio.Event)
     returncode: int | None = None
     _readers_done: trio.Event = attrs.Factory(trio.Event)
@@ -81,7 +83,7 @@ class LaunchedProcess:
         return self.returncode
 
     async def terminate(self, grace: float) -> None:
-        await kill_tree(self.pid, exited=self.exited, grace=grace)
+        await kill_tree(self.pid, exited=self.exited, grace=grace, marker=self.marker)
 
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - a bounded drain
         """Give stdio *timeout* seconds to reach EOF, then stop reading.
@@ -136,7 +138,7 @@ class ProcessLauncher:
         self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
     ) -> LaunchedProcess:
         popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
-        launched = LaunchedProcess(popen=popen, pid=popen.pid)
+        launched = LaunchedProcess(popen=popen, pid=popen.pid, marker=spec.env.get(MARKER_ENV))
         fds = []
         for pipe in (popen.stdout, popen.stderr):
             assert pipe is not None  # noqa: S101 - we asked for PIPE

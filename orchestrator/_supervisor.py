@@ -34,6 +34,7 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._isolation import Worktrees, apply_settlement
+from orchestrator._kill import MARKER_ENV
 from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
 from orchestrator._notes import Notes
 from orchestrator._ownership import LockConflict, LockTable
@@ -266,7 +267,12 @@ class Supervisor:
             name=run.record.name,
             argv=placement.argv,
             cwd=run.record.workspace,
-            env={**child_environment(os.environ), **placement.env},
+            env={
+                **child_environment(os.environ),
+                **placement.env,
+                # Unique to this run: the kill ladder finds every process that inherited it.
+                MARKER_ENV: f"{self.config.session}/{run.key}/{os.getpid()}",
+            },
         )
         return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
 

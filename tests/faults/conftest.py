@@ -140,6 +140,15 @@ class Faults:
         except psutil.Error:
             return []
 
+    def marked(self, key: str) -> list[int]:
+        """Every process carrying *key*'s run marker in its environment, wherever it went."""
+        marker = f"t/{key}/{os.getpid()}"
+        return [
+            process.pid
+            for process in psutil.process_iter(["environ"])
+            if (process.info["environ"] or {}).get("FLEET_RUN") == marker
+        ]
+
     @staticmethod
     def cmdline(pid: int) -> list[str]:
         try:

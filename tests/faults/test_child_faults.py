@@ -110,8 +110,11 @@ async def test_a_pending_question_pauses_both_budgets(faults) -> None:
             await faults.ended(sup, record.key, state=State.FAILED, kind="idle", pids=pids)
 
 
-async def test_a_grandchild_holding_stdout_does_not_hold_up_stop(faults) -> None:
-    config = faults.config()
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+async def test_a_grandchild_holding_stdout_does_not_hold_up_stop(faults, sandbox: str) -> None:
+    # Unsandboxed, the grandchild outlives the shell and leaves the process tree: only the
+    # run's environment marker finds it. Sandboxed, it dies with the pid namespace too.
+    config = faults.config(sandbox=sandbox)
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn(
@@ -128,7 +131,7 @@ async def test_a_grandchild_holding_stdout_does_not_hold_up_stop(faults) -> None
             await faults.until(lambda: record.activity.startswith("command "))
             await trio.sleep(0.5)
             assert record.state is State.WORKING
-            pids = faults.tree(record.pid)
+            pids = faults.marked(record.key)
             assert any("sleep" in " ".join(faults.cmdline(pid)) for pid in pids)
             started = time.monotonic()
             [handoff] = await sup.stop([record.key])
@@ -151,3 +154,21 @@ async def test_a_sigkilled_child_leaves_the_rest_of_the_fleet_alone(faults) -> N
             )
             assert bystander.state is State.WORKING
             assert faults.child_process(bystander.key).is_running()
+
+
+async def test_a_killed_childs_escaped_grandchildren_are_found_and_killed(faults) -> None:
+    # setsid + a subshell: the grandchild leaves the child's session and its process tree.
+    escape = ("sh", "-c", "(setsid sleep 61 &); echo started; sleep 60")
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(sandbox="off")) as sup:
+            [record] = await sup.spawn(
+                [SpawnRequest(task="escape", backend="command", command=escape)]
+            )
+            await faults.until(
+                lambda: any("61" in faults.cmdline(pid) for pid in faults.marked(record.key))
+            )
+            pids = faults.marked(record.key)
+            assert record.pid is not None
+            assert not set(pids) <= set(faults.tree(record.pid))  # escaped from the tree
+            faults.child_process(record.key).send_signal(signal.SIGKILL)
+            await faults.ended(sup, record.key, state=State.FAILED, kind="killed", pids=pids)

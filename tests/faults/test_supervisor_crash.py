@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -33,10 +34,10 @@ turns:
 """
 
 
-def peek(faults) -> dict:
+def peek(faults) -> dict[str, Any]:
     result = faults.cli("peek", "--json")
     assert result.returncode == 0, result.stderr
-    data: dict = json.loads(result.stdout)
+    data: dict[str, Any] = json.loads(result.stdout)
     return data
 
 
