@@ -8,6 +8,7 @@ programs; errors are one line on stderr (and an ``error`` object on stdout with 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,8 +31,11 @@ WATCH_INTERVAL = 0.25
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        verb = self.prog.split()[-1] if " " in self.prog else "fleet"
-        print(f"fleet {verb}: {message} (see fleet {verb} --help)", file=sys.stderr)
+        if " " in self.prog:
+            verb = self.prog.split()[-1]
+            print(f"fleet {verb}: {message} (see fleet {verb} --help)", file=sys.stderr)
+        else:
+            print(f"fleet: {message} (see fleet --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -92,7 +96,10 @@ def cmd_spawn(args: argparse.Namespace) -> int:
             if getattr(args, key):
                 request[key] = getattr(args, key)
         if args.command:
-            request["command"] = args.command
+            try:
+                request["command"] = shlex.split(args.command)
+            except ValueError as exc:
+                raise UsageError(f"--command {args.command!r}: {exc}") from None
         requests = [request]
     data = _call(args, "spawn", {"requests": requests})
     if args.wait:
@@ -503,7 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name")
     p.add_argument("--backend")
     p.add_argument("--model", help="scripted:FILE or openai:MODEL[@URL]")
-    p.add_argument("--command", nargs="+", help="argv for the command backend")
+    p.add_argument(
+        "--command",
+        help="the command backend's argv as one shell-quoted string, e.g. \"sh -c 'make lint'\"",
+    )
     p.add_argument(
         "--surface",
         choices=["process", "tmux", "tmux:current", "cmux"],
