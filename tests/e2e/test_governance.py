@@ -44,7 +44,7 @@ def test_plan_mode_refuses_writers_with_exit_4_and_keeps_running_children(fleet)
     hold = fleet.script("hold", HOLD)
     # A writer-capable child started in build mode ...
     (fleet.repo / "run.sh").write_text("sleep 2; echo ran\n")
-    fleet.json("spawn", "run it", "--agent", "runner", "--command", "sh", "run.sh")
+    fleet.json("spawn", "run it", "--agent", "runner", "--command", "sh run.sh")
     fleet.json("spawn", "--model", hold, "--name", "early", "wait")
     assert fleet.json("mode", "plan") == {"mode": "plan"}
     assert fleet.json("mode") == {"mode": "plan"}
