@@ -76,6 +76,7 @@ class ChildRun:
     _turn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
+    _timed_out: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
@@ -144,6 +145,9 @@ class ChildRun:
     def on_timeout(self, kind: str) -> None:
         """Watchdog callback: the budget *kind* ran out."""
         if self._nursery is not None and not self.finishing:
+            # From now on the active turn's result is rejected, even if it arrives before the
+            # ending below has begun.
+            self._timed_out = True
             budget = (
                 self.watchdog.policy.idle_ms
                 if kind == "idle"
@@ -303,7 +307,7 @@ class ChildRun:
     def _settled(self, turn: Turn) -> None:
         result = turn.result
         record = self.record
-        if result is None or self.finishing:
+        if result is None or self.finishing or self._timed_out:
             return
         self.sup.cancel_questions(self.key)
         if result.text:

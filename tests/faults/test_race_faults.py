@@ -174,6 +174,38 @@ async def test_a_watchdog_firing_as_the_child_finishes_gives_one_terminal_state(
                 await faults.gone(pids[record.key])
 
 
+async def test_a_result_arriving_after_the_watchdog_fired_is_rejected(faults) -> None:
+    # The narrowest form of the race above, made certain: the budget has run out (the callback
+    # ran) and the child's settled frame is read before the timeout's ending has begun.
+    hold = faults.script("hold", "turns:\n  - steps:\n      - wait: 30\n        until: steer\n")
+    config = faults.config(model=hold, lane=8, max_subagents=8)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config) as sup:
+            records = await sup.spawn([SpawnRequest(task=f"t{i}") for i in range(8)])
+            await faults.until(lambda: all(sup.runs[r.key].turn is not None for r in records))
+            for record in records:
+                run = sup.runs[record.key]
+                assert run.turn is not None
+                run.on_timeout("idle")
+                late = ipc.Envelope(
+                    v=1,
+                    token=run.token,
+                    owner=record.key,
+                    corr="",
+                    kind="event",
+                    type="settled",
+                    body=ipc.Settled(turn=run.turn.number, text="too late"),
+                )
+                await run._on_event(late)
+            for record in records:
+                [note] = await sup.wait([record.key])
+                assert (note["state"], note["report"]) == ("failed", "")
+                assert note["failure"]["kind"] == "idle"
+                assert record.report == ""
+            await trio.sleep(0.3)
+            assert sup.notes.pending == []
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.005, 0.05])
 async def test_stop_racing_a_disconnect_ends_the_child_once(faults, delay: float) -> None:
     with trio.fail_after(CEILING):
