@@ -124,14 +124,32 @@ class CliProcess:
             _signal_all(tree, signal.SIGTERM)
             with trio.move_on_after(grace):
                 await self.process.wait()
+                await _gone(tree)
             if self.process.returncode is None:
                 self.process.kill()
-            _signal_all(tree, signal.SIGKILL)
+            _signal_all(_alive(tree), signal.SIGKILL)
             await self.process.wait()
+            with trio.move_on_after(1.0):  # the kernel finishes the kills; orphans go to init
+                await _gone(tree)
             await self.close_stdin()
             if self.process.stdout is not None:
                 await trio.aclose_forcefully(self.process.stdout)
         return self.process.returncode if self.process.returncode is not None else -1
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of *processes* still running (a zombie has finished)."""
+    running = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
+
+
+async def _gone(processes: list[psutil.Process]) -> None:
+    while _alive(processes):  # noqa: ASYNC110 - no event exists for a non-child's exit
+        await trio.sleep(0.02)
 
 
 def _signal_all(processes: list[psutil.Process], sig: int) -> None:

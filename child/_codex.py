@@ -242,7 +242,9 @@ class CodexBackend(CliBackend):
         turn = self._turn
         if turn is None:
             return
-        if method == "item/agentMessage/delta":
+        if method == "turn/started":
+            self._watch.arm()
+        elif method == "item/agentMessage/delta":
             self.host.emit(ipc.Event(activity="message", text=str(params.get("delta", ""))[:120]))
         elif method == "item/started":
             self._on_item(params.get("item") or {}, started=True)
@@ -304,7 +306,7 @@ class CodexBackend(CliBackend):
     # -- the Backend protocol --------------------------------------------------------------
 
     async def _begin(self, turn: CliTurn, message: str) -> None:
-        self._watch.arm()
+        # The stall watch is armed by turn/started, when Codex has begun the turn.
         params = {"threadId": self._thread, "input": [_text(message)]}
         reply = await self._request("turn/start", params)
         self._turn_id = str(((reply.get("result") or {}).get("turn") or {}).get("id", ""))

@@ -266,6 +266,8 @@ class PiBackend(CliBackend):
                 self._streamed += str(update.get("delta", ""))
                 lines = self._streamed.strip().splitlines()
                 emit(ipc.Event(activity="message", text=lines[-1][:120] if lines else ""))
+        elif kind == "agent_start":
+            self._watch.arm()
         elif kind == "message_start":
             self._streamed = ""
         elif kind == "message_end":
@@ -347,7 +349,7 @@ class PiBackend(CliBackend):
     # -- the Backend protocol --------------------------------------------------------------
 
     async def _begin(self, turn: CliTurn, message: str) -> None:
-        self._watch.arm()
+        # The stall watch is armed by agent_start: Node's pace before it is not model time.
         reply = await self._command({"type": "prompt", "message": message})
         if not reply.get("success"):
             turn.fail(f"pi refused the prompt: {reply.get('error') or 'no response'}")
