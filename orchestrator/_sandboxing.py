@@ -1,7 +1,8 @@
 """How the supervisor puts a child in an OS sandbox, and when it refuses to run one without.
 
 Scouts and forks run under ``read_only`` (or ``review`` when their definition asks), workers
-under ``worker`` with their worktree writable. When no sandbox launcher works, a child whose
+under ``worker`` with their worktree writable. A child that talks to a model over the network
+keeps the network; its filesystem stays confined. When no sandbox launcher works, a child whose
 *only* enforcement is the sandbox — one with a shell, or an external agent CLI — is refused
 unless the user allowed unsandboxed runs; a builtin child with read-only tools is still
 confined by its tools, so it runs unwrapped and ``peek`` and its handoff say so.
@@ -53,6 +54,18 @@ def check_available(config: Config, backend: str, tools: Iterable[str], agent: s
         )
 
 
+def reaches_a_model(loadout: ipc.Loadout) -> bool:
+    """Whether the child talks to a model over the network (an agent CLI or ``openai``).
+
+    Such a child needs the network even under ``read_only``: the filesystem stays read-only,
+    but denying the network would cut it off from its model (a loopback endpoint included,
+    since ``--unshare-net`` gives the child its own loopback).
+    """
+    return loadout.backend in {"pi", "claude", "codex"} or (
+        loadout.backend == "builtin" and loadout.model.kind != "scripted"
+    )
+
+
 @attrs.frozen(kw_only=True)
 class Placement:
     argv: tuple[str, ...]
@@ -86,6 +99,7 @@ def place(
         writable=(workspace,) if policy is sandbox.Policy.WORKER else (),
         sockets=(config.paths.root,),
         cwd=workspace,
+        network=True if reaches_a_model(loadout) else None,
     )
     try:
         wrapped = sandbox.wrap(argv, spec)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 
+import sandbox
 from orchestrator._config import Config
 from orchestrator._plan import SpawnRequest
 from orchestrator._supervisor import Supervisor, open_supervisor
@@ -292,3 +293,22 @@ async def test_a_side_question_to_an_idle_child_is_answered_in_its_context(
     assert state == "idle"
     assert "By the way" in str(calls[-1].body)
     assert "find it" in str(calls[-1].body)
+
+
+@pytest.mark.skipif(not sandbox.probe().available, reason="no working sandbox here")
+@pytest.mark.parametrize("kind", ["openai", "pi-next"])
+async def test_a_sandboxed_scout_still_reaches_its_model(kind, repo, home, monkeypatch):
+    # The sandbox keeps the filesystem read-only but must not cut a child off from its model.
+    if kind not in MODEL_BACKENDS:
+        pytest.skip(f"{kind} is not a backend here")
+    use_cli(monkeypatch, kind)
+    async with ModelServer() as srv:
+        srv.script(CHILD, [read_call(kind, repo), {"text": "## Summary\nsandboxed"}])
+        config = Config(home=home, session="t", workspace=repo)
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([spawn_request(kind, srv.base_url(CHILD), "find it")])
+            note = await settle(sup, record.key)
+            sandboxed = sup.peek([record.key])["agents"][0]["sandboxed"]
+    assert note["error"] == ""
+    assert note["report"] == "## Summary\nsandboxed"
+    assert sandboxed is True
