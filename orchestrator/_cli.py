@@ -509,7 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["scout", "fork", "worktree"])
     p.add_argument("--name")
     p.add_argument("--backend")
-    p.add_argument("--model", help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL, or a CLI backend's model name")
+    p.add_argument(
+        "--model",
+        help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL, or a CLI backend's model name",
+    )
     p.add_argument(
         "--command",
         help="the command backend's argv as one shell-quoted string, e.g. \"sh -c 'make lint'\"",
