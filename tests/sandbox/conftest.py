@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
@@ -16,7 +17,6 @@ from sandbox import SandboxSpec, probe, wrap
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Awaitable, Callable
-    from pathlib import Path
 
 # Runs inside the sandbox: tries each "kind:argument" operation and prints {op: result}, where
 # result is "ok", "ok:<content>" for reads, or the errno name the attempt failed with.
@@ -83,9 +83,16 @@ def layout(tmp_path: Path) -> Layout:
     return Layout(repo=repo, scratch=scratch, worktree=worktree, ipc=ipc)
 
 
+def with_runtime(spec: SandboxSpec) -> SandboxSpec:
+    """*spec* with this interpreter's prefix visible: a checkout (and its venv) may live under
+    /tmp, which the sandbox replaces with an empty tmpfs."""
+    runtime = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    return attrs.evolve(spec, visible=(*spec.visible, *sorted(runtime)))
+
+
 async def _run_inside(spec: SandboxSpec, *argv: str) -> subprocess.CompletedProcess[bytes]:
     """Run ``argv`` under ``spec`` (wrapped for real) and return its captured result."""
-    wrapped = wrap(argv, spec)
+    wrapped = wrap(argv, with_runtime(spec))
     assert wrapped.wrapped, wrapped.reason
     with trio.fail_after(30):
         return await trio.run_process(

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from sandbox import Policy, SandboxSpec, wrap
+from tests.sandbox.conftest import with_runtime
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -152,7 +153,7 @@ async def test_killing_bwrap_kills_a_setsid_grandchild(layout, bwrap_works):
         "time.sleep(60)\n"
     )
     spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=layout.scratch)
-    wrapped = wrap([sys.executable, "-c", code, sleeper, marker], spec)
+    wrapped = wrap([sys.executable, "-c", code, sleeper, marker], with_runtime(spec))
     # Spawned on the trio thread on purpose: --die-with-parent is tied to the spawning thread.
     proc = subprocess.Popen(wrapped.argv, env={**os.environ, **wrapped.env})  # noqa: ASYNC220
     found: list[psutil.Process] = []
@@ -185,7 +186,7 @@ async def test_killing_bwrap_kills_a_setsid_grandchild(layout, bwrap_works):
 async def test_sandbox_dies_with_the_process_that_spawned_it(layout, bwrap_works):
     spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=layout.scratch)
     sleeper = ("-c", "import time; time.sleep(60)")
-    wrapped = wrap([sys.executable, *sleeper], spec)
+    wrapped = wrap([sys.executable, *sleeper], with_runtime(spec))
     spawner_code = (
         "import json, subprocess, sys, time\n"
         "child = subprocess.Popen(json.loads(sys.argv[1]))\n"
@@ -242,7 +243,7 @@ async def test_child_spawned_from_main_thread_outlives_trio_thread_retirement(la
     # --die-with-parent fires when the spawning *thread* exits; trio retires idle worker
     # threads after 10 s. Spawned from the main (trio) thread, the child must live on.
     spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=layout.scratch)
-    wrapped = wrap([sys.executable, "-c", "import time; time.sleep(15)"], spec)
+    wrapped = wrap([sys.executable, "-c", "import time; time.sleep(15)"], with_runtime(spec))
     # Spawned on the trio thread on purpose: --die-with-parent is tied to the spawning thread.
     proc = subprocess.Popen(wrapped.argv, env={**os.environ, **wrapped.env})  # noqa: ASYNC220
     try:
