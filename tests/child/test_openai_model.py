@@ -160,7 +160,9 @@ async def test_a_stalled_stream_fails_after_the_stall_timeout():
         start = trio.current_time()
         with trio.fail_after(10), pytest.raises(ModelError, match=r"no data for 1 s \(stalled"):
             await model.step(context())
-        assert 1.0 <= trio.current_time() - start < 5
+        waited = trio.current_time() - start
+        assert waited >= 1.0
+        assert waited < 5
         await model.aclose()
 
 

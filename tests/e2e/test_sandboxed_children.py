@@ -20,7 +20,7 @@ pytestmark = [
 def _spawn_command(fleet, script: str) -> str:
     command = shlex.join(["sh", "-c", script])
     data = fleet.json("spawn", "--backend", "command", "--command", command, "task")
-    return data["agents"][0]["key"]
+    return str(data["agents"][0]["key"])
 
 
 def test_a_command_child_is_sandboxed_read_only_with_a_writable_scratch(fleet):
