@@ -9,8 +9,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,13 +18,13 @@ from typing import Any, NoReturn
 import trio
 
 from orchestrator import _render
-from orchestrator._config import Config, load_config
-from orchestrator._control import WAIT_SLICE, call_async, op_timeout
+from orchestrator._cli_common import call, config_of, joined, out
+from orchestrator._cli_coordination import cmd_brief, cmd_discuss, cmd_vote
+from orchestrator._cli_review import cmd_accept, cmd_diff, cmd_revert
+from orchestrator._cli_watch import cmd_attach, cmd_peek, cmd_top
+from orchestrator._control import WAIT_SLICE, call_async
 from orchestrator._daemon import ensure_daemon, serve
-from orchestrator._democracy import render_outcome
 from orchestrator._errors import FleetError, TimedOut, UsageError
-
-WATCH_INTERVAL = 0.25
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,49 +37,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _config(args: argparse.Namespace) -> Config:
-    return load_config(
-        session=args.session,
-        max_subagents=args.max_subagents,
-        lane=args.lane,
-        model=args.model_default,
-        allow_unsandboxed=True if args.allow_unsandboxed else None,
-    )
-
-
-def _call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-    config = _config(args)
-    token = ensure_daemon(config)
-    paths = config.paths
-    settings = {"max_subagents": args.max_subagents, "lane": args.lane}
-    if any(value is not None for value in settings.values()):
-        trio.run(
-            lambda: call_async(paths.control_socket, token, "configure", settings, timeout=10.0)
-        )
-    return trio.run(
-        lambda: call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
-    )
-
-
-def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
-    if args.json:
-        print(json.dumps(data, indent=None if not sys.stdout.isatty() else 2))
-    else:
-        text = human(data)
-        if text:
-            print(text)
-
-
-def _text(words: Sequence[str], what: str) -> str:
-    text = " ".join(words).strip()
-    if not text:
-        raise UsageError(f"{what} is empty")
-    return text
-
-
-# -- verbs ----------------------------------------------------------------------------------
-
-
 def cmd_spawn(args: argparse.Namespace) -> int:
     if args.batch:
         try:
@@ -91,7 +46,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         if not isinstance(requests, list):
             raise UsageError(f"batch file {args.batch}: must hold a JSON list of tasks")
     else:
-        request: dict[str, Any] = {"task": _text(args.task, "the task"), "agent": args.agent}
+        request: dict[str, Any] = {"task": joined(args.task, "the task"), "agent": args.agent}
         for key in ("mode", "name", "backend", "model", "surface"):
             if getattr(args, key):
                 request[key] = getattr(args, key)
@@ -101,11 +56,11 @@ def cmd_spawn(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise UsageError(f"--command {args.command!r}: {exc}") from None
         requests = [request]
-    data = _call(args, "spawn", {"requests": requests})
+    data = call(args, "spawn", {"requests": requests})
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
         return _wait(args, keys, every=True, timeout=None)
-    _out(
+    out(
         args,
         data,
         lambda d: "\n".join(
@@ -120,7 +75,7 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
     while True:
         remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            data = _call(
+            data = call(
                 args, "wait", {"agents": keys, "all": every, "timeout": min(WAIT_SLICE, remaining)}
             )
             break
@@ -129,7 +84,7 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
                 raise TimedOut(
                     f"nothing settled within {timeout:g} s (try again, or fleet peek)"
                 ) from None
-    _out(args, data, lambda d: _render.settled_text(d["settled"]))
+    out(args, data, lambda d: _render.settled_text(d["settled"]))
     failed = any(n.get("state") == "failed" for n in data["settled"])
     return 1 if failed else 0
 
@@ -138,112 +93,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return _wait(args, list(args.agents), every=args.all, timeout=args.timeout)
 
 
-def cmd_peek(args: argparse.Namespace) -> int:
-    payload = {"agents": list(args.agents)}
-    if not args.watch:
-        data = _call(args, "peek", payload)
-        _out(args, data, lambda d: _render.peek_table(d, width=shutil.get_terminal_size().columns))
-        return 0
-    return _watch(args, list(args.agents))
-
-
-def cmd_top(args: argparse.Namespace) -> int:
-    return _watch(args, [])
-
-
-def _watch(args: argparse.Namespace, refs: list[str]) -> int:
-    """The live fleet view: redrawn in place on a terminal, one line per change otherwise.
-
-    It ends when the fleet, having had children, is empty again (or on Ctrl-C).
-    """
-    config = _config(args)
-    token = ensure_daemon(config)
-    socket = config.paths.control_socket
-    screen = _render.LiveScreen(sys.stdout) if sys.stdout.isatty() and not args.json else None
-    lines = _render.ChangeLines(sys.stdout, json_output=args.json)
-
-    async def peek(agents: list[str]) -> dict[str, Any]:
-        payload = {"agents": agents}
-        return await call_async(socket, token, "peek", payload, timeout=op_timeout("peek"))
-
-    async def loop() -> bool:
-        seen = False
-        while True:
-            data = await peek(refs)
-            agents = _render.live_agents(data)
-            if screen is not None:
-                size = shutil.get_terminal_size()
-                screen.draw(_render.fleet_view(data, width=size.columns), height=size.lines)
-            else:
-                for key in lines.update(agents):
-                    try:
-                        [final] = (await peek([key]))["agents"]
-                    except FleetError:
-                        continue  # no longer retained: nothing more to say about it
-                    lines.left(final)
-            seen = seen or bool(agents)
-            if seen and not agents:
-                return True
-            await trio.sleep(WATCH_INTERVAL)
-
-    emptied = False
-    try:
-        emptied = trio.run(loop)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if screen is not None:
-            screen.close()
-    if emptied and screen is not None:
-        print("fleet is empty")
-    return 0
-
-
-def cmd_attach(args: argparse.Namespace) -> int:
-    data = _call(args, "attach", {"agent": args.agent or ""})
-    if args.json:
-        _out(args, data, str)
-        return 0
-    socket, target = data["socket"], data["target"]
-    inside = os.environ.get("TMUX", "").partition(",")[0]
-    if inside and _same_file(inside, socket):
-        # Already a client of that server: move this client rather than nest another.
-        switch = ["tmux", "-S", socket, "switch-client", "-t", target]
-        return subprocess.run(switch, check=False).returncode
-    if not sys.stdin.isatty():
-        raise UsageError(
-            f"attach: stdin is not a terminal, so tmux cannot attach to {target} "
-            "(run it in a terminal, or pass --json for the target)"
-        )
-    return _exec_attach(socket, target)
-
-
-def _exec_attach(socket: str, target: str) -> NoReturn:
-    """Become ``tmux attach``: the user talks to tmux directly, and its exit status is ours.
-
-    ``$TMUX`` is dropped so that inside another tmux server this nests a client, as asked.
-    """
-    env = {k: v for k, v in os.environ.items() if k not in {"TMUX", "TMUX_PANE"}}
-    sys.stdout.flush()
-    os.execvpe("tmux", ["tmux", "-S", socket, "attach-session", "-t", target], env)  # noqa: S606
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def cmd_steer(args: argparse.Namespace) -> int:
-    data = _call(args, "steer", {"agent": args.agent, "text": _text(args.text, "the steer")})
-    _out(args, data, lambda d: f"{d['key']} {d['state']}: steered")
+    data = call(args, "steer", {"agent": args.agent, "text": joined(args.text, "the steer")})
+    out(args, data, lambda d: f"{d['key']} {d['state']}: steered")
     return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    data = _call(args, "pause", {"agent": args.agent})
-    _out(
+    data = call(args, "pause", {"agent": args.agent})
+    out(
         args,
         data,
         lambda d: f"{d['key']} {d['state']}" + ("" if d["settled"] else " (not settled yet)"),
@@ -252,49 +110,49 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    data = _call(args, "resume", {"agent": args.agent, "text": _text(args.text, "the prompt")})
-    _out(args, data, lambda d: f"{d['key']} {d['state']}")
+    data = call(args, "resume", {"agent": args.agent, "text": joined(args.text, "the prompt")})
+    out(args, data, lambda d: f"{d['key']} {d['state']}")
     return 0
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    data = _call(args, "ask", {"agent": args.agent, "text": _text(args.text, "the question")})
-    _out(args, data, lambda d: d["answer"])
+    data = call(args, "ask", {"agent": args.agent, "text": joined(args.text, "the question")})
+    out(args, data, lambda d: d["answer"])
     return 0
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
-    data = _call(
-        args, "answer", {"question": args.question, "text": _text(args.text, "the answer")}
+    data = call(
+        args, "answer", {"question": args.question, "text": joined(args.text, "the answer")}
     )
-    _out(args, data, lambda d: f"answered {d['question']} ({d['key']})")
+    out(args, data, lambda d: f"answered {d['question']} ({d['key']})")
     return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     if not args.agents and not args.all:
         raise UsageError("name at least one agent, or pass --all")
-    data = _call(args, "stop", {"agents": list(args.agents), "all": args.all})
-    _out(args, data, lambda d: _render.handoff_text(d["handoffs"]) or "no live children")
+    data = call(args, "stop", {"agents": list(args.agents), "all": args.all})
+    out(args, data, lambda d: _render.handoff_text(d["handoffs"]) or "no live children")
     failed = any(h["state"] == "failed" or h.get("conflicts") for h in data["handoffs"])
     return 1 if failed else 0
 
 
 def cmd_discard(args: argparse.Namespace) -> int:
-    data = _call(args, "discard", {"agent": args.agent})
-    _out(args, data, lambda d: f"{d['key']} discarded")
+    data = call(args, "discard", {"agent": args.agent})
+    out(args, data, lambda d: f"{d['key']} discarded")
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    data = _call(args, "logs", {"agent": args.agent, "tail": args.tail})
-    _out(args, data, lambda d: f"{d['path']}\n{d['tail']}")
+    data = call(args, "logs", {"agent": args.agent, "tail": args.tail})
+    out(args, data, lambda d: f"{d['path']}\n{d['tail']}")
     return 0
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
-    data = _call(args, "agents", {"scope": args.scope})
-    _out(
+    data = call(args, "agents", {"scope": args.scope})
+    out(
         args,
         data,
         lambda d: _render.table(
@@ -309,133 +167,29 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
-    data = _call(args, "mode", {"name": args.name})
-    _out(args, data, lambda d: d["mode"])
+    data = call(args, "mode", {"name": args.name})
+    out(args, data, lambda d: d["mode"])
     return 0
-
-
-def cmd_discuss(args: argparse.Namespace) -> int:
-    if args.action == "ask":
-        payload = {"action": "ask", "text": _text(args.text, "the question"), "to": args.to}
-    elif args.action == "answer":
-        text = _text(args.text, "the answer")
-        payload = {"action": "answer", "question": args.question, "text": text}
-    else:
-        payload = {"action": "list", "since": args.since, "question": args.question}
-    data = _call(args, "discuss", payload)
-    _out(args, data, lambda d: d["text"])
-    return 0
-
-
-def cmd_vote(args: argparse.Namespace) -> int:
-    if args.abort:
-        data = _call(args, "vote", {"action": "abort"})
-        _out(args, data, render_outcome)
-        return 0
-    if not args.options:
-        raise UsageError("pass --options FILE with the round request (or --abort)")
-    try:
-        request = json.loads(Path(args.options).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"options file {args.options}: {exc}") from None
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else []
-    started = _call(
-        args,
-        "vote",
-        {
-            "action": "start",
-            "request": request,
-            "agents": agents,
-            "voters": args.voters,
-            "deadline": args.deadline,
-            "model": args.model,
-        },
-    )
-    wait = {"action": "wait", "round": started["round"], "timeout": WAIT_SLICE}
-    try:
-        data = _call(args, "vote", wait)
-        while data["status"] == "running":
-            data = _call(args, "vote", wait)
-    except KeyboardInterrupt:
-        # Interrupting fleet vote invalidates its round: a partial tally is never shown.
-        _call(args, "vote", {"action": "abort", "round": started["round"]})
-        raise
-    _out(args, data, render_outcome)
-    return 1 if data["status"] == "failed" else 0
-
-
-def cmd_brief(args: argparse.Namespace) -> int:
-    data = _call(args, "brief", {})
-    _out(args, data, lambda d: d["text"])
-    return 0
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    data = _call(args, "diff", {"targets": list(args.targets), "context": args.context})
-    _out(
-        args,
-        data,
-        lambda d: "\n".join(f["diff"].rstrip("\n") for f in d["files"]) or "no applied changes",
-    )
-    return 0
-
-
-def cmd_accept(args: argparse.Namespace) -> int:
-    data = _call(args, "accept", {"targets": list(args.targets)})
-    _out(
-        args,
-        data,
-        lambda d: "\n".join(f"accepted {f['path']}" for f in d["files"]) or "nothing to accept",
-    )
-    return 0
-
-
-def cmd_revert(args: argparse.Namespace) -> int:
-    if not args.yes:
-        if args.json or not sys.stdin.isatty():
-            raise UsageError("revert rewrites your files: confirm with --yes")
-        preview = _call(args, "diff", {"targets": list(args.targets), "context": 3})
-        paths = [f["path"] for f in preview["files"]]
-        if not paths:
-            print("nothing to revert")
-            return 0
-        print("revert " + ", ".join(paths) + "? [y/N] ", end="", flush=True)
-        if sys.stdin.readline().strip().lower() not in {"y", "yes"}:
-            print("not reverted")
-            return 0
-    data = _call(args, "revert", {"targets": list(args.targets)})
-    _out(
-        args,
-        data,
-        lambda d: (
-            "\n".join(
-                f"{f['status']} {f['path']}" + (f": {f['error']}" if f.get("error") else "")
-                for f in d["files"]
-            )
-            or "nothing to revert"
-        ),
-    )
-    return 1 if any(f["status"] == "failed" for f in data["files"]) else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = config_of(args)
     if args.stop:
         paths = config.paths
         if not paths.control_socket.exists():
-            _out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
+            out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
             return 0
         from orchestrator._control import read_token  # noqa: PLC0415
 
         token = read_token(paths.control_token)
         trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
-        _out(args, {"stopped": True}, lambda _: "supervisor stopped")
+        out(args, {"stopped": True}, lambda _: "supervisor stopped")
         return 0
     if args.foreground:
         trio.run(serve, config)
         return 0
     ensure_daemon(config)
-    _out(
+    out(
         args,
         {"session": config.session},
         lambda d: f"supervisor running for session {d['session']}",
@@ -446,8 +200,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from orchestrator._doctor import run_checks  # noqa: PLC0415
 
-    checks = run_checks(_config(args))
-    _out(
+    checks = run_checks(config_of(args))
+    out(
         args,
         {"checks": checks},
         lambda d: "\n".join(

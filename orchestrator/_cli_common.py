@@ -1,0 +1,57 @@
+"""What every ``fleet`` verb shares: the session's config, one control call, output, words."""
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from orchestrator._config import Config, load_config
+from orchestrator._control import call_async, op_timeout
+from orchestrator._daemon import ensure_daemon
+from orchestrator._errors import UsageError
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    return load_config(
+        session=args.session,
+        max_subagents=args.max_subagents,
+        lane=args.lane,
+        model=args.model_default,
+        allow_unsandboxed=True if args.allow_unsandboxed else None,
+    )
+
+
+def call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+    config = config_of(args)
+    token = ensure_daemon(config)
+    paths = config.paths
+    settings = {"max_subagents": args.max_subagents, "lane": args.lane}
+    if any(value is not None for value in settings.values()):
+        trio.run(
+            lambda: call_async(paths.control_socket, token, "configure", settings, timeout=10.0)
+        )
+    return trio.run(
+        lambda: call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
+    )
+
+
+def out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=None if not sys.stdout.isatty() else 2))
+    else:
+        text = human(data)
+        if text:
+            print(text)
+
+
+def joined(words: Sequence[str], what: str) -> str:
+    text = " ".join(words).strip()
+    if not text:
+        raise UsageError(f"{what} is empty")
+    return text
+
+
+# -- verbs ----------------------------------------------------------------------------------
