@@ -40,19 +40,31 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
             a["key"],
             a["name"],
             a["agent"],
-            a["state"] + (" (queued)" if a.get("queued") else ""),
+            # A child launched under another workflow mode keeps that mode's toolset.
+            a["state"]
+            + (" (queued)" if a.get("queued") else "")
+            + (
+                f" [{a['workflow_mode']}]"
+                if a.get("workflow_mode", data["mode"]) != data["mode"]
+                else ""
+            ),
             _progress(a["progress"]),
             f"{a['last_event_age_s']:.0f}s",
             a["activity"],
         ]
         for a in data["agents"]
     ]
+    stale = [
+        f"stale {s['key']} {s['name']} ({s['state']}, pid {s['pid']}): log {s['log']}"
+        + (f", worktree {s['worktree']}" if s.get("worktree") else "")
+        for s in data.get("stale", [])
+    ]
     if not rows:
-        return f"{head}\nno live children"
+        return "\n".join([head, "no live children", *stale])
     body = table(["KEY", "NAME", "AGENT", "STATE", "DONE", "AGE", "ACTIVITY"], rows, width=width)
     extra = [f"{q['id']} from {q['key']}: {q['text']}" for q in data.get("questions", [])]
     extra += [f"lock {owner}: {', '.join(specs)}" for owner, specs in data.get("locks", {}).items()]
-    return "\n".join([head, body, *extra])
+    return "\n".join([head, body, *extra, *stale])
 
 
 def _age(seconds: float) -> str:
