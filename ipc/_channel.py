@@ -35,17 +35,8 @@ from ipc._errors import (
     SchemaError,
 )
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
-from ipc._messages import (
-    NO_DEADLINE_TYPES,
-    Answer,
-    Envelope,
-    Kind,
-    Message,
-    Reply,
-    decode_envelope,
-    encode_fields,
-    type_name,
-)
+from ipc._messages import decode_envelope, encode_fields, type_name
+from ipc._types import NO_DEADLINE_TYPES, Answer, Envelope, Kind, Message, Reply
 
 log = logging.getLogger("ipc")
 

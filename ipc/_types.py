@@ -1,0 +1,232 @@
+"""The protocol's vocabulary: every message class, the tag map, and the envelope.
+
+Messages are frozen attrs classes; :data:`MESSAGE_TYPES` maps an envelope's ``type`` to its
+body's class. Reading and writing them is :mod:`ipc._messages`' job alone.
+"""
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import attrs
+
+PROTOCOL_VERSION: Final = 1
+
+Kind = Literal["request", "response", "event"]
+
+# -- parent -> child ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Prompt:
+    """Start a turn with *text* (a fresh task, or a resume of a retained child)."""
+
+    text: str
+    turn: int
+
+
+@attrs.frozen(kw_only=True)
+class Steer:
+    """Redirect the working turn with *text*."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Abort:
+    """Stop the working turn; the child settles it as aborted."""
+
+
+@attrs.frozen(kw_only=True)
+class Ask:
+    """A side ("by the way") question answered in its own short turn."""
+
+    text: str
+    turn: int
+
+
+@attrs.frozen(kw_only=True)
+class Answer:
+    """The parent's reply to a child's :class:`Question` (the response body of that request)."""
+
+    question: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Shutdown:
+    """Close the backend and exit."""
+
+
+# -- child -> parent ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    """The first frame of every connection; its envelope carries the token."""
+
+    pid: int
+    role: Literal["child", "control"] = "child"
+    backend: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Progress:
+    """The child's checklist, as ``peek`` shows it."""
+
+    done: int
+    total: int
+    current: str | None = None
+    next: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Model usage so far in this child's life."""
+
+    tokens: int = 0
+    cost_usd: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Throttled activity: what the child is doing now.
+
+    ``activity`` is one of ``tool_start``, ``tool_update``, ``tool_end``, ``message``,
+    ``todo``, ``usage``, ``status``. ``text`` is a short human line (never a transcript).
+    """
+
+    activity: str
+    text: str = ""
+    tool: str = ""
+    progress: Progress | None = None
+    usage: Usage | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Settled:
+    """A turn ended. ``text`` is the final report; only it reaches the parent agent."""
+
+    turn: int
+    text: str
+    ok: bool = True
+    aborted: bool = False
+    error: str = ""
+    side: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Question:
+    """The child asks its parent; the response is an :class:`Answer` (no deadline)."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Spawn:
+    """A nested spawn request (no deadline); the response carries the grandchild's report."""
+
+    agent: str
+    task: str
+    name: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Ownership:
+    """Ask to own *paths* (paths or globs) before writing them."""
+
+    paths: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class Discuss:
+    """A discussion-paper operation: ``ask``, ``answer`` or ``list``."""
+
+    op: Literal["ask", "answer", "list"]
+    text: str = ""
+    to: str | None = None
+    question: str | None = None
+    since: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Proxy:
+    """A call of a parent-provided tool (for example a browser probe)."""
+
+    tool: str
+    args: dict[str, Any] = attrs.Factory(dict)
+
+
+# -- either direction -----------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Reply:
+    """The generic response body: ``ok`` with ``data``, or an ``error`` line."""
+
+    ok: bool
+    data: dict[str, Any] = attrs.Factory(dict)
+    error: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Control:
+    """A command on the supervisor's control socket (``fleet`` CLI, Python hosts)."""
+
+    op: str
+    args: dict[str, Any] = attrs.Factory(dict)
+
+
+Message = (
+    Prompt
+    | Steer
+    | Abort
+    | Ask
+    | Answer
+    | Shutdown
+    | Hello
+    | Event
+    | Settled
+    | Question
+    | Spawn
+    | Ownership
+    | Discuss
+    | Proxy
+    | Reply
+    | Control
+)
+
+MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
+    "prompt": Prompt,
+    "steer": Steer,
+    "abort": Abort,
+    "ask": Ask,
+    "answer": Answer,
+    "shutdown": Shutdown,
+    "hello": Hello,
+    "event": Event,
+    "settled": Settled,
+    "question": Question,
+    "spawn": Spawn,
+    "ownership": Ownership,
+    "discuss": Discuss,
+    "proxy": Proxy,
+    "reply": Reply,
+    "control": Control,
+}
+TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
+
+NO_DEADLINE_TYPES: Final = frozenset({"question", "spawn"})
+"""Request types that may wait for their response without a deadline."""
+
+
+@attrs.frozen(kw_only=True)
+class Envelope:
+    """One decoded frame."""
+
+    v: int
+    token: str
+    owner: str
+    corr: str
+    kind: Kind
+    type: str
+    body: Message
