@@ -37,14 +37,15 @@ from orchestrator._isolation import Worktrees, apply_settlement
 from orchestrator._kill import MARKER_ENV
 from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
 from orchestrator._notes import Notes
-from orchestrator._ownership import LockConflict, LockTable
-from orchestrator._paper import Paper, PaperError
+from orchestrator._ownership import LockTable
+from orchestrator._paper import Paper
 from orchestrator._plan import SpawnRequest, plan_spawn
-from orchestrator._policy import check_mode, validate_nested
-from orchestrator._registry import ChildRecord, Registry, State
+from orchestrator._policy import check_mode
+from orchestrator._registry import ChildRecord, Registry
 from orchestrator._review import ReviewStore
 from orchestrator._run import ChildRun, Question
 from orchestrator._sandboxing import check_available, place
+from orchestrator._services import Services
 from orchestrator._tmux import TmuxLauncher
 from orchestrator._watchdog import BudgetPolicy, resolve_policy
 
@@ -71,9 +72,7 @@ class Supervisor:
     warnings: list[str] = attrs.Factory(list)
     capacity: Capacity = attrs.field(init=False)
     lane: Lane = attrs.field(init=False)
-    _question_ids: int = 0
     _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
-    _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
     rejects: RejectLog | None = None
     #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
     stale: list[dict[str, Any]] = attrs.Factory(list)
@@ -83,6 +82,7 @@ class Supervisor:
     review: ReviewStore = attrs.field(init=False)
     worktrees: Worktrees = attrs.field(init=False)
     democracy: Democracy = attrs.field(init=False)
+    services: Services = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -93,6 +93,7 @@ class Supervisor:
             root=self.config.paths.worktrees, repo=self.config.workspace, review=self.review
         )
         self.democracy = Democracy(sup=self)
+        self.services = Services(sup=self)
 
     @property
     def paths(self) -> Any:
@@ -440,7 +441,7 @@ class Supervisor:
         # A nested child's result or failure belongs to the child that spawned it: the parent
         # agent sees only that child's report. Its questions still reach the parent.
         if question is None and record.parent is not None:
-            self._nested_settled.setdefault(record.key, trio.Event()).set()
+            self.services.nested_settled(record.key)
             self.notes.changed()
             return
         self.notes.push(
@@ -452,112 +453,25 @@ class Supervisor:
         )
 
     def reject(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:
-        """Record a refused request in the opt-in reject log (config ``reject_log``)."""
-        if self.rejects is not None:
-            self.rejects.record(kind, owner, args)
+        self.services.reject(kind, owner, args)
 
     def new_question(self, key: str, text: str) -> Question:
-        self._question_ids += 1
-        question = Question(id=f"q{self._question_ids}", key=key, text=text)
-        self.questions[question.id] = question
-        return question
+        return self.services.new_question(key, text)
 
     def drop_question(self, qid: str) -> None:
-        self.questions.pop(qid, None)
+        self.services.drop_question(qid)
 
     def cancel_questions(self, key: str) -> None:
-        for question in [q for q in self.questions.values() if q.key == key]:
-            question.answered.set()
-            self.questions.pop(question.id, None)
+        self.services.cancel_questions(key)
 
     def take_ownership(self, run: ChildRun, paths: Sequence[str]) -> ipc.Message:
-        """A writer asks, before its first write to each path, to own it.
-
-        A child whose definition declares ownership specs takes all of them at its first
-        request (all or nothing) and may then write only what they cover; a child that declares
-        none owns each concrete path it writes. Paths in a worktree map to the repository.
-        """
-        if run.record.mode != "worktree" and run.record.backend == "builtin":
-            return ipc.Reply(ok=False, error="read-only children take no ownership")
-        targets = [self._repo_path(run, path) for path in paths]
-        try:
-            if run.declared:
-                if run.key not in self.locks.snapshot():
-                    self.locks.acquire(run.key, run.declared, root=self.config.workspace)
-                outside = [t for t in targets if not self.locks.holds(run.key, Path(t))]
-                if outside:
-                    specs = ", ".join(run.declared)
-                    return ipc.Reply(
-                        ok=False, error=f"{outside[0]} is outside {run.key}'s ownership ({specs})"
-                    )
-            else:
-                self.locks.acquire(run.key, targets, root=self.config.workspace)
-        except (LockConflict, ValueError) as exc:
-            if isinstance(exc, LockConflict):
-                args = {"paths": list(paths), "holder": exc.holder, "error": str(exc)}
-                self.reject("lock-conflict", run.key, args)
-            return ipc.Reply(ok=False, error=str(exc))
-        return ipc.Reply(ok=True, data={"held": list(self.locks.snapshot().get(run.key, ()))})
-
-    def _repo_path(self, run: ChildRun, path: str) -> str:
-        workspace = Path(run.record.workspace)
-        try:
-            return str(
-                self.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
-            )
-        except ValueError:
-            return path
+        return self.services.take_ownership(run, paths)
 
     async def discuss_for(self, run: ChildRun, body: ipc.Discuss) -> ipc.Message:
-        """A child's ``discuss`` tool call on the session's paper."""
-        try:
-            if body.op == "ask":
-                text = await self.paper.ask(run.key, body.text, to=body.to)
-            elif body.op == "answer":
-                text = await self.paper.answer(run.key, body.question or "", body.text)
-            else:
-                listed = await self.paper.list(run.key, since=body.since, question=body.question)
-                text = listed.text
-        except PaperError as exc:
-            return ipc.Reply(ok=False, error=str(exc))
-        return ipc.Reply(ok=True, data={"text": text})
+        return await self.services.discuss_for(run, body)
 
     async def nested_spawn(self, run: ChildRun, body: ipc.Spawn) -> ipc.Message:
-        """A child's ``subagent`` call: checked, launched, awaited; only the report returns."""
-        definition = self.agents().get(run.record.agent)
-        allowlist = definition.subagent_agents if definition is not None else ()
-        try:
-            validate_nested(
-                caller_agent=run.record.agent,
-                caller_mode=run.record.mode,
-                allowlist=allowlist,
-                depth=run.record.depth,
-                agent=body.agent,
-            )
-        except PolicyError as exc:
-            self.reject("policy", run.key, {"subagent": body.agent, "error": str(exc)})
-            return ipc.Reply(ok=False, error=str(exc))
-        try:
-            [record] = await self.spawn(
-                [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
-                parent=run,
-            )
-        except FleetError as exc:
-            return ipc.Reply(ok=False, error=str(exc))
-        settled = self._nested_settled.setdefault(record.key, trio.Event())
-        nested = self.runs.get(record.key)
-        try:
-            async with run.waiting_on_supervisor():
-                await _first_set(settled, *([] if nested is None else [nested.done]))
-        finally:
-            # Also when the caller ends first (its request is cancelled): nobody else would
-            # ever collect the nested child, so it must not outlive the call.
-            with trio.CancelScope(shield=True):
-                handoff = (await self.stop([record.key]))[0]
-            self._nested_settled.pop(record.key, None)
-        if handoff["state"] == str(State.FAILED) and handoff.get("error"):
-            return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
-        return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})
+        return await self.services.nested_spawn(run, body)
 
     async def release(self, run: ChildRun) -> None:
         """Give back everything a finished run held (called once, by the run)."""
@@ -590,18 +504,6 @@ class Supervisor:
             await channel.aclose("unknown owner")
             return
         await run.attach(channel, hello)
-
-
-async def _first_set(*events: trio.Event) -> None:
-    """Return as soon as one of *events* is set."""
-    async with trio.open_nursery() as nursery:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        for event in events:
-            nursery.start_soon(wait, event)
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

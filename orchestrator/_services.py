@@ -1,0 +1,164 @@
+"""What the supervisor offers a running child: questions, ownership, the paper, nested spawns.
+
+:class:`Services` is owned by the :class:`~orchestrator._supervisor.Supervisor`, which keeps
+thin delegating methods for the runs that call these; the state only these services touch
+(question numbering, nested children's settle events) lives here.
+"""
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._diagnostics import RejectKind
+from orchestrator._errors import FleetError, PolicyError
+from orchestrator._ownership import LockConflict
+from orchestrator._paper import PaperError
+from orchestrator._plan import SpawnRequest
+from orchestrator._policy import validate_nested
+from orchestrator._registry import State
+from orchestrator._run import ChildRun, Question
+
+if TYPE_CHECKING:
+    from orchestrator._supervisor import Supervisor
+
+__all__ = ["Services"]
+
+
+@attrs.define(eq=False)
+class Services:
+    """The supervisor's services for running children."""
+
+    sup: "Supervisor"
+    _question_ids: int = 0
+    _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
+
+    def reject(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:
+        """Record a refused request in the opt-in reject log (config ``reject_log``)."""
+        if self.sup.rejects is not None:
+            self.sup.rejects.record(kind, owner, args)
+
+    def nested_settled(self, key: str) -> None:
+        """Wake the ``subagent`` call waiting on nested child *key*."""
+        self._nested_settled.setdefault(key, trio.Event()).set()
+
+    def new_question(self, key: str, text: str) -> Question:
+        self._question_ids += 1
+        question = Question(id=f"q{self._question_ids}", key=key, text=text)
+        self.sup.questions[question.id] = question
+        return question
+
+    def drop_question(self, qid: str) -> None:
+        self.sup.questions.pop(qid, None)
+
+    def cancel_questions(self, key: str) -> None:
+        questions = self.sup.questions
+        for question in [q for q in questions.values() if q.key == key]:
+            question.answered.set()
+            questions.pop(question.id, None)
+
+    def take_ownership(self, run: ChildRun, paths: Sequence[str]) -> ipc.Message:
+        """A writer asks, before its first write to each path, to own it.
+
+        A child whose definition declares ownership specs takes all of them at its first
+        request (all or nothing) and may then write only what they cover; a child that declares
+        none owns each concrete path it writes. Paths in a worktree map to the repository.
+        """
+        if run.record.mode != "worktree" and run.record.backend == "builtin":
+            return ipc.Reply(ok=False, error="read-only children take no ownership")
+        targets = [self._repo_path(run, path) for path in paths]
+        try:
+            if run.declared:
+                if run.key not in self.sup.locks.snapshot():
+                    self.sup.locks.acquire(run.key, run.declared, root=self.sup.config.workspace)
+                outside = [t for t in targets if not self.sup.locks.holds(run.key, Path(t))]
+                if outside:
+                    specs = ", ".join(run.declared)
+                    return ipc.Reply(
+                        ok=False, error=f"{outside[0]} is outside {run.key}'s ownership ({specs})"
+                    )
+            else:
+                self.sup.locks.acquire(run.key, targets, root=self.sup.config.workspace)
+        except (LockConflict, ValueError) as exc:
+            if isinstance(exc, LockConflict):
+                args = {"paths": list(paths), "holder": exc.holder, "error": str(exc)}
+                self.reject("lock-conflict", run.key, args)
+            return ipc.Reply(ok=False, error=str(exc))
+        return ipc.Reply(ok=True, data={"held": list(self.sup.locks.snapshot().get(run.key, ()))})
+
+    def _repo_path(self, run: ChildRun, path: str) -> str:
+        workspace = Path(run.record.workspace)
+        try:
+            return str(
+                self.sup.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
+            )
+        except ValueError:
+            return path
+
+    async def discuss_for(self, run: ChildRun, body: ipc.Discuss) -> ipc.Message:
+        """A child's ``discuss`` tool call on the session's paper."""
+        try:
+            if body.op == "ask":
+                text = await self.sup.paper.ask(run.key, body.text, to=body.to)
+            elif body.op == "answer":
+                text = await self.sup.paper.answer(run.key, body.question or "", body.text)
+            else:
+                listed = await self.sup.paper.list(
+                    run.key, since=body.since, question=body.question
+                )
+                text = listed.text
+        except PaperError as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        return ipc.Reply(ok=True, data={"text": text})
+
+    async def nested_spawn(self, run: ChildRun, body: ipc.Spawn) -> ipc.Message:
+        """A child's ``subagent`` call: checked, launched, awaited; only the report returns."""
+        definition = self.sup.agents().get(run.record.agent)
+        allowlist = definition.subagent_agents if definition is not None else ()
+        try:
+            validate_nested(
+                caller_agent=run.record.agent,
+                caller_mode=run.record.mode,
+                allowlist=allowlist,
+                depth=run.record.depth,
+                agent=body.agent,
+            )
+        except PolicyError as exc:
+            self.reject("policy", run.key, {"subagent": body.agent, "error": str(exc)})
+            return ipc.Reply(ok=False, error=str(exc))
+        try:
+            [record] = await self.sup.spawn(
+                [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
+                parent=run,
+            )
+        except FleetError as exc:
+            return ipc.Reply(ok=False, error=str(exc))
+        settled = self._nested_settled.setdefault(record.key, trio.Event())
+        nested = self.sup.runs.get(record.key)
+        try:
+            async with run.waiting_on_supervisor():
+                await _first_set(settled, *([] if nested is None else [nested.done]))
+        finally:
+            # Also when the caller ends first (its request is cancelled): nobody else would
+            # ever collect the nested child, so it must not outlive the call.
+            with trio.CancelScope(shield=True):
+                handoff = (await self.sup.stop([record.key]))[0]
+            self._nested_settled.pop(record.key, None)
+        if handoff["state"] == str(State.FAILED) and handoff.get("error"):
+            return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
+        return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})
+
+
+async def _first_set(*events: trio.Event) -> None:
+    """Return as soon as one of *events* is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
