@@ -19,24 +19,14 @@ from orchestrator._diagnostics import FailureKind, RunLog
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._isolation import apply_settlement
 from orchestrator._launcher import Launched
-from orchestrator._registry import TERMINAL, ChildRecord, State, clip
+from orchestrator._registry import TERMINAL, ChildRecord, State
+from orchestrator._requests import ChildRequests, Question
 from orchestrator._watchdog import BudgetPolicy, Watchdog
 
 if TYPE_CHECKING:
     from orchestrator._supervisor import Supervisor
 
-HEARTBEATS = frozenset({"tool_start", "tool_update", "message"})
-
-
-@attrs.define(eq=False)
-class Question:
-    """A question a child asked its parent (``q<N>``)."""
-
-    id: str
-    key: str
-    text: str
-    answered: trio.Event = attrs.Factory(trio.Event)
-    answer: str | None = None
+__all__ = ["ChildRun", "Question", "Turn"]
 
 
 @attrs.define(eq=False)
@@ -59,6 +49,7 @@ class ChildRun:
     budgets: BudgetPolicy
     declared: tuple[str, ...] = ()
     watchdog: Watchdog = attrs.field(init=False)
+    requests: ChildRequests = attrs.field(init=False)
     launched: Launched | None = None
     channel: ipc.Channel | None = None
     connected: trio.Event = attrs.Factory(trio.Event)
@@ -80,6 +71,7 @@ class ChildRun:
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
+        self.requests = ChildRequests(run=self)
 
     @property
     def key(self) -> str:
@@ -169,7 +161,7 @@ class ChildRun:
         if self.record.state is State.STARTING and not self._prompts:
             self.record.state = State.IDLE
         try:
-            await channel.serve(self._handle_request, self._on_event)
+            await channel.serve(self.requests.handle, self.requests.on_event)
         finally:
             if channel.drops:
                 drops = {"drops": dict(channel.drops), "flagged": channel.flagged}
@@ -403,81 +395,6 @@ class ChildRun:
             self.record.state = prior
             self.record.touch(str(prior))
         return answer
-
-    # -- from the child ---------------------------------------------------------------------
-
-    async def _on_event(self, envelope: ipc.Envelope) -> None:
-        body = envelope.body
-        if isinstance(body, ipc.Event):
-            self._on_activity(body)
-        elif isinstance(body, ipc.Settled):
-            target = self.side_turn if body.side else self.turn
-            if target is None or target.number != body.turn or target.settled.is_set():
-                self.log.write(f"ignored a late settled frame for turn {body.turn}")
-                return
-            target.result = body
-            target.settled.set()
-
-    def _on_activity(self, event: ipc.Event) -> None:
-        record = self.record
-        if event.activity in HEARTBEATS:
-            self.watchdog.heartbeat()
-        if event.progress is not None:
-            progress = event.progress
-            record.progress = {
-                "done": progress.done,
-                "total": progress.total,
-                "current": progress.current,
-                "next": list(progress.next[:3]),
-            }
-        if event.usage is not None:
-            record.tokens = event.usage.tokens
-            if event.usage.cost_usd is not None:
-                record.cost_usd = event.usage.cost_usd
-        if event.activity in {"tool_start", "tool_update"}:
-            record.touch(clip(f"{event.tool} {event.text}".strip(), 120))
-        elif event.activity == "message" and event.text:
-            record.touch(clip(event.text.splitlines()[0] if event.text else "", 120))
-        elif event.activity == "todo" and record.progress.get("current"):
-            record.touch(clip(f"todo: {record.progress['current']}", 120))
-        else:
-            record.touch()
-
-    async def _handle_request(self, envelope: ipc.Envelope) -> ipc.Message:
-        body = envelope.body
-        if isinstance(body, ipc.Question):
-            return await self._question(body.text)
-        if isinstance(body, ipc.Spawn):
-            return await self.sup.nested_spawn(self, body)
-        if isinstance(body, ipc.Ownership):
-            return self.sup.take_ownership(self, body.paths)
-        if isinstance(body, ipc.Discuss):
-            return await self.sup.discuss_for(self, body)
-        if isinstance(body, ipc.Proxy):
-            return ipc.Reply(ok=False, error=f"no parent tool {body.tool!r} is offered here")
-        return ipc.Reply(ok=False, error=f"{envelope.type} is not a request the supervisor serves")
-
-    async def _question(self, text: str) -> ipc.Message:
-        question = self.sup.new_question(self.key, text)
-        record = self.record
-        prior = record.state
-        record.state = State.WAITING
-        record.question = question.id
-        record.touch(clip(f"asks: {text}", 120))
-        self.watchdog.pause_for_question()
-        self.sup.notify(record, question=question)
-        try:
-            await question.answered.wait()
-        finally:
-            self.watchdog.resume_after_question()
-            self.sup.drop_question(question.id)
-            record.question = None
-            if record.state is State.WAITING:
-                record.state = prior if prior not in TERMINAL else record.state
-                record.touch("answered")
-        if question.answer is None:
-            return ipc.Reply(ok=False, error="the question was cancelled")
-        return ipc.Answer(question=question.id, text=question.answer)
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -196,7 +196,7 @@ async def test_a_result_arriving_after_the_watchdog_fired_is_rejected(faults) ->
                     type="settled",
                     body=ipc.Settled(turn=run.turn.number, text="too late"),
                 )
-                await run._on_event(late)
+                await run.requests.on_event(late)
             for record in records:
                 [note] = await sup.wait([record.key])
                 assert (note["state"], note["report"]) == ("failed", "")
