@@ -23,7 +23,7 @@ voting are paused. A majority is a recommendation; a round implements nothing.
 
 import collections
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
@@ -41,11 +41,25 @@ from orchestrator._ballots import (
     voter_prompt,
 )
 from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
+from orchestrator._outcome import Leading, Outcome, render_outcome
 from orchestrator._plan import SpawnRequest
 from orchestrator._registry import ChildRecord, State, clip
 
 if TYPE_CHECKING:
     from orchestrator._supervisor import Supervisor
+
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "DEFAULT_VOTERS",
+    "KEPT_ROUNDS",
+    "MIN_VOTERS",
+    "VOTER_AGENT",
+    "Democracy",
+    "Leading",
+    "Outcome",
+    "Round",
+    "render_outcome",
+]
 
 DEFAULT_DEADLINE: Final = 600.0
 DEFAULT_VOTERS: Final = 4
@@ -54,72 +68,6 @@ KEPT_ROUNDS: Final = 8
 VOTER_AGENT: Final = "scout"
 _REFUSED: Final = "democracy round refused"
 _VOTABLE: Final = frozenset({State.IDLE, State.PAUSED})
-
-
-@attrs.frozen(kw_only=True)
-class Leading:
-    """An option tied at the top count, with what the user needs to decide on it."""
-
-    id: str
-    title: str
-    tradeoffs: str
-    votes: int
-    rationales: tuple[str, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Outcome:
-    """How a round ended. An aborted round shows no ballots: its partial tally is void."""
-
-    round: str
-    status: Literal["winner", "needs-user", "failed"]
-    invited: int
-    ballots: tuple[Ballot, ...] = ()
-    winner: str | None = None
-    counts: Mapping[str, int] = attrs.Factory(dict)
-    leading: tuple[Leading, ...] = ()
-    reason: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``fleet vote --json`` shape."""
-        data: dict[str, Any] = {
-            "round": self.round,
-            "status": self.status,
-            "invited": self.invited,
-            "counts": dict(self.counts),
-            "ballots": [attrs.asdict(ballot) for ballot in self.ballots],
-        }
-        if self.winner is not None:
-            data["winner"] = self.winner
-        if self.status == "needs-user":
-            data["leading"] = [attrs.asdict(option) for option in self.leading]
-        if self.reason:
-            data["reason"] = self.reason
-        return data
-
-
-def render_outcome(data: Mapping[str, Any]) -> str:
-    """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
-    counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
-    head = f"round {data['round']}: {data['status']}"
-    lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
-    for ballot in data["ballots"]:
-        said = (
-            f"{ballot['option']}: {ballot['rationale']}" if ballot["option"] else ballot["reason"]
-        )
-        lines.append(f"  {ballot['voter']} {ballot['status']} {said}")
-    if data["status"] == "winner":
-        lines.append(f"Recommendation: {data['winner']}. A majority recommends; nothing was done.")
-    elif data["status"] == "needs-user":
-        lines.append("No strict majority. Leading options, for the user to decide:")
-        lines.extend(
-            f"  {option['id']} ({option['votes']}): {option['title']}. "
-            f"Tradeoffs: {option['tradeoffs']}"
-            for option in data["leading"]
-        )
-    else:
-        lines.append(data["reason"])
-    return "\n".join(lines)
 
 
 @attrs.define(eq=False)
