@@ -44,6 +44,7 @@ from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
 from orchestrator._outcome import Leading, Outcome, render_outcome
 from orchestrator._plan import SpawnRequest
 from orchestrator._registry import ChildRecord, State, clip
+from orchestrator._sync import wait_first
 
 if TYPE_CHECKING:
     from orchestrator._supervisor import Supervisor
@@ -118,18 +119,6 @@ class Round:
             if seat.key == record.key or (seat.key is None and seat.name == record.name):
                 return seat
         return None
-
-
-async def _first(*events: trio.Event) -> None:
-    """Return as soon as any of *events* is set."""
-    async with trio.open_nursery() as nursery:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        for event in events:
-            nursery.start_soon(wait, event)
 
 
 @attrs.define(eq=False)
@@ -386,7 +375,7 @@ class Democracy:
     async def _await_ballot(self, seat: _Seat) -> None:
         run = self.sup.runs.get(seat.key or "")
         if run is not None:
-            await _first(seat.done, run.done)
+            await wait_first(seat.done, run.done)
         # A failed voter's note arrives before its run is done; only a quiet end is left here.
         seat.record(_unheard(seat.key or seat.name, "missing", "ended before it voted"))
 

@@ -21,6 +21,7 @@ from orchestrator._isolation import apply_settlement
 from orchestrator._launcher import Launched
 from orchestrator._registry import TERMINAL, ChildRecord, State
 from orchestrator._requests import ChildRequests, Question
+from orchestrator._sync import wait_first
 from orchestrator._watchdog import BudgetPolicy, Watchdog
 
 if TYPE_CHECKING:
@@ -255,14 +256,7 @@ class ChildRun:
     async def _wait_connected(self) -> None:
         """Wait for the hello (or the end); refuse when the child ended first."""
         if not self.connected.is_set():
-            async with trio.open_nursery() as nursery:
-
-                async def first(event: trio.Event) -> None:
-                    await event.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(first, self.connected)
-                nursery.start_soon(first, self.done)
+            await wait_first(self.connected, self.done)
         if self.finishing:
             raise OperationFailed(f"{self.key} ended before it connected: {self.record.error}")
 

@@ -21,6 +21,7 @@ from orchestrator._plan import SpawnRequest
 from orchestrator._policy import validate_nested
 from orchestrator._registry import State
 from orchestrator._run import ChildRun, Question
+from orchestrator._sync import wait_first
 
 if TYPE_CHECKING:
     from orchestrator._supervisor import Supervisor
@@ -140,7 +141,7 @@ class Services:
         nested = self.sup.runs.get(record.key)
         try:
             async with run.waiting_on_supervisor():
-                await _first_set(settled, *([] if nested is None else [nested.done]))
+                await wait_first(settled, *([] if nested is None else [nested.done]))
         finally:
             # Also when the caller ends first (its request is cancelled): nobody else would
             # ever collect the nested child, so it must not outlive the call.
@@ -150,15 +151,3 @@ class Services:
         if handoff["state"] == str(State.FAILED) and handoff.get("error"):
             return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
         return ipc.Reply(ok=True, data={"key": record.key, "report": handoff["last"]})
-
-
-async def _first_set(*events: trio.Event) -> None:
-    """Return as soon as one of *events* is set."""
-    async with trio.open_nursery() as nursery:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        for event in events:
-            nursery.start_soon(wait, event)
