@@ -11,38 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator._worktree import Snapshot, WorktreeError, create_worktree, remove_worktree
-
-
-@pytest.fixture
-def git_home(tmp_path, monkeypatch):
-    """An isolated Git configuration: no system config, a private global one, fixed identity."""
-    home = tmp_path / "home"
-    home.mkdir()
-    config = home / ".gitconfig"
-    config.write_text(
-        '[init]\n\tdefaultBranch = main\n[protocol "file"]\n\tallow = always\n'
-        "[advice]\n\tdetachedHead = false\n"
-    )
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for role in ("AUTHOR", "COMMITTER"):
-        monkeypatch.setenv(f"GIT_{role}_NAME", "Test")
-        monkeypatch.setenv(f"GIT_{role}_EMAIL", "test@example.com")
-    return home
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def write(path: Path, data: bytes | str, mode: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    if mode is not None:
-        path.chmod(mode)
+from tests.orchestrator._gitutil import git, write
 
 
 def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[str, int, bytes]]:
