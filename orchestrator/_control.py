@@ -16,6 +16,8 @@ import trio
 
 import ipc
 from orchestrator._brief import brief
+from orchestrator._control_args import str_arg, strs_arg
+from orchestrator._control_review import review_accept, review_diff, review_revert
 from orchestrator._democracy import DEFAULT_DEADLINE
 from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
 from orchestrator._plan import SpawnRequest
@@ -26,22 +28,6 @@ CONTROL_OWNER: Final = "control"
 WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
 
 Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
-
-
-def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str:
-    value = args.get(key)
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or (required and not value):
-        raise UsageError(f"{key} must be a non-empty string")
-    return value
-
-
-def _strs(args: Mapping[str, Any], key: str) -> list[str]:
-    value = args.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UsageError(f"{key} must be a list of strings")
-    return value
 
 
 def _agent_row(record: Any) -> dict[str, Any]:
@@ -71,65 +57,65 @@ def _bad_entry() -> SpawnRequest:
 
 
 async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return sup.peek(_strs(args, "agents"))
+    return sup.peek(strs_arg(args, "agents"))
 
 
 async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     timeout = args.get("timeout")
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
         raise UsageError("wait: timeout must be a number of seconds >= 0")
-    settled = await sup.wait(_strs(args, "agents"), every=bool(args.get("all")), timeout=timeout)
+    settled = await sup.wait(strs_arg(args, "agents"), every=bool(args.get("all")), timeout=timeout)
     return {"settled": settled}
 
 
 async def _steer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    record = await sup.steer(_str(args, "agent"), _str(args, "text"))
+    record = await sup.steer(str_arg(args, "agent"), str_arg(args, "text"))
     return {"key": record.key, "state": str(record.state)}
 
 
 async def _pause(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    record, settled = await sup.pause(_str(args, "agent"))
+    record, settled = await sup.pause(str_arg(args, "agent"))
     return {"key": record.key, "state": str(record.state), "settled": settled}
 
 
 async def _resume(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    record = await sup.prompt(_str(args, "agent"), _str(args, "text"))
+    record = await sup.prompt(str_arg(args, "agent"), str_arg(args, "text"))
     return {"key": record.key, "state": str(record.state)}
 
 
 async def _ask(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    ref = _str(args, "agent")
-    answer = await sup.ask(ref, _str(args, "text"))
+    ref = str_arg(args, "agent")
+    answer = await sup.ask(ref, str_arg(args, "text"))
     return {"key": sup.registry.find(ref).key, "answer": answer}
 
 
 async def _answer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    question = sup.answer(_str(args, "question"), _str(args, "text"))
+    question = sup.answer(str_arg(args, "question"), str_arg(args, "text"))
     return {"question": question.id, "key": question.key}
 
 
 async def _stop(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     if args.get("all"):
         return {"handoffs": await sup.stop_all()}
-    refs = _strs(args, "agents")
+    refs = strs_arg(args, "agents")
     if not refs:
         raise UsageError("stop: name at least one agent, or pass --all")
     return {"handoffs": await sup.stop(refs)}
 
 
 async def _discard(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return {"key": await sup.discard(_str(args, "agent")), "discarded": True}
+    return {"key": await sup.discard(str_arg(args, "agent")), "discarded": True}
 
 
 async def _logs(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     tail = args.get("tail", 8192)
     if not isinstance(tail, int) or tail < 0:
         raise UsageError("logs: tail must be a whole number of characters")
-    return sup.logs(_str(args, "agent"), tail)
+    return sup.logs(str_arg(args, "agent"), tail)
 
 
 async def _agents(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    scope = _str(args, "scope", required=False) or None
+    scope = str_arg(args, "scope", required=False) or None
     return {
         "agents": [
             {
@@ -146,46 +132,7 @@ async def _agents(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _mode(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return {"mode": sup.set_mode(_str(args, "name", required=False) or None)}
-
-
-def _review_selector(sup: Supervisor, refs: list[str]) -> list[str]:
-    """Agents (key or name) become their keys; anything else is a path."""
-    selector = []
-    for ref in refs:
-        try:
-            selector.append(sup.registry.find(ref).key)
-        except FleetError:
-            selector.append(ref)
-    return selector
-
-
-async def _diff(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    context = args.get("context", 3)
-    if not isinstance(context, int) or context < 0:
-        raise UsageError("diff: --context must be a whole number >= 0")
-    diffs = await trio.to_thread.run_sync(
-        lambda: sup.review.diff(_review_selector(sup, _strs(args, "targets")), context)
-    )
-    return {
-        "files": [
-            {"path": d.path, "owner": d.owner, "status": d.status, "diff": d.diff} for d in diffs
-        ]
-    }
-
-
-async def _accept(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    selector = _review_selector(sup, _strs(args, "targets"))
-    accepted = await trio.to_thread.run_sync(lambda: sup.review.accept(selector))
-    return {"files": [{"path": path, "status": "accepted"} for path in accepted]}
-
-
-async def _revert(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    selector = _review_selector(sup, _strs(args, "targets"))
-    result = await trio.to_thread.run_sync(lambda: sup.review.revert(selector))
-    files = [{"path": path, "status": "reverted"} for path in result.reverted]
-    files += [{"path": c.path, "status": "failed", "error": c.reason} for c in result.failed]
-    return {"files": files}
+    return {"mode": sup.set_mode(str_arg(args, "name", required=False) or None)}
 
 
 async def _configure(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,7 +155,7 @@ async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _attach(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     """Where ``fleet attach`` goes: a child's tmux window, or the fleet's tmux session."""
-    ref = _str(args, "agent", required=False)
+    ref = str_arg(args, "agent", required=False)
     if not ref:
         launcher = sup.launchers.get("tmux")
         if not isinstance(launcher, TmuxLauncher):
@@ -231,20 +178,22 @@ async def _attach(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _discuss(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     """The parent's side of the discussion paper; it writes and reads as ``parent``."""
-    action = _str(args, "action")
+    action = str_arg(args, "action")
     if action in {"ask", "answer"}:
-        text = _str(args, "text")
+        text = str_arg(args, "text")
         if action == "ask":
-            reply = await sup.paper.ask(PARENT, text, to=_str(args, "to", required=False) or None)
+            reply = await sup.paper.ask(
+                PARENT, text, to=str_arg(args, "to", required=False) or None
+            )
         else:
-            reply = await sup.paper.answer(PARENT, _str(args, "question"), text)
+            reply = await sup.paper.answer(PARENT, str_arg(args, "question"), text)
         # The new id comes first; news addressed to the parent may follow it.
         return {"id": reply.split(maxsplit=1)[0], "text": reply}
     if action == "list":
         listed = await sup.paper.list(
             PARENT,
-            since=_str(args, "since", required=False) or None,
-            question=_str(args, "question", required=False) or None,
+            since=str_arg(args, "since", required=False) or None,
+            question=str_arg(args, "question", required=False) or None,
         )
         return {
             "entries": [attrs.asdict(entry) for entry in listed.entries],
@@ -257,25 +206,25 @@ async def _discuss(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _vote(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     """Start a democracy round, wait one slice for its outcome, or abort it."""
-    action = _str(args, "action")
+    action = str_arg(args, "action")
     if action == "start":
         deadline = args.get("deadline")
         running = await sup.democracy.start(
             args.get("request"),
-            agents=_strs(args, "agents"),
+            agents=strs_arg(args, "agents"),
             voters=args.get("voters"),
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
-            model=_str(args, "model", required=False) or None,
+            model=str_arg(args, "model", required=False) or None,
         )
         return {"round": running.id, "status": "running", "voters": running.voters}
     if action == "wait":
-        round_id, timeout = _str(args, "round"), args.get("timeout", WAIT_SLICE)
+        round_id, timeout = str_arg(args, "round"), args.get("timeout", WAIT_SLICE)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float):
             raise UsageError("vote: timeout must be a number of seconds")
         outcome = await sup.democracy.wait(round_id, min(max(timeout, 0.0), WAIT_SLICE))
         return {"round": round_id, "status": "running"} if outcome is None else outcome.to_json()
     if action == "abort":
-        outcome = await sup.democracy.abort(_str(args, "round", required=False) or None)
+        outcome = await sup.democracy.abort(str_arg(args, "round", required=False) or None)
         return outcome.to_json()
     raise UsageError(f"vote: action {action!r} is not start, wait or abort")
 
@@ -304,9 +253,9 @@ OPS: Final[dict[str, Op]] = {
     "brief": _moderator_brief,
     "attach": _attach,
     "configure": _configure,
-    "diff": _diff,
-    "accept": _accept,
-    "revert": _revert,
+    "diff": review_diff,
+    "accept": review_accept,
+    "revert": review_revert,
 }
 
 
