@@ -3,10 +3,12 @@
 A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
 Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
-halfway would desynchronize the stream. Incoming requests run in their own tasks inside
-``serve``'s nursery so a long ``question`` never blocks the reader. While ``serve`` runs, one
-deadline keeper task times out this side's requests (a cancel scope per request cost a tenth of
-a round trip); before it runs, each request carries its own scope.
+halfway would desynchronize the stream. The reader never runs a request handler itself, so a
+long ``question`` never blocks it: an idle worker task takes each incoming request, and while
+the worker is busy every further request gets a task of its own in ``serve``'s nursery. Only
+an *immediate* handler (a plain function, which cannot await) answers on the reader. While
+``serve`` runs, one deadline keeper task times out this side's requests (a cancel scope per
+request cost a tenth of a round trip); before it runs, each request carries its own scope.
 
 Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
 type, schema error, unexpected correlation id) is dropped and counted by reason; after
@@ -34,9 +36,20 @@ from ipc._errors import (
     RequestTimeout,
     SchemaError,
 )
-from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
-from ipc._messages import decode_envelope, encode_fields, type_name
-from ipc._types import NO_DEADLINE_TYPES, Answer, Envelope, Kind, Message, Reply
+from ipc._framing import MAX_FRAME, FrameDecoder
+from ipc._handoff import Pending, Worker
+from ipc._messages import FrameWriter, decode_frame
+from ipc._transport import SocketIO, StreamIO, transport_for
+from ipc._types import (
+    NO_DEADLINE_TYPES,
+    PROTOCOL_VERSION,
+    TYPE_NAMES,
+    Answer,
+    Envelope,
+    Kind,
+    Message,
+    Reply,
+)
 
 log = logging.getLogger("ipc")
 
@@ -49,6 +62,8 @@ _RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
 
 RequestHandler = Callable[[Envelope], Awaitable[Message]]
 EventHandler = Callable[[Envelope], Awaitable[None]]
+ImmediateHandler = Callable[[Envelope], Message | None]
+"""Answers a request on the reader itself, or returns ``None`` to pass it to the handler."""
 
 
 class _Default:
@@ -67,14 +82,8 @@ def check_timeout(timeout: float) -> float:
     return timeout
 
 
-@attrs.define(eq=False)
-class _Pending:
-    type: str
-    done: trio.Event = attrs.Factory(trio.Event)
-    result: Envelope | None = None
-    error: Exception | None = None
-    # Set only when serve()'s deadline keeper enforces this request's deadline.
-    deadline: float = math.inf
+def _no_immediate(envelope: Envelope) -> None:
+    return None
 
 
 @attrs.define(eq=False)
@@ -82,6 +91,7 @@ class Channel:
     """An authenticated, framed connection bound to one owner."""
 
     stream: trio.abc.Stream
+    # Read once, into the frame writer: they do not change for a connection's life.
     owner: str
     token: str
     max_frame: int = MAX_FRAME
@@ -93,8 +103,14 @@ class Channel:
     flagged: bool = attrs.field(default=False, init=False)
     closed: bool = attrs.field(default=False, init=False)
     close_reason: str = attrs.field(default="", init=False)
-    _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
-    _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
+    _writer: FrameWriter = attrs.field(init=False)
+    _io: StreamIO | SocketIO = attrs.field(init=False)
+    # A writer holds the turn while _sending; the others park in the queue, in order.
+    _sending: bool = attrs.field(default=False, init=False)
+    _send_queue: trio.lowlevel.ParkingLot = attrs.field(
+        factory=trio.lowlevel.ParkingLot, init=False
+    )
+    _pending: dict[str, Pending] = attrs.field(factory=dict, init=False)
     _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # corr -> the encoded response frame, or None while the handler still runs.
     _replies: collections.OrderedDict[str, bytes | None] = attrs.field(
@@ -109,49 +125,61 @@ class Channel:
     _timer: trio.CancelScope | None = attrs.field(default=None, init=False)
     _serving: bool = attrs.field(default=False, init=False)
 
+    @_writer.default
+    def _make_writer(self) -> FrameWriter:
+        return FrameWriter(token=self.token, owner=self.owner, max_frame=self.max_frame)
+
+    @_io.default
+    def _make_io(self) -> StreamIO | SocketIO:
+        return transport_for(self.stream)
+
     # -- sending ----------------------------------------------------------------------------
 
-    def _frame(self, kind: Kind, corr: str, message: Message) -> bytes:
-        body = encode_fields(
-            token=self.token,
-            owner=self.owner,
-            corr=corr,
-            kind=kind,
-            type_=type_name(message),
-            body=message,
-        )
-        return encode_frame(body, max_frame=self.max_frame)
-
     async def _write(self, frame: bytes) -> None:
-        if self.closed:
-            raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
-        lock = self._send_lock
+        """Write one whole frame, in FIFO order behind the frames already queued.
+
+        A cancel point; a schedule point only while the transport must wait (see
+        :mod:`ipc._transport`), so a caller that does not park next must yield itself.
+        """
+        self._refuse_if_closed()
+        if self._sending:
+            await self._send_queue.park()  # the writer before us hands its turn over
+        else:
+            self._sending = True
         try:
-            # The uncontended case skips a trip through the scheduler; send_all checkpoints.
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()  # FIFO behind the frames already queued
-        try:
+            self._refuse_if_closed()  # never write behind a torn frame
             # A cancellation delivered here has written nothing: the stream is intact.
             await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                await self.stream.send_all(frame)
-            except trio.Cancelled:
+            await self._io.send(frame)
+        except trio.Cancelled:
+            if self._io.torn:
                 # Part of the frame may be on the wire; the peer can never resync.
                 self._mark_closed("send cancelled mid-frame")
-                raise
+            raise
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._mark_closed("send failed")
             raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
         finally:
-            lock.release()
+            self._release_send()
+
+    def _refuse_if_closed(self) -> None:
+        if self.closed:
+            raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
+
+    def _release_send(self) -> None:
+        if self._send_queue:
+            self._send_queue.unpark()  # the turn passes on; _sending stays set
+        else:
+            self._sending = False
 
     async def _send(self, kind: Kind, corr: str, message: Message) -> None:
-        await self._write(self._frame(kind, corr, message))
+        await self._write(self._writer.frame(kind, corr, message))
 
     async def send_event(self, message: Message) -> None:
         """Send a fire-and-forget event."""
-        await self._send("event", "", message)
+        await self._write(self._writer.frame("event", "", message))
+        if not self._io.yields:
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def request(
         self,
@@ -165,7 +193,7 @@ class Channel:
         and is allowed only for ``question`` and ``spawn``. Raises :class:`RequestTimeout`,
         :class:`ChannelClosed`, or :class:`RemoteError` for an error :class:`Reply`.
         """
-        kind = type_name(message)
+        kind = TYPE_NAMES[type(message)]
         if timeout is None:
             if kind not in NO_DEADLINE_TYPES:
                 raise ValueError(f"a {kind!r} request must have a deadline")
@@ -175,38 +203,40 @@ class Channel:
         else:
             deadline = check_timeout(timeout)
         corr = str(next(self._corr))
-        frame = self._frame("request", corr, message)
-        pending = _Pending(type=kind)
+        frame = self._writer.frame("request", corr, message)
+        pending = Pending(type=kind)
         self._pending[corr] = pending
         try:
             await self._write(frame)
             timer = self._timer
             if timer is None or deadline == math.inf:
                 with trio.move_on_after(deadline):
-                    await pending.done.wait()
+                    await pending.wait()
             else:
                 # serve()'s deadline keeper times this request out: one cancel scope per
                 # channel instead of one per request, which cost a tenth of a round trip.
+                # Moving the keeper's deadline is itself costly, so only an earlier one does.
                 pending.deadline = trio.current_time() + deadline
-                timer.deadline = min(timer.deadline, pending.deadline)
-                await pending.done.wait()
+                if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
+                    timer.deadline = pending.deadline
+                await pending.wait()
         finally:
             # Still registered and unanswered: we timed out or were cancelled (a close would
             # have removed it), so the peer may yet answer.
-            if self._pending.pop(corr, None) is not None and pending.result is None:
+            if self._pending.pop(corr, None) is not None and not pending.done:
                 self._remember_expired(corr)
         if pending.error is not None:
             raise pending.error
-        if pending.result is None:
+        body = pending.result
+        if body is None:
             raise RequestTimeout(
                 f"{kind} request to {self.owner} got no response within {deadline:g} s"
             )
-        body = pending.result.body
         if isinstance(body, Reply) and not body.ok:
             raise RemoteError(
                 body.error or f"{kind} request to {self.owner} failed", data=body.data
             )
-        return body
+        return body  # type: ignore[no-any-return]  # a decoded response body
 
     def _remember_expired(self, corr: str) -> None:
         self._expired[corr] = None
@@ -226,7 +256,7 @@ class Channel:
                     if pending.deadline <= now:
                         del self._pending[corr]
                         self._remember_expired(corr)
-                        pending.done.set()  # no result, no error: the requester times out
+                        pending.finish()  # no result, no error: the requester times out
         finally:
             self._timer = None
 
@@ -241,11 +271,15 @@ class Channel:
         handler: RequestHandler,
         on_event: EventHandler,
         *,
+        immediate: ImmediateHandler = _no_immediate,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Read frames until EOF or close; dispatch requests, events and responses.
 
-        Returns when the connection ends; every pending request is then rejected with
+        Each request goes to *immediate* first: a plain function that answers on the reader
+        (it cannot await, so it cannot stall the reader) or returns ``None`` to pass the
+        request to *handler*, which runs in a task. Events are handled on the reader, in
+        order. Returns when the connection ends; every pending request is then rejected with
         :class:`ChannelClosed`.
         """
         if self._serving:
@@ -255,14 +289,27 @@ class Channel:
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
+                worker: Worker[Envelope] = Worker(
+                    run_job=lambda envelope: self._run_handler(envelope, handler)
+                )
                 nursery.start_soon(self._keep_deadlines)
+                nursery.start_soon(worker.run)
                 task_status.started()
+                dispatch = _Dispatch(
+                    channel=self,
+                    handler=handler,
+                    on_event=on_event,
+                    immediate=immediate,
+                    worker=worker,
+                    nursery=nursery,
+                )
                 for frame in self.initial:
-                    await self._dispatch(frame, handler, on_event, nursery)
+                    await dispatch.frame(frame)
                 self.initial.clear()
+                receive = self._io.receive
                 while not self.closed:
                     try:
-                        data = bytes(await self.stream.receive_some(65536))
+                        data = await receive()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         self._mark_closed("connection lost")
                         break
@@ -277,7 +324,7 @@ class Channel:
                         self._mark_closed("framing error")
                         break
                     for frame in frames:
-                        await self._dispatch(frame, handler, on_event, nursery)
+                        await dispatch.frame(frame)
                 nursery.cancel_scope.cancel()
         finally:
             self._mark_closed(self.close_reason or "cancelled")
@@ -293,61 +340,43 @@ class Channel:
             self.flagged = True
             self._mark_closed(f"{MAX_DROPS} invalid frames")
 
-    async def _dispatch(
-        self,
-        frame: bytes,
-        handler: RequestHandler,
-        on_event: EventHandler,
-        nursery: trio.Nursery,
-    ) -> None:
-        if self.closed:  # frames after a close-worthy drop are ignored
+    def _response(self, corr: str, type_: str, body: Message) -> None:
+        if corr in self._expired:
+            del self._expired[corr]
+            log.debug("late response %s from %s discarded", corr, self.owner)
             return
-        try:
-            envelope = decode_envelope(frame)
-        except SchemaError as exc:
-            self._drop(exc.reason, exc.path)
+        pending = self._pending.get(corr)
+        if pending is None or type_ not in _RESPONSE_TYPES or pending.done:
+            self._drop("corr", "$.corr")
             return
-        if not tokens_match(envelope.token, self.token):
-            self._drop("token", "$.token")
-            return
-        if envelope.owner != self.owner:
-            self._drop("owner", "$.owner")
-            return
-        if envelope.kind == "response":
-            if envelope.corr in self._expired:
-                del self._expired[envelope.corr]
-                log.debug("late response %s from %s discarded", envelope.corr, self.owner)
-                return
-            pending = self._pending.get(envelope.corr)
-            if pending is None or envelope.type not in _RESPONSE_TYPES or pending.done.is_set():
-                self._drop("corr", "$.corr")
-                return
-            pending.result = envelope
-            pending.done.set()
-        elif envelope.type in _RESPONSE_TYPES:
-            self._drop("type", "$.type")
-        elif envelope.kind == "event":
-            try:
-                await on_event(envelope)
-            except Exception:
-                # Like a failing request handler: one bad event must not stop the reader.
-                log.exception("event handler for %s from %s failed", envelope.type, self.owner)
-        else:
-            await self._start_request(envelope, handler, nursery)
+        pending.finish(body)
 
-    async def _start_request(
-        self, envelope: Envelope, handler: RequestHandler, nursery: trio.Nursery
-    ) -> None:
+    def _response_frame(self, envelope: Envelope, response: Message | None) -> bytes:
+        """The frame answering *envelope*; recorded for replays of its corr."""
+        if not isinstance(response, (Reply, Answer)):
+            response = Reply(ok=False, error=f"{envelope.type} handler returned no reply")
         corr = envelope.corr
+        try:
+            frame = self._writer.frame("response", corr, response)
+        except (SchemaError, FrameError) as exc:
+            # The answer cannot go on the wire (too large, not encodable); the peer still gets
+            # a response instead of a timeout, and the reader survives.
+            log.warning("response to %s from %s cannot be sent: %s", envelope.type, self.owner, exc)
+            failure = Reply(ok=False, error=f"{envelope.type} response could not be encoded")
+            frame = self._writer.frame("response", corr, failure)
         if corr in self._replies:
-            recorded = self._replies[corr]
-            if recorded is not None:  # None = still running: its response goes out once
-                await self._write_quietly(corr, recorded)
-            return
-        self._replies[corr] = None
-        while len(self._replies) > REPLAY_CACHE:
-            self._replies.popitem(last=False)
-        nursery.start_soon(self._run_handler, envelope, handler)
+            self._replies[corr] = frame
+        return frame
+
+    def _recorded(self, corr: str) -> bool:
+        """Whether *corr* was seen before; if not, it is recorded as running from now on."""
+        replies = self._replies
+        if corr in replies:
+            return True
+        replies[corr] = None
+        if len(replies) > REPLAY_CACHE:
+            replies.popitem(last=False)
+        return False
 
     async def _run_handler(self, envelope: Envelope, handler: RequestHandler) -> None:
         try:
@@ -357,20 +386,7 @@ class Channel:
         except Exception as exc:
             log.exception("handler for %s from %s failed", envelope.type, self.owner)
             response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
-        if not isinstance(response, (Reply, Answer)):
-            response = Reply(ok=False, error=f"{envelope.type} handler returned no reply")
-        corr = envelope.corr
-        try:
-            frame = self._frame("response", corr, response)
-        except (SchemaError, FrameError) as exc:
-            # The answer cannot go on the wire (too large, not encodable); the peer still gets
-            # a response instead of a timeout, and the reader survives.
-            log.warning("response to %s from %s cannot be sent: %s", envelope.type, self.owner, exc)
-            failure = Reply(ok=False, error=f"{envelope.type} response could not be encoded")
-            frame = self._frame("response", corr, failure)
-        if corr in self._replies:
-            self._replies[corr] = frame
-        await self._write_quietly(corr, frame)
+        await self._write_quietly(envelope.corr, self._response_frame(envelope, response))
 
     async def _write_quietly(self, corr: str, frame: bytes) -> None:
         try:
@@ -384,13 +400,13 @@ class Channel:
         if not self.closed:
             self.closed = True
             self.close_reason = reason
-        for corr, pending in list(self._pending.items()):
-            if not pending.done.is_set():
-                pending.error = ChannelClosed(
+        for pending in self._pending.values():
+            pending.finish(
+                error=ChannelClosed(
                     f"{pending.type} request to {self.owner} rejected: {self.close_reason}"
                 )
-                pending.done.set()
-            self._pending.pop(corr, None)
+            )
+        self._pending.clear()
         if self._cancel is not None:
             self._cancel.cancel()
 
@@ -412,3 +428,74 @@ class Channel:
             "flagged": self.flagged,
             "closed": self.closed,
         }
+
+
+@attrs.define(eq=False)
+class _Dispatch:
+    """What the reader does with each whole frame, for one run of :meth:`Channel.serve`."""
+
+    channel: Channel
+    handler: RequestHandler
+    on_event: EventHandler
+    immediate: ImmediateHandler
+    worker: Worker[Envelope]
+    nursery: trio.Nursery
+
+    async def frame(self, frame: bytes) -> None:
+        channel = self.channel
+        if channel.closed:  # frames after a close-worthy drop are ignored
+            return
+        try:
+            token, owner, corr, kind, type_, body = decode_frame(frame)
+        except SchemaError as exc:
+            channel._drop(exc.reason, exc.path)
+            return
+        if not tokens_match(token, channel.token):
+            channel._drop("token", "$.token")
+            return
+        if owner != channel.owner:
+            channel._drop("owner", "$.owner")
+            return
+        if kind == "response":
+            channel._response(corr, type_, body)
+            return
+        if type_ in _RESPONSE_TYPES:
+            channel._drop("type", "$.type")
+            return
+        envelope = Envelope(
+            v=PROTOCOL_VERSION,
+            token=token,
+            owner=owner,
+            corr=corr,
+            kind=kind,
+            type=type_,
+            body=body,
+        )
+        if kind == "event":
+            try:
+                await self.on_event(envelope)
+            except Exception:
+                # Like a failing request handler: one bad event must not stop the reader.
+                log.exception("event handler for %s from %s failed", type_, channel.owner)
+        else:
+            await self.request(envelope)
+
+    async def request(self, envelope: Envelope) -> None:
+        channel = self.channel
+        corr = envelope.corr
+        if channel._recorded(corr):
+            recorded = channel._replies[corr]
+            if recorded is not None:  # None = still running: its response goes out once
+                await channel._write_quietly(corr, recorded)
+            return
+        try:
+            response = self.immediate(envelope)
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", envelope.type, channel.owner)
+            response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
+        if response is not None:
+            frame = channel._response_frame(envelope, response)
+            await channel._write_quietly(corr, frame)
+        elif not self.worker.offer(envelope):
+            # The worker is busy (a slow handler, or pipelined requests): a task of its own.
+            self.nursery.start_soon(channel._run_handler, envelope, self.handler)

@@ -28,40 +28,47 @@ def encode_frame(body: bytes, *, max_frame: int = MAX_FRAME) -> bytes:
 class FrameDecoder:
     """Reassemble frames from arbitrary chunks (one byte at a time is fine)."""
 
-    __slots__ = ("_broken", "_buffer", "_max_frame", "_need")
+    __slots__ = ("_broken", "_buffer", "_max_frame")
 
     def __init__(self, *, max_frame: int = MAX_FRAME) -> None:
         self._max_frame = max_frame
+        # A partial frame, its header included; empty between frames.
         self._buffer = bytearray()
-        self._need: int | None = None
         self._broken = False
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet part of a whole frame."""
-        return len(self._buffer)
+        """Bytes received but not yet part of a whole frame (a read header not counted)."""
+        size = len(self._buffer)
+        return size - HEADER_SIZE if size >= HEADER_SIZE else size
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add *data*; return every frame body it completes, in order."""
         if self._broken:
             raise FrameError("decode frame: stream already broke framing")
-        self._buffer += data
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            data = buffer
+        # The usual chunk holds whole frames only: they are sliced out of it directly.
         frames: list[bytes] = []
-        while True:
-            if self._need is None:
-                if len(self._buffer) < HEADER_SIZE:
-                    return frames
-                (size,) = _HEADER.unpack_from(self._buffer)
-                if size == 0 or size > self._max_frame:
-                    self._broken = True
-                    what = "zero-length frame" if size == 0 else f"{size}-byte frame"
-                    raise FrameError(
-                        f"decode frame: {what} (limit {self._max_frame}); stream cannot resync"
-                    )
-                del self._buffer[:HEADER_SIZE]
-                self._need = size
-            if len(self._buffer) < self._need:
-                return frames
-            frames.append(bytes(self._buffer[: self._need]))
-            del self._buffer[: self._need]
-            self._need = None
+        start = 0
+        end = len(data)
+        while end - start >= HEADER_SIZE:
+            (size,) = _HEADER.unpack_from(data, start)
+            if size == 0 or size > self._max_frame:
+                self._broken = True
+                what = "zero-length frame" if size == 0 else f"{size}-byte frame"
+                raise FrameError(
+                    f"decode frame: {what} (limit {self._max_frame}); stream cannot resync"
+                )
+            stop = start + HEADER_SIZE + size
+            if stop > end:
+                break
+            frames.append(bytes(data[start + HEADER_SIZE : stop]))
+            start = stop
+        if data is buffer:
+            del buffer[:start]
+        elif start < end:
+            buffer += data[start:]
+        return frames

@@ -9,11 +9,17 @@ Every frame body is a JSON envelope::
 map; the classes live in :mod:`ipc._types`). This module is the only place that
 (de)serializes them, through one cattrs converter that forbids unknown keys, so a schema error
 always names its field (``$.body.text``).
+
+Both directions have a hot path, because a round trip's cost is mostly this codec: a
+:class:`FrameWriter` keeps its channel's fixed envelope prefix as text, and
+:func:`decode_frame` builds a plainly valid body with a generated structurer
+(:mod:`ipc._fastpath`), handing anything else to the strict converter.
 """
 
 import json
 import typing
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any, Final
 
 import attrs
@@ -23,7 +29,12 @@ from cattrs.preconf.json import make_converter
 from cattrs.v import format_exception
 
 from ipc._errors import SchemaError
+from ipc._fastpath import Refused, make_structurers
+from ipc._framing import MAX_FRAME, encode_frame
 from ipc._types import MESSAGE_TYPES, PROTOCOL_VERSION, TYPE_NAMES, Envelope, Kind, Message
+
+Decoded = tuple[str, str, str, Kind, str, Message]
+"""A decoded frame as :func:`decode_frame` returns it: token, owner, corr, kind, type, body."""
 
 
 @attrs.frozen(kw_only=True)
@@ -41,10 +52,39 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"a {type(value).__name__} is not JSON")
+
+
 # Built once: json.dumps/json.loads with options construct a new coder on every call.
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 _TEXT_CHECK: Final = json.JSONEncoder(ensure_ascii=False)
+
+# The C encoder _ENCODER.encode builds anew on every call (a third of its cost), built once
+# with the same options. Without a markers dict it does not look for cycles: a cyclic body
+# ends in a RecursionError, which _encode refuses like any other unencodable value.
+_MAKE_C_ENCODER: Final = getattr(json.encoder, "c_make_encoder", None)
+if _MAKE_C_ENCODER is None:  # an interpreter without the C accelerator
+    _dumps: Callable[[Any], str] = _ENCODER.encode
+else:
+    _C_ENCODER: Final = _MAKE_C_ENCODER(
+        markers=None,
+        default=_not_json,
+        encoder=encode_basestring,
+        indent=None,
+        key_separator=":",
+        item_separator=",",
+        sort_keys=False,
+        skipkeys=False,
+        allow_nan=False,
+    )
+
+    def _dumps(value: Any) -> str:
+        return "".join(_C_ENCODER(value, 0))
+
+
+_ENCODE_ERRORS: Final = (UnicodeError, ValueError, TypeError, RecursionError)
 
 
 def _strict(expected: type[Any], *accepted: type[Any]) -> Any:
@@ -75,8 +115,8 @@ def _strict_list(cls: Any, conv: cattrs.BaseConverter) -> Callable[[Any, Any], A
     return hook
 
 
-def _make_converter(*, detailed: bool) -> cattrs.Converter:
-    made = make_converter(forbid_extra_keys=True, detailed_validation=detailed)
+def _make_converter() -> cattrs.Converter:
+    made = make_converter(forbid_extra_keys=True)
     made.register_structure_hook(str, _strict(str, str))
     made.register_structure_hook(int, _strict(int, int))
     made.register_structure_hook(bool, _strict(bool, bool))
@@ -85,14 +125,42 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     return made
 
 
-converter: Final = _make_converter(detailed=True)
+converter: Final = _make_converter()
 """The converter: every schema error it raises names its field path."""
 
-# The same rules without per-field error bookkeeping, for the hot path: a frame it refuses is
-# structured again by ``converter`` to say exactly why, so it never decides alone.
-_fast: Final = _make_converter(detailed=False)
+_FAST: Final = make_structurers(MESSAGE_TYPES)
+_UNSTRUCTURE: Final = {cls: converter.get_unstructure_hook(cls) for cls in TYPE_NAMES}
 _ENVELOPE_KEYS: Final = frozenset(attrs.fields_dict(_RawEnvelope))
 _KINDS: Final = frozenset(typing.get_args(Kind))
+_KIND_TEXT: Final = {kind: f',"kind":"{kind}"' for kind in _KINDS}
+
+
+def _head_text(v: int, token: str, owner: str) -> str:
+    return f'{{"v":{_dumps(v)},"token":{_dumps(token)},"owner":{_dumps(owner)},"corr":'
+
+
+def _type_text(type_: str) -> str:
+    return f',"type":{_dumps(type_)},"body":'
+
+
+_TYPE_TEXT: Final = {cls: _type_text(name) for cls, name in TYPE_NAMES.items()}
+
+
+def _encode(head: str, corr: str, kind: Kind, type_text: str, body: Message) -> bytes:
+    # The envelope's keys in a fixed order, so equal envelopes encode to equal bytes.
+    cls = type(body)
+    try:
+        body_text = _dumps(_UNSTRUCTURE.get(cls, converter.unstructure)(body))
+        return "".join(
+            (head, encode_basestring(corr), _KIND_TEXT[kind], type_text, body_text, "}")
+        ).encode()
+    except _ENCODE_ERRORS as exc:
+        # A lone surrogate or a NaN would put a frame on the wire that no peer may accept.
+        raise SchemaError(
+            f"encode {TYPE_NAMES.get(cls, cls.__name__)}: not representable as UTF-8 JSON: {exc}",
+            path="$.body",
+            reason="encode",
+        ) from None
 
 
 def _format_exception(exc: BaseException, cls: type[Any] | None) -> str:
@@ -117,57 +185,57 @@ def encode_envelope(envelope: Envelope) -> bytes:
     """Serialize *envelope* to the compact UTF-8 JSON a frame carries.
 
     Raises :class:`SchemaError` (reason ``encode``) for a value JSON cannot carry faithfully:
-    a lone surrogate in a string, or a NaN or infinite float.
+    a lone surrogate in a string, a NaN or infinite float, a value of no JSON type.
     """
-    return encode_fields(
-        token=envelope.token,
-        owner=envelope.owner,
-        corr=envelope.corr,
-        kind=envelope.kind,
-        type_=envelope.type,
-        body=envelope.body,
-        v=envelope.v,
+    return _encode(
+        _head_text(envelope.v, envelope.token, envelope.owner),
+        envelope.corr,
+        envelope.kind,
+        _type_text(envelope.type),
+        envelope.body,
     )
 
 
-def encode_fields(
-    *,
-    token: str,
-    owner: str,
-    corr: str,
-    kind: Kind,
-    type_: str,
-    body: Message,
-    v: int = PROTOCOL_VERSION,
-) -> bytes:
-    """:func:`encode_envelope` without building the :class:`Envelope` (the send path)."""
-    raw = {
-        "v": v,
-        "token": token,
-        "owner": owner,
-        "corr": corr,
-        "kind": kind,
-        "type": type_,
-        "body": converter.unstructure(body),
-    }
-    try:
-        return _ENCODER.encode(raw).encode()
-    except (UnicodeError, ValueError) as exc:
-        # A lone surrogate or a NaN would put a frame on the wire that no peer may accept.
-        raise SchemaError(
-            f"encode {type_}: not representable as UTF-8 JSON: {exc}",
-            path="$.body",
-            reason="encode",
-        ) from None
+@attrs.frozen(kw_only=True)
+class FrameWriter:
+    """Whole frames (length prefix included) from one sender: :func:`encode_envelope`'s bytes.
+
+    The envelope's fixed part (version, token, owner) is encoded once, here.
+    """
+
+    token: str
+    owner: str
+    max_frame: int = MAX_FRAME
+    _head: str = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: _head_text(PROTOCOL_VERSION, self.token, self.owner), takes_self=True
+        ),
+    )
+
+    def frame(self, kind: Kind, corr: str, message: Message) -> bytes:
+        """The frame of *message*; raises :class:`SchemaError` or :class:`FrameError`."""
+        data = _encode(self._head, corr, kind, _TYPE_TEXT[type(message)], message)
+        return encode_frame(data, max_frame=self.max_frame)
 
 
-def decode_envelope(data: bytes) -> Envelope:
-    """Parse one frame body; raise :class:`SchemaError` naming the bad field."""
+def decode_frame(data: bytes) -> Decoded:
+    """Parse one frame body into its parts; raise :class:`SchemaError` naming the bad field.
+
+    :func:`decode_envelope` without building the :class:`Envelope` (the channel's hot path);
+    the version is always :data:`PROTOCOL_VERSION`.
+    """
     try:
         # Decode strictly ourselves: json.loads(bytes) would also take UTF-16/32 and let
         # encoded surrogates through ("surrogatepass").
         text = data.decode()
-        obj = _DECODER.decode(text)
+        try:
+            obj, end = _DECODER.raw_decode(text)
+        except ValueError:
+            end = -1
+        if end != len(text):
+            # Whitespace around the object, or an error to report: the full decoder says.
+            obj = _DECODER.decode(text)
         # A \u escape may still spell a lone surrogate: valid JSON grammar, but a string that
         # can never be encoded again. Only frames with an escape pay for the check.
         if "\\u" in text:
@@ -175,9 +243,9 @@ def decode_envelope(data: bytes) -> Envelope:
     except (UnicodeError, ValueError, RecursionError) as exc:
         # ValueError also covers an integer past the interpreter's digit limit.
         raise SchemaError(f"frame is not UTF-8 JSON: {exc}", reason="json") from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise SchemaError("frame is not a JSON object @ $", reason="schema")
-    if (
+    if not (
         obj.keys() == _ENVELOPE_KEYS
         and type(obj["v"]) is int
         and type(obj["token"]) is str
@@ -188,37 +256,38 @@ def decode_envelope(data: bytes) -> Envelope:
         and type(obj["type"]) is str
         and type(obj["body"]) is dict
     ):
-        # Exactly what structuring _RawEnvelope accepts, checked inline: it is half the
-        # cost of a decode, and JSON objects have only str keys.
-        fields = obj
-    else:
+        # The check above is exactly what structuring _RawEnvelope accepts (JSON objects have
+        # only str keys), at half the cost; the converter decides the rest and explains.
         try:
-            fields = attrs.asdict(converter.structure(obj, _RawEnvelope), recurse=False)
+            obj = attrs.asdict(converter.structure(obj, _RawEnvelope), recurse=False)
         except Exception as exc:
             path, message = render_error(exc, "$")
             raise SchemaError(message, path=path) from None
-    if fields["v"] != PROTOCOL_VERSION:
-        raise SchemaError(f"unsupported protocol version {fields['v']} @ $.v", path="$.v")
-    type_ = fields["type"]
-    cls = MESSAGE_TYPES.get(type_)
-    if cls is None:
-        raise SchemaError(f"unknown message type {type_!r} @ $.type", path="$.type", reason="type")
+    if obj["v"] != PROTOCOL_VERSION:
+        raise SchemaError(f"unsupported protocol version {obj['v']} @ $.v", path="$.v")
+    type_ = obj["type"]
+    raw_body = obj["body"]
     try:
-        body = _fast.structure(fields["body"], cls)
-    except Exception:
+        body = _FAST[type_](raw_body)
+    except (KeyError, Refused):
+        cls = MESSAGE_TYPES.get(type_)
+        if cls is None:
+            raise SchemaError(
+                f"unknown message type {type_!r} @ $.type", path="$.type", reason="type"
+            ) from None
         try:
-            body = converter.structure(fields["body"], cls)
+            body = converter.structure(raw_body, cls)
         except Exception as exc:
             path, message = render_error(exc, "$.body")
             raise SchemaError(message, path=path) from None
+    return obj["token"], obj["owner"], obj["corr"], obj["kind"], type_, body
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Parse one frame body; raise :class:`SchemaError` naming the bad field."""
+    token, owner, corr, kind, type_, body = decode_frame(data)
     return Envelope(
-        v=fields["v"],
-        token=fields["token"],
-        owner=fields["owner"],
-        corr=fields["corr"],
-        kind=fields["kind"],
-        type=type_,
-        body=body,
+        v=PROTOCOL_VERSION, token=token, owner=owner, corr=corr, kind=kind, type=type_, body=body
     )
 
 

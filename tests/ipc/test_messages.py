@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ipc
-from ipc import Envelope, SchemaError, decode_envelope, encode_envelope
+from ipc import Envelope, Reply, SchemaError, decode_envelope, encode_envelope
+from ipc._messages import FrameWriter, decode_frame
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=20)
 json_values = st.recursive(
@@ -242,4 +243,57 @@ def test_a_non_object_frame_is_a_schema_error():
 def test_encoding_refuses_what_no_peer_may_accept(message):
     with pytest.raises(SchemaError) as caught:
         encode_envelope(envelope_for(message))
+    assert caught.value.reason == "encode"
+
+
+@given(
+    message=messages,
+    kind=st.sampled_from(["request", "response", "event"]),
+    corr=st.text(max_size=10),
+    owner=st.text(max_size=10),
+)
+def test_a_frame_writer_writes_exactly_the_envelope_encoding(message, kind, corr, owner):
+    writer = FrameWriter(token="t" * 64, owner=owner)
+    envelope = envelope_for(message, kind=kind, corr=corr, owner=owner)
+    assert writer.frame(kind, corr, message) == ipc.encode_frame(encode_envelope(envelope))
+
+
+def test_a_frame_writer_refuses_an_oversize_frame():
+    writer = FrameWriter(token="t" * 64, owner="a1", max_frame=100)
+    with pytest.raises(ipc.FrameError, match="exceeds the 100-byte limit"):
+        writer.frame("event", "", ipc.Steer(text="x" * 100))
+
+
+def test_decode_frame_returns_the_parts_decode_envelope_builds_on():
+    envelope = envelope_for(ipc.Ownership(paths=["a"]), kind="request", corr="9")
+    parts = decode_frame(encode_envelope(envelope))
+    assert parts == ("t" * 64, "a1", "9", "request", "ownership", ipc.Ownership(paths=["a"]))
+
+
+def test_whitespace_around_the_object_is_still_json():
+    envelope = envelope_for(ipc.Steer(text="x"))
+    assert decode_envelope(b" \n" + encode_envelope(envelope) + b"\t ") == envelope
+
+
+def test_trailing_data_after_the_object_is_a_json_error():
+    data = encode_envelope(envelope_for(ipc.Steer(text="x")))
+    assert schema_error(data + b"{}").reason == "json"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"when": object()}, {"z": 1j}],
+    ids=["object", "complex"],
+)
+def test_encoding_refuses_data_that_is_not_json(data):
+    with pytest.raises(SchemaError) as caught:
+        encode_envelope(envelope_for(Reply(ok=True, data=data)))
+    assert caught.value.reason == "encode"
+
+
+def test_encoding_refuses_a_cycle():
+    data: dict[str, Any] = {}
+    data["self"] = data
+    with pytest.raises(SchemaError) as caught:
+        encode_envelope(envelope_for(Reply(ok=True, data=data)))
     assert caught.value.reason == "encode"
