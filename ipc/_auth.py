@@ -28,12 +28,15 @@ def derive_token(session_key: bytes, owner: str) -> str:
     return hmac.new(session_key, owner.encode(), hashlib.sha256).hexdigest()
 
 
+def token_bytes(token: str) -> bytes:
+    """*token* as the bytes :func:`tokens_match` compares; any string has some."""
+    # surrogatepass: a hostile "token" must compare unequal, never raise.
+    return token.encode("utf-8", "surrogatepass")
+
+
 def tokens_match(presented: str, expected: str) -> bool:
     """Constant-time comparison of two tokens; any string is safe to present."""
-    # surrogatepass: a hostile "token" must compare unequal, never raise.
-    return hmac.compare_digest(
-        presented.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
-    )
+    return hmac.compare_digest(token_bytes(presented), token_bytes(expected))
 
 
 def valid_identifier(value: str) -> bool:

@@ -19,6 +19,7 @@ peer is not a hostile one.
 """
 
 import collections
+import hmac
 import itertools
 import logging
 import math
@@ -28,7 +29,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ipc._auth import tokens_match
+from ipc._auth import token_bytes
 from ipc._errors import (
     ChannelClosed,
     FrameError,
@@ -62,8 +63,8 @@ _RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
 
 RequestHandler = Callable[[Envelope], Awaitable[Message]]
 EventHandler = Callable[[Envelope], Awaitable[None]]
-ImmediateHandler = Callable[[Envelope], Message | None]
-"""Answers a request on the reader itself, or returns ``None`` to pass it to the handler."""
+ImmediateHandler = Callable[[Message], Message | None]
+"""Answers a request body on the reader itself, or returns ``None`` to pass it on."""
 
 
 class _Default:
@@ -82,11 +83,13 @@ def check_timeout(timeout: float) -> float:
     return timeout
 
 
-def _no_immediate(envelope: Envelope) -> None:
+def _no_immediate(body: Message) -> None:
     return None
 
 
-@attrs.define(eq=False)
+# No setattr hooks: for default_timeout's converter attrs would route every attribute write
+# of the channel through a Python __setattr__ (a microsecond per round trip).
+@attrs.define(eq=False, on_setattr=attrs.setters.NO_OP)
 class Channel:
     """An authenticated, framed connection bound to one owner."""
 
@@ -95,6 +98,7 @@ class Channel:
     owner: str
     token: str
     max_frame: int = MAX_FRAME
+    # Checked when the channel is made (see on_setattr above).
     default_timeout: float = attrs.field(default=DEFAULT_TIMEOUT, converter=check_timeout)
     initial: list[bytes] = attrs.Factory(list)
     decoder: FrameDecoder | None = None
@@ -104,9 +108,11 @@ class Channel:
     closed: bool = attrs.field(default=False, init=False)
     close_reason: str = attrs.field(default="", init=False)
     _writer: FrameWriter = attrs.field(init=False)
+    _token_bytes: bytes = attrs.field(init=False)
     _io: StreamIO | SocketIO = attrs.field(init=False)
-    # A writer holds the turn while _sending; the others park in the queue, in order.
+    # A writer holds the turn while _sending; the _queued others park in the queue, in order.
     _sending: bool = attrs.field(default=False, init=False)
+    _queued: int = attrs.field(default=0, init=False)
     _send_queue: trio.lowlevel.ParkingLot = attrs.field(
         factory=trio.lowlevel.ParkingLot, init=False
     )
@@ -121,13 +127,19 @@ class Channel:
         factory=collections.OrderedDict, init=False
     )
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
-    # The deadline keeper's sleep, due at the earliest deadline it enforces (while serving).
+    # The deadline keeper's sleep, due at the earliest deadline it enforces (while serving),
+    # and the run's clock (trio.current_time() is three calls deep).
     _timer: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _clock: trio.abc.Clock = attrs.field(init=False)
     _serving: bool = attrs.field(default=False, init=False)
 
     @_writer.default
     def _make_writer(self) -> FrameWriter:
         return FrameWriter(token=self.token, owner=self.owner, max_frame=self.max_frame)
+
+    @_token_bytes.default
+    def _encode_token(self) -> bytes:
+        return token_bytes(self.token)
 
     @_io.default
     def _make_io(self) -> StreamIO | SocketIO:
@@ -135,24 +147,27 @@ class Channel:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def _write(self, frame: bytes) -> None:
+    async def _write(self, frame: bytes) -> bool:
         """Write one whole frame, in FIFO order behind the frames already queued.
 
-        A cancel point; a schedule point only while the transport must wait (see
-        :mod:`ipc._transport`), so a caller that does not park next must yield itself.
+        A cancel point; a schedule point only if the transport had to wait (see
+        :mod:`ipc._transport`), which it returns, so a caller that does not park next can
+        yield itself.
         """
-        self._refuse_if_closed()
-        if self._sending:
-            await self._send_queue.park()  # the writer before us hands its turn over
+        if self._sending or self.closed:
+            await self._take_turn()
         else:
             self._sending = True
+        io = self._io
         try:
-            self._refuse_if_closed()  # never write behind a torn frame
             # A cancellation delivered here has written nothing: the stream is intact.
             await trio.lowlevel.checkpoint_if_cancelled()
-            await self._io.send(frame)
+            sent = io.try_send(frame)
+            waited = sent != len(frame)
+            if waited:
+                await io.send_rest(frame, sent)
         except trio.Cancelled:
-            if self._io.torn:
+            if io.torn:
                 # Part of the frame may be on the wire; the peer can never resync.
                 self._mark_closed("send cancelled mid-frame")
             raise
@@ -160,25 +175,40 @@ class Channel:
             self._mark_closed("send failed")
             raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
         finally:
-            self._release_send()
+            if self._queued:
+                self._send_queue.unpark()  # the turn passes on; _sending stays set
+            else:
+                self._sending = False
+        return waited
+
+    async def _take_turn(self) -> None:
+        """Wait for the turn to write, behind the writers already queued."""
+        self._refuse_if_closed()
+        if not self._sending:
+            self._sending = True
+            return
+        self._queued += 1
+        try:
+            await self._send_queue.park()  # the writer before us hands its turn over
+        finally:
+            self._queued -= 1
+        if self.closed:  # never write behind a torn frame
+            if self._queued:
+                self._send_queue.unpark()
+            else:
+                self._sending = False
+            self._refuse_if_closed()
 
     def _refuse_if_closed(self) -> None:
         if self.closed:
             raise ChannelClosed(f"channel to {self.owner} is closed ({self.close_reason})")
-
-    def _release_send(self) -> None:
-        if self._send_queue:
-            self._send_queue.unpark()  # the turn passes on; _sending stays set
-        else:
-            self._sending = False
 
     async def _send(self, kind: Kind, corr: str, message: Message) -> None:
         await self._write(self._writer.frame(kind, corr, message))
 
     async def send_event(self, message: Message) -> None:
         """Send a fire-and-forget event."""
-        await self._write(self._writer.frame("event", "", message))
-        if not self._io.yields:
+        if not await self._write(self._writer.frame("event", "", message)):
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def request(
@@ -198,10 +228,10 @@ class Channel:
             if kind not in NO_DEADLINE_TYPES:
                 raise ValueError(f"a {kind!r} request must have a deadline")
             deadline = math.inf
-        elif isinstance(timeout, _Default):
+        elif timeout is DEFAULT:
             deadline = self.default_timeout
         else:
-            deadline = check_timeout(timeout)
+            deadline = check_timeout(timeout)  # type: ignore[arg-type]  # not DEFAULT here
         corr = str(next(self._corr))
         frame = self._writer.frame("request", corr, message)
         pending = Pending(type=kind)
@@ -209,14 +239,16 @@ class Channel:
         try:
             await self._write(frame)
             timer = self._timer
-            if timer is None or deadline == math.inf:
+            if pending.done:  # answered, closed or timed out while the write waited
+                pass
+            elif timer is None or deadline == math.inf:
                 with trio.move_on_after(deadline):
                     await pending.wait()
             else:
                 # serve()'s deadline keeper times this request out: one cancel scope per
                 # channel instead of one per request, which cost a tenth of a round trip.
                 # Moving the keeper's deadline is itself costly, so only an earlier one does.
-                pending.deadline = trio.current_time() + deadline
+                pending.deadline = self._clock.current_time() + deadline
                 if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
                     timer.deadline = pending.deadline
                 await pending.wait()
@@ -245,6 +277,7 @@ class Channel:
 
     async def _keep_deadlines(self) -> None:
         """While serve() runs: time out every request whose deadline has passed."""
+        self._clock = trio.lowlevel.current_clock()
         try:
             while True:
                 earliest = min((p.deadline for p in self._pending.values()), default=math.inf)
@@ -276,8 +309,8 @@ class Channel:
     ) -> None:
         """Read frames until EOF or close; dispatch requests, events and responses.
 
-        Each request goes to *immediate* first: a plain function that answers on the reader
-        (it cannot await, so it cannot stall the reader) or returns ``None`` to pass the
+        Each request's body goes to *immediate* first: a plain function that answers on the
+        reader (it cannot await, so it cannot stall the reader) or returns ``None`` to pass the
         request to *handler*, which runs in a task. Events are handled on the reader, in
         order. Returns when the connection ends; every pending request is then rejected with
         :class:`ChannelClosed`.
@@ -303,16 +336,21 @@ class Channel:
                     worker=worker,
                     nursery=nursery,
                 )
+                route = dispatch.route
                 for frame in self.initial:
-                    await dispatch.frame(frame)
+                    if (work := route(frame)) is not None:
+                        await self._settle(work)
                 self.initial.clear()
-                receive = self._io.receive
+                wait, read = self._io.wait, self._io.read
                 while not self.closed:
                     try:
-                        data = await receive()
+                        await wait()
+                        data = read()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         self._mark_closed("connection lost")
                         break
+                    if data is None:
+                        continue
                     if not data:
                         self._mark_closed("peer closed")
                         break
@@ -324,12 +362,22 @@ class Channel:
                         self._mark_closed("framing error")
                         break
                     for frame in frames:
-                        await dispatch.frame(frame)
+                        if (work := route(frame)) is not None:
+                            try:
+                                await work
+                            except ChannelClosed:  # an answer that cannot go out any more
+                                log.debug("could not answer on %s: closed", self.owner)
                 nursery.cancel_scope.cancel()
         finally:
             self._mark_closed(self.close_reason or "cancelled")
             with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+                await self._io.aclose()
+
+    async def _settle(self, work: Awaitable[object]) -> None:
+        try:
+            await work
+        except ChannelClosed:  # an answer that cannot go out any more
+            log.debug("could not answer on %s: closed", self.owner)
 
     def _drop(self, reason: str, detail: str) -> None:
         self.drops[reason] += 1
@@ -340,43 +388,21 @@ class Channel:
             self.flagged = True
             self._mark_closed(f"{MAX_DROPS} invalid frames")
 
-    def _response(self, corr: str, type_: str, body: Message) -> None:
-        if corr in self._expired:
-            del self._expired[corr]
-            log.debug("late response %s from %s discarded", corr, self.owner)
-            return
-        pending = self._pending.get(corr)
-        if pending is None or type_ not in _RESPONSE_TYPES or pending.done:
-            self._drop("corr", "$.corr")
-            return
-        pending.finish(body)
-
-    def _response_frame(self, envelope: Envelope, response: Message | None) -> bytes:
-        """The frame answering *envelope*; recorded for replays of its corr."""
+    def _response_frame(self, corr: str, type_: str, response: Message | None) -> bytes:
+        """The frame answering request *corr* of *type_*; recorded for replays of *corr*."""
         if not isinstance(response, (Reply, Answer)):
-            response = Reply(ok=False, error=f"{envelope.type} handler returned no reply")
-        corr = envelope.corr
+            response = Reply(ok=False, error=f"{type_} handler returned no reply")
         try:
             frame = self._writer.frame("response", corr, response)
         except (SchemaError, FrameError) as exc:
             # The answer cannot go on the wire (too large, not encodable); the peer still gets
             # a response instead of a timeout, and the reader survives.
-            log.warning("response to %s from %s cannot be sent: %s", envelope.type, self.owner, exc)
-            failure = Reply(ok=False, error=f"{envelope.type} response could not be encoded")
+            log.warning("response to %s from %s cannot be sent: %s", type_, self.owner, exc)
+            failure = Reply(ok=False, error=f"{type_} response could not be encoded")
             frame = self._writer.frame("response", corr, failure)
         if corr in self._replies:
             self._replies[corr] = frame
         return frame
-
-    def _recorded(self, corr: str) -> bool:
-        """Whether *corr* was seen before; if not, it is recorded as running from now on."""
-        replies = self._replies
-        if corr in replies:
-            return True
-        replies[corr] = None
-        if len(replies) > REPLAY_CACHE:
-            replies.popitem(last=False)
-        return False
 
     async def _run_handler(self, envelope: Envelope, handler: RequestHandler) -> None:
         try:
@@ -386,7 +412,8 @@ class Channel:
         except Exception as exc:
             log.exception("handler for %s from %s failed", envelope.type, self.owner)
             response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
-        await self._write_quietly(envelope.corr, self._response_frame(envelope, response))
+        corr = envelope.corr
+        await self._write_quietly(corr, self._response_frame(corr, envelope.type, response))
 
     async def _write_quietly(self, corr: str, frame: bytes) -> None:
         try:
@@ -418,7 +445,7 @@ class Channel:
         """Close and release the stream."""
         self._mark_closed(reason)
         with trio.CancelScope(shield=True):
-            await self.stream.aclose()
+            await self._io.aclose()
 
     def statistics(self) -> dict[str, Any]:
         """Counters for diagnostics: drops by reason, pending requests, flag state."""
@@ -441,27 +468,70 @@ class _Dispatch:
     worker: Worker[Envelope]
     nursery: trio.Nursery
 
-    async def frame(self, frame: bytes) -> None:
+    def route(self, frame: bytes) -> Awaitable[object] | None:
+        """Check one frame and deliver it; what is left for the reader to await, if anything.
+
+        A response is handed to its requester here; an event, a replayed request or an
+        immediate answer comes back as the work to await; any other request goes to the
+        worker or a task of its own.
+        """
         channel = self.channel
         if channel.closed:  # frames after a close-worthy drop are ignored
-            return
+            return None
         try:
             token, owner, corr, kind, type_, body = decode_frame(frame)
         except SchemaError as exc:
             channel._drop(exc.reason, exc.path)
-            return
-        if not tokens_match(token, channel.token):
+            return None
+        # Inline token_bytes(): a call fewer per frame.
+        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), channel._token_bytes):
             channel._drop("token", "$.token")
-            return
+            return None
         if owner != channel.owner:
             channel._drop("owner", "$.owner")
-            return
+            return None
         if kind == "response":
-            channel._response(corr, type_, body)
-            return
+            if corr in channel._expired:
+                del channel._expired[corr]
+                log.debug("late response %s from %s discarded", corr, channel.owner)
+                return None
+            pending = channel._pending.get(corr)
+            if pending is None or type_ not in _RESPONSE_TYPES or pending.done:
+                channel._drop("corr", "$.corr")
+                return None
+            pending.finish(body)
+            return None
         if type_ in _RESPONSE_TYPES:
             channel._drop("type", "$.type")
-            return
+            return None
+        if kind == "event":
+            return self._event(
+                Envelope(
+                    v=PROTOCOL_VERSION,
+                    token=token,
+                    owner=owner,
+                    corr=corr,
+                    kind=kind,
+                    type=type_,
+                    body=body,
+                )
+            )
+        replies = channel._replies
+        if corr in replies:
+            recorded = replies[corr]
+            if recorded is None:  # still running: its response goes out once
+                return None
+            return channel._write(recorded)
+        replies[corr] = None  # running: a replay meanwhile gets nothing, then the response
+        if len(replies) > REPLAY_CACHE:
+            replies.popitem(last=False)
+        try:
+            response = self.immediate(body)
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", type_, channel.owner)
+            response = Reply(ok=False, error=f"{type_} failed: {exc}")
+        if response is not None:
+            return channel._write(channel._response_frame(corr, type_, response))
         envelope = Envelope(
             v=PROTOCOL_VERSION,
             token=token,
@@ -471,31 +541,14 @@ class _Dispatch:
             type=type_,
             body=body,
         )
-        if kind == "event":
-            try:
-                await self.on_event(envelope)
-            except Exception:
-                # Like a failing request handler: one bad event must not stop the reader.
-                log.exception("event handler for %s from %s failed", type_, channel.owner)
-        else:
-            await self.request(envelope)
-
-    async def request(self, envelope: Envelope) -> None:
-        channel = self.channel
-        corr = envelope.corr
-        if channel._recorded(corr):
-            recorded = channel._replies[corr]
-            if recorded is not None:  # None = still running: its response goes out once
-                await channel._write_quietly(corr, recorded)
-            return
-        try:
-            response = self.immediate(envelope)
-        except Exception as exc:
-            log.exception("handler for %s from %s failed", envelope.type, channel.owner)
-            response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
-        if response is not None:
-            frame = channel._response_frame(envelope, response)
-            await channel._write_quietly(corr, frame)
-        elif not self.worker.offer(envelope):
+        if not self.worker.offer(envelope):
             # The worker is busy (a slow handler, or pipelined requests): a task of its own.
             self.nursery.start_soon(channel._run_handler, envelope, self.handler)
+        return None
+
+    async def _event(self, envelope: Envelope) -> None:
+        try:
+            await self.on_event(envelope)
+        except Exception:
+            # Like a failing request handler: one bad event must not stop the reader.
+            log.exception("event handler for %s from %s failed", envelope.type, self.channel.owner)

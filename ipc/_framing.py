@@ -50,6 +50,11 @@ class FrameDecoder:
         if buffer:
             buffer += data
             data = buffer
+        elif (
+            HEADER_SIZE < len(data) <= self._max_frame + HEADER_SIZE
+            and _HEADER.unpack_from(data)[0] == len(data) - HEADER_SIZE
+        ):
+            return [bytes(data[HEADER_SIZE:])]  # the commonest chunk of all: exactly one frame
         # The usual chunk holds whole frames only: they are sliced out of it directly.
         frames: list[bytes] = []
         start = 0

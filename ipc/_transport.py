@@ -1,26 +1,31 @@
 """Moving a channel's bytes: any trio stream, or a Unix socket's descriptor directly.
 
-A :class:`Channel` reads with one task and writes whole frames, one writer at a time. For any
+A :class:`Channel` reads with one task (``await wait()``, then ``read()``) and writes whole
+frames, one writer at a time. For any
 ``trio.abc.Stream`` it uses ``receive_some`` and ``send_all``. For a ``trio.SocketStream`` it
 goes one level down — ``os.read``/``os.write`` on the descriptor, parking with
 ``trio.lowlevel.wait_readable``/``wait_writable`` — because the stream's layers (an error
 translator, a conflict detector, an async context manager around every call, an attempt to
 read before waiting) were a fifth of a round trip's Python, paid on both sides.
 
-Two semantics differ, and the channel relies on both:
+Writing is split so the common case costs no scheduler pass: ``try_send`` writes what the
+socket takes now without yielding, and only what is left goes through ``send_rest``, which
+waits. A requester parks right after its write anyway, and a reader answering inline goes
+straight back to waiting, so a yield there would only cost a pass through the scheduler;
+:meth:`Channel.send_event` yields itself when the write did not. Two more rules:
 
-- A write that fits in the socket buffer returns without yielding to the scheduler
-  (:attr:`SocketIO.yields` is ``False``): a requester parks right after its write anyway, and
-  a reader answering inline goes straight back to waiting, so a yield would only cost a pass
-  through the scheduler. :meth:`Channel.send_event` yields itself.
 - :attr:`torn` tells a cancelled write that had already written part of a frame (the stream
   can then never resync) from one that had written nothing.
+- A descriptor number is never used after its socket could have been closed: the channel
+  closes its stream through the transport only.
 
-Closing stays the stream's job (``aclose``): trio wakes a parked reader or writer with
+The transport closes the stream (``aclose``); trio wakes a parked reader or writer with
 ``ClosedResourceError`` when its socket closes.
 """
 
+import functools
 import os
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import attrs
@@ -35,74 +40,101 @@ class StreamIO:
 
     stream: trio.abc.Stream
     torn: bool = False
-    yields: bool = attrs.field(default=True, init=False)
 
-    async def receive(self) -> bytes:
-        """Some bytes, or ``b""`` at EOF."""
-        return bytes(await self.stream.receive_some(RECEIVE_SIZE))
+    _received: bytes | None = None
 
-    async def send(self, data: bytes) -> None:
-        """Write all of *data* (the caller has checked for cancellation just before)."""
+    async def wait(self) -> None:
+        """Receive some bytes, for :meth:`read`."""
+        self._received = bytes(await self.stream.receive_some(RECEIVE_SIZE))
+
+    def read(self) -> bytes | None:
+        """What :meth:`wait` received: some bytes, or ``b""`` at EOF."""
+        data, self._received = self._received, None
+        return data
+
+    def try_send(self, data: bytes) -> int:
+        """Nothing can be written without awaiting: 0."""
+        return 0
+
+    async def send_rest(self, data: bytes, sent: int) -> None:
+        """Write *data* (``sent`` is 0); always yields."""
         try:
             await self.stream.send_all(data)
         except trio.Cancelled:
             self.torn = True
             raise
 
+    async def aclose(self) -> None:
+        """Close the stream."""
+        await self.stream.aclose()
+
 
 @attrs.define(eq=False)
 class SocketIO:
-    """A connected ``trio.SocketStream``, read and written through its descriptor."""
+    """A connected ``trio.SocketStream``, read and written through its descriptor.
 
-    socket: trio.socket.SocketType
+    The stream must be closed through :meth:`aclose` only: the descriptor number is kept,
+    and must never be used once the socket could have been closed (the number is reused).
+    """
+
+    stream: trio.SocketStream
     torn: bool = False
-    yields: bool = attrs.field(default=False, init=False)
+    _closed: bool = False
+    _fd: int = attrs.field(init=False)
+    wait: Callable[[], Awaitable[None]] = attrs.field(init=False)
+    """Await until the socket is readable (trio's own wait: no wrapper frame per read)."""
 
-    def _fd(self) -> int:
-        fd = self.socket.fileno()
-        if fd < 0:
+    @_fd.default
+    def _descriptor(self) -> int:
+        return self.stream.socket.fileno()
+
+    @wait.default
+    def _make_wait(self) -> Callable[[], Awaitable[None]]:
+        # A close while parked wakes the wait with ClosedResourceError (notify_closing).
+        return functools.partial(trio.lowlevel.wait_readable, self._fd)
+
+    def read(self) -> bytes | None:
+        """Some bytes, ``b""`` at EOF, or ``None`` after a spurious wake-up."""
+        if self._closed:  # closed after the wake-up, before the reader ran again
             raise trio.ClosedResourceError("the socket was closed")
-        return fd
-
-    async def receive(self) -> bytes:
-        """Some bytes, or ``b""`` at EOF; parks first (after a frame, nothing is waiting)."""
-        while True:
-            await trio.lowlevel.wait_readable(self.socket)
-            try:
-                return os.read(self._fd(), RECEIVE_SIZE)
-            except BlockingIOError:
-                continue  # a spurious wake-up
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
-
-    async def send(self, data: bytes) -> None:
-        """Write all of *data*; yields only while the socket buffer is full."""
         try:
-            sent = os.write(self._fd(), data)
+            return os.read(self._fd, RECEIVE_SIZE)
         except BlockingIOError:
-            sent = 0
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+
+    def try_send(self, data: bytes) -> int:
+        """Write what the socket takes now, without yielding; the count written."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            return 0
         except OSError as exc:
             raise trio.BrokenResourceError(f"send failed: {exc}") from exc
-        if sent == len(data):
-            return
+
+    async def send_rest(self, data: bytes, sent: int) -> None:
+        """Write *data* from offset *sent* on, waiting while the socket buffer is full."""
         view = memoryview(data)
         while sent < len(view):
             try:
-                await trio.lowlevel.wait_writable(self.socket)
+                await trio.lowlevel.wait_writable(self._fd)
             except trio.Cancelled:
                 if sent:
                     self.torn = True
                 raise
-            try:
-                sent += os.write(self._fd(), view[sent:])
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            sent += self.try_send(view[sent:])  # type: ignore[arg-type]  # os.write takes any buffer
+
+    async def aclose(self) -> None:
+        """Close the stream; the descriptor is not used again."""
+        self._closed = True
+        await self.stream.aclose()
 
 
 def transport_for(stream: trio.abc.Stream) -> StreamIO | SocketIO:
     """The fastest way to move *stream*'s bytes that keeps the channel's rules."""
     if isinstance(stream, trio.SocketStream) and os.name == "posix":
-        return SocketIO(socket=stream.socket)
+        return SocketIO(stream=stream)
     return StreamIO(stream=stream)

@@ -627,8 +627,8 @@ async def serve_immediate(nursery, channel, immediate, handler=None):
 async def test_an_immediate_handler_answers_and_none_passes_to_the_handler(
     connect, serve_channel, nursery
 ):
-    def immediate(envelope):
-        if isinstance(envelope.body, ipc.Ownership):
+    def immediate(body):
+        if isinstance(body, ipc.Ownership):
             return Reply(ok=True, data={"by": "immediate"})
         return None
 
@@ -648,8 +648,8 @@ async def test_an_immediate_handler_answers_and_none_passes_to_the_handler(
 async def test_a_failing_immediate_handler_answers_with_an_error_and_keeps_serving(
     connect, serve_channel, nursery
 ):
-    def immediate(envelope):
-        if envelope.type == "ownership":
+    def immediate(body):
+        if body == ipc.Ownership(paths=["a"]):
             raise RuntimeError("lock table broke")
         return Reply(ok=True)
 
@@ -665,8 +665,8 @@ async def test_a_failing_immediate_handler_answers_with_an_error_and_keeps_servi
 async def test_an_immediate_answer_is_recorded_for_replays(wire, nursery):
     calls = []
 
-    def immediate(envelope):
-        calls.append(envelope.corr)
+    def immediate(body):
+        calls.append(body)
         return Reply(ok=True, data={"n": len(calls)})
 
     left, right = trio.testing.memory_stream_pair()
@@ -687,7 +687,7 @@ async def test_an_immediate_answer_is_recorded_for_replays(wire, nursery):
         second = await exchange()
     assert first == second
     assert ipc.decode_envelope(first[0]).body == Reply(ok=True, data={"n": 1})
-    assert calls == ["7"]
+    assert calls == [ipc.Ownership(paths=["a"])]
 
 
 async def test_a_slow_handler_does_not_delay_the_next_request(connect, serve_channel, nursery):

@@ -6,11 +6,10 @@ from ipc._handoff import Pending, Worker
 CEILING = 10
 
 
-async def test_a_finished_slot_returns_without_parking():
+async def test_a_slot_filled_before_anyone_waits_keeps_its_result():
     pending = Pending(type="steer")
     pending.finish("answer")
-    with trio.testing.assert_no_checkpoints():
-        await pending.wait()
+    pending.finish("late")  # a slot is filled once
     assert (pending.done, pending.result, pending.error) == (True, "answer", None)
 
 
@@ -34,8 +33,15 @@ async def test_finishing_wakes_the_parked_requester_once():
 async def test_an_error_is_kept_for_the_requester():
     pending = Pending(type="steer")
     failure = RuntimeError("closed")
-    pending.finish(error=failure)
-    await pending.wait()
+
+    async def requester() -> None:
+        await pending.wait()
+
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(requester)
+            await trio.testing.wait_all_tasks_blocked()
+            pending.finish(error=failure)
     assert pending.error is failure
     assert pending.result is None
 
