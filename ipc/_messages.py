@@ -11,9 +11,10 @@ map; the classes live in :mod:`ipc._types`). This module is the only place that
 always names its field (``$.body.text``).
 
 Both directions have a hot path, because a round trip's cost is mostly this codec: a
-:class:`FrameWriter` keeps its channel's fixed envelope prefix as text, and
-:func:`decode_frame` builds a plainly valid body with a generated structurer
-(:mod:`ipc._fastpath`), handing anything else to the strict converter.
+:class:`FrameWriter` keeps its channel's fixed envelope prefix as text and writes a body of
+plain field values with a generated encoder (:mod:`ipc._encoders`), and :func:`decode_frame`
+builds a plainly valid body with a generated structurer (:mod:`ipc._fastpath`), handing
+anything else to the strict converter.
 """
 
 import json
@@ -28,6 +29,7 @@ from cattrs.cols import list_structure_factory
 from cattrs.preconf.json import make_converter
 from cattrs.v import format_exception
 
+from ipc._encoders import make_encoders
 from ipc._errors import SchemaError
 from ipc._fastpath import Refused, make_structurers
 from ipc._framing import MAX_FRAME, encode_frame
@@ -129,8 +131,11 @@ converter: Final = _make_converter()
 """The converter: every schema error it raises names its field path."""
 
 _FAST: Final = make_structurers(MESSAGE_TYPES)
+_FAST_ENCODE: Final = make_encoders(
+    MESSAGE_TYPES, dumps=_dumps, hook_for=converter.get_unstructure_hook
+)
 _UNSTRUCTURE: Final = {cls: converter.get_unstructure_hook(cls) for cls in TYPE_NAMES}
-_ENVELOPE_KEYS: Final = frozenset(attrs.fields_dict(_RawEnvelope))
+_KEY_ORDER: Final = list(attrs.fields_dict(_RawEnvelope))
 _KINDS: Final = frozenset(typing.get_args(Kind))
 _KIND_TEXT: Final = {kind: f',"kind":"{kind}"' for kind in _KINDS}
 
@@ -150,7 +155,10 @@ def _encode(head: str, corr: str, kind: Kind, type_text: str, body: Message) -> 
     # The envelope's keys in a fixed order, so equal envelopes encode to equal bytes.
     cls = type(body)
     try:
-        body_text = _dumps(_UNSTRUCTURE.get(cls, converter.unstructure)(body))
+        try:
+            body_text = _FAST_ENCODE[cls](body)
+        except (KeyError, Refused):
+            body_text = _dumps(_UNSTRUCTURE.get(cls, converter.unstructure)(body))
         return "".join(
             (head, encode_basestring(corr), _KIND_TEXT[kind], type_text, body_text, "}")
         ).encode()
@@ -245,28 +253,31 @@ def decode_frame(data: bytes) -> Decoded:
         raise SchemaError(f"frame is not UTF-8 JSON: {exc}", reason="json") from None
     if type(obj) is not dict:
         raise SchemaError("frame is not a JSON object @ $", reason="schema")
+    if list(obj) == _KEY_ORDER:  # how every FrameWriter writes it
+        v, token, owner, corr, kind, type_, raw_body = obj.values()
+    else:
+        v = token = owner = corr = kind = type_ = raw_body = None  # the converter decides
     if not (
-        obj.keys() == _ENVELOPE_KEYS
-        and type(obj["v"]) is int
-        and type(obj["token"]) is str
-        and type(obj["owner"]) is str
-        and type(obj["corr"]) is str
-        and type(obj["kind"]) is str
-        and obj["kind"] in _KINDS
-        and type(obj["type"]) is str
-        and type(obj["body"]) is dict
+        type(v) is int
+        and type(token) is str
+        and type(owner) is str
+        and type(corr) is str
+        and type(kind) is str
+        and kind in _KINDS
+        and type(type_) is str
+        and type(raw_body) is dict
     ):
-        # The check above is exactly what structuring _RawEnvelope accepts (JSON objects have
-        # only str keys), at half the cost; the converter decides the rest and explains.
+        # The check above accepts a subset of what structuring _RawEnvelope accepts (keys in
+        # any order are fine there), at half the cost; the converter decides the rest and
+        # explains a refusal.
         try:
-            obj = attrs.asdict(converter.structure(obj, _RawEnvelope), recurse=False)
+            raw = converter.structure(obj, _RawEnvelope)
         except Exception as exc:
             path, message = render_error(exc, "$")
             raise SchemaError(message, path=path) from None
-    if obj["v"] != PROTOCOL_VERSION:
-        raise SchemaError(f"unsupported protocol version {obj['v']} @ $.v", path="$.v")
-    type_ = obj["type"]
-    raw_body = obj["body"]
+        v, token, owner, corr, kind, type_, raw_body = attrs.astuple(raw, recurse=False)
+    if v != PROTOCOL_VERSION:
+        raise SchemaError(f"unsupported protocol version {v} @ $.v", path="$.v")
     try:
         body = _FAST[type_](raw_body)
     except (KeyError, Refused):
@@ -280,7 +291,7 @@ def decode_frame(data: bytes) -> Decoded:
         except Exception as exc:
             path, message = render_error(exc, "$.body")
             raise SchemaError(message, path=path) from None
-    return obj["token"], obj["owner"], obj["corr"], obj["kind"], type_, body
+    return token, owner, corr, kind, type_, body
 
 
 def decode_envelope(data: bytes) -> Envelope:

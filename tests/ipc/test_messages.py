@@ -297,3 +297,9 @@ def test_encoding_refuses_a_cycle():
     with pytest.raises(SchemaError) as caught:
         encode_envelope(envelope_for(Reply(ok=True, data=data)))
     assert caught.value.reason == "encode"
+
+
+def test_envelope_keys_in_another_order_still_decode():
+    obj = json.loads(encode_envelope(envelope_for(ipc.Steer(text="x"))))
+    reordered = json.dumps(dict(reversed(list(obj.items())))).encode()
+    assert decode_envelope(reordered) == envelope_for(ipc.Steer(text="x"))
