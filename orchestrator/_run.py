@@ -150,6 +150,12 @@ class ChildRun:
                 self.finish, State.FAILED, kind, f"{kind} budget of {budget} ms ran out"
             )
 
+    def _immediate(self, body: ipc.Message) -> ipc.Message | None:
+        """Answers the channel's reader gives without a task: the lock table never awaits."""
+        if isinstance(body, ipc.Ownership):
+            return self.sup.take_ownership(self, body.paths)
+        return None
+
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
         if self.connected.is_set() or self.finishing:
@@ -162,7 +168,9 @@ class ChildRun:
         if self.record.state is State.STARTING and not self._prompts:
             self.record.state = State.IDLE
         try:
-            await channel.serve(self.requests.handle, self.requests.on_event)
+            await channel.serve(
+                self.requests.handle, self.requests.on_event, immediate=self._immediate
+            )
         finally:
             if channel.drops:
                 drops = {"drops": dict(channel.drops), "flagged": channel.flagged}
