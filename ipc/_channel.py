@@ -3,12 +3,12 @@
 A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
 Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
-halfway would desynchronize the stream. The reader never runs a request handler itself, so a
-long ``question`` never blocks it: an idle worker task takes each incoming request, and while
-the worker is busy every further request gets a task of its own in ``serve``'s nursery. Only
-an *immediate* handler (a plain function, which cannot await) answers on the reader. While
-``serve`` runs, one deadline keeper task times out this side's requests (a cancel scope per
-request cost a tenth of a round trip); before it runs, each request carries its own scope.
+halfway would desynchronize the stream. What the reader does with each frame is
+:mod:`ipc._dispatch`'s job; it never runs an async request handler itself, so a long
+``question`` never blocks it. The bytes move through :mod:`ipc._transport`, and the channel
+owns its stream from then on: close it with :meth:`Channel.aclose`, never the stream itself.
+While ``serve`` runs, one deadline keeper task times out this side's requests (a cancel scope
+per request cost a tenth of a round trip); before it runs, each request carries its own scope.
 
 Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
 type, schema error, unexpected correlation id) is dropped and counted by reason; after
@@ -19,38 +19,42 @@ peer is not a hostile one.
 """
 
 import collections
-import hmac
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any, Final
 
 import attrs
 import trio
 
 from ipc._auth import token_bytes
-from ipc._errors import (
-    ChannelClosed,
-    FrameError,
-    RemoteError,
-    RequestTimeout,
-    SchemaError,
+from ipc._dispatch import (
+    REPLAY_CACHE,
+    RESPONSE_TYPES,
+    Dispatch,
+    EventHandler,
+    ImmediateHandler,
+    RequestHandler,
+    no_immediate,
 )
+from ipc._errors import ChannelClosed, FrameError, RemoteError, RequestTimeout
 from ipc._framing import MAX_FRAME, FrameDecoder
-from ipc._handoff import Pending, Worker
-from ipc._messages import FrameWriter, decode_frame
+from ipc._handoff import Pending
+from ipc._messages import FrameWriter
 from ipc._transport import SocketIO, StreamIO, transport_for
-from ipc._types import (
-    NO_DEADLINE_TYPES,
-    PROTOCOL_VERSION,
-    TYPE_NAMES,
-    Answer,
-    Envelope,
-    Kind,
-    Message,
-    Reply,
-)
+from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message, Reply
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_DROPS",
+    "REPLAY_CACHE",
+    "Channel",
+    "EventHandler",
+    "ImmediateHandler",
+    "RequestHandler",
+    "check_timeout",
+]
 
 log = logging.getLogger("ipc")
 
@@ -58,13 +62,6 @@ DEFAULT_TIMEOUT: Final = 5.0
 MIN_TIMEOUT: Final = 0.001
 MAX_TIMEOUT: Final = 120.0
 MAX_DROPS: Final = 16
-REPLAY_CACHE: Final = 256
-_RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
-
-RequestHandler = Callable[[Envelope], Awaitable[Message]]
-EventHandler = Callable[[Envelope], Awaitable[None]]
-ImmediateHandler = Callable[[Message], Message | None]
-"""Answers a request body on the reader itself, or returns ``None`` to pass it on."""
 
 
 class _Default:
@@ -81,10 +78,6 @@ def check_timeout(timeout: float) -> float:
             f"request deadline {timeout!r} s is outside {MIN_TIMEOUT}..{MAX_TIMEOUT} s"
         )
     return timeout
-
-
-def _no_immediate(body: Message) -> None:
-    return None
 
 
 # No setattr hooks: for default_timeout's converter attrs would route every attribute write
@@ -118,10 +111,6 @@ class Channel:
     )
     _pending: dict[str, Pending] = attrs.field(factory=dict, init=False)
     _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
-    # corr -> the encoded response frame, or None while the handler still runs.
-    _replies: collections.OrderedDict[str, bytes | None] = attrs.field(
-        factory=collections.OrderedDict, init=False
-    )
     # corrs of our requests that gave up waiting; a late response to one is not a drop.
     _expired: collections.OrderedDict[str, None] = attrs.field(
         factory=collections.OrderedDict, init=False
@@ -304,7 +293,7 @@ class Channel:
         handler: RequestHandler,
         on_event: EventHandler,
         *,
-        immediate: ImmediateHandler = _no_immediate,
+        immediate: ImmediateHandler = no_immediate,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Read frames until EOF or close; dispatch requests, events and responses.
@@ -322,20 +311,16 @@ class Channel:
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
-                worker: Worker[Envelope] = Worker(
-                    run_job=lambda envelope: self._run_handler(envelope, handler)
-                )
-                nursery.start_soon(self._keep_deadlines)
-                nursery.start_soon(worker.run)
-                task_status.started()
-                dispatch = _Dispatch(
+                dispatch = Dispatch(
                     channel=self,
                     handler=handler,
                     on_event=on_event,
                     immediate=immediate,
-                    worker=worker,
                     nursery=nursery,
                 )
+                nursery.start_soon(self._keep_deadlines)
+                nursery.start_soon(dispatch.worker.run)
+                task_status.started()
                 route = dispatch.route
                 for frame in self.initial:
                     if (work := route(frame)) is not None:
@@ -379,6 +364,18 @@ class Channel:
         except ChannelClosed:  # an answer that cannot go out any more
             log.debug("could not answer on %s: closed", self.owner)
 
+    def _deliver(self, corr: str, type_: str, body: Message) -> None:
+        """A response arrived: fill its pending request (or drop it, or let a late one go)."""
+        if corr in self._expired:
+            del self._expired[corr]
+            log.debug("late response %s from %s discarded", corr, self.owner)
+            return
+        pending = self._pending.get(corr)
+        if pending is None or type_ not in RESPONSE_TYPES or pending.done:
+            self._drop("corr", "$.corr")
+            return
+        pending.finish(body)
+
     def _drop(self, reason: str, detail: str) -> None:
         self.drops[reason] += 1
         total = sum(self.drops.values())
@@ -387,39 +384,6 @@ class Channel:
         if total >= MAX_DROPS:
             self.flagged = True
             self._mark_closed(f"{MAX_DROPS} invalid frames")
-
-    def _response_frame(self, corr: str, type_: str, response: Message | None) -> bytes:
-        """The frame answering request *corr* of *type_*; recorded for replays of *corr*."""
-        if not isinstance(response, (Reply, Answer)):
-            response = Reply(ok=False, error=f"{type_} handler returned no reply")
-        try:
-            frame = self._writer.frame("response", corr, response)
-        except (SchemaError, FrameError) as exc:
-            # The answer cannot go on the wire (too large, not encodable); the peer still gets
-            # a response instead of a timeout, and the reader survives.
-            log.warning("response to %s from %s cannot be sent: %s", type_, self.owner, exc)
-            failure = Reply(ok=False, error=f"{type_} response could not be encoded")
-            frame = self._writer.frame("response", corr, failure)
-        if corr in self._replies:
-            self._replies[corr] = frame
-        return frame
-
-    async def _run_handler(self, envelope: Envelope, handler: RequestHandler) -> None:
-        try:
-            response = await handler(envelope)
-        except ChannelClosed:
-            return
-        except Exception as exc:
-            log.exception("handler for %s from %s failed", envelope.type, self.owner)
-            response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
-        corr = envelope.corr
-        await self._write_quietly(corr, self._response_frame(corr, envelope.type, response))
-
-    async def _write_quietly(self, corr: str, frame: bytes) -> None:
-        try:
-            await self._write(frame)
-        except ChannelClosed:
-            log.debug("could not reply to %s on %s: closed", corr, self.owner)
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -455,100 +419,3 @@ class Channel:
             "flagged": self.flagged,
             "closed": self.closed,
         }
-
-
-@attrs.define(eq=False)
-class _Dispatch:
-    """What the reader does with each whole frame, for one run of :meth:`Channel.serve`."""
-
-    channel: Channel
-    handler: RequestHandler
-    on_event: EventHandler
-    immediate: ImmediateHandler
-    worker: Worker[Envelope]
-    nursery: trio.Nursery
-
-    def route(self, frame: bytes) -> Awaitable[object] | None:
-        """Check one frame and deliver it; what is left for the reader to await, if anything.
-
-        A response is handed to its requester here; an event, a replayed request or an
-        immediate answer comes back as the work to await; any other request goes to the
-        worker or a task of its own.
-        """
-        channel = self.channel
-        if channel.closed:  # frames after a close-worthy drop are ignored
-            return None
-        try:
-            token, owner, corr, kind, type_, body = decode_frame(frame)
-        except SchemaError as exc:
-            channel._drop(exc.reason, exc.path)
-            return None
-        # Inline token_bytes(): a call fewer per frame.
-        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), channel._token_bytes):
-            channel._drop("token", "$.token")
-            return None
-        if owner != channel.owner:
-            channel._drop("owner", "$.owner")
-            return None
-        if kind == "response":
-            if corr in channel._expired:
-                del channel._expired[corr]
-                log.debug("late response %s from %s discarded", corr, channel.owner)
-                return None
-            pending = channel._pending.get(corr)
-            if pending is None or type_ not in _RESPONSE_TYPES or pending.done:
-                channel._drop("corr", "$.corr")
-                return None
-            pending.finish(body)
-            return None
-        if type_ in _RESPONSE_TYPES:
-            channel._drop("type", "$.type")
-            return None
-        if kind == "event":
-            return self._event(
-                Envelope(
-                    v=PROTOCOL_VERSION,
-                    token=token,
-                    owner=owner,
-                    corr=corr,
-                    kind=kind,
-                    type=type_,
-                    body=body,
-                )
-            )
-        replies = channel._replies
-        if corr in replies:
-            recorded = replies[corr]
-            if recorded is None:  # still running: its response goes out once
-                return None
-            return channel._write(recorded)
-        replies[corr] = None  # running: a replay meanwhile gets nothing, then the response
-        if len(replies) > REPLAY_CACHE:
-            replies.popitem(last=False)
-        try:
-            response = self.immediate(body)
-        except Exception as exc:
-            log.exception("handler for %s from %s failed", type_, channel.owner)
-            response = Reply(ok=False, error=f"{type_} failed: {exc}")
-        if response is not None:
-            return channel._write(channel._response_frame(corr, type_, response))
-        envelope = Envelope(
-            v=PROTOCOL_VERSION,
-            token=token,
-            owner=owner,
-            corr=corr,
-            kind=kind,
-            type=type_,
-            body=body,
-        )
-        if not self.worker.offer(envelope):
-            # The worker is busy (a slow handler, or pipelined requests): a task of its own.
-            self.nursery.start_soon(channel._run_handler, envelope, self.handler)
-        return None
-
-    async def _event(self, envelope: Envelope) -> None:
-        try:
-            await self.on_event(envelope)
-        except Exception:
-            # Like a failing request handler: one bad event must not stop the reader.
-            log.exception("event handler for %s from %s failed", envelope.type, self.channel.owner)

@@ -1,0 +1,166 @@
+"""What a channel's reader does with each whole frame: check it, then deliver it.
+
+A :class:`Dispatch` lives for one run of :meth:`ipc.Channel.serve`. For each frame it decodes
+and checks the envelope (token in constant time, owner), then:
+
+- a **response** fills the pending request of its correlation id (the requester wakes);
+- an **event** is handed back to the reader, which awaits ``on_event`` in order;
+- a **request** is answered from the replay cache if its id was seen, else by the *immediate*
+  handler on the reader (a plain function: it cannot await, so it cannot stall the reader),
+  else by the async *handler* in the worker task, or in a task of its own while the worker is
+  busy — so a slow handler never blocks the reader or the requests behind it.
+
+Invalid frames are dropped through the channel's drop policy. Routing is a plain function
+call per frame: only work that must be awaited on the reader (an event handler, a write) is
+returned as an awaitable, because a coroutine per frame cost more than the routing itself.
+"""
+
+import collections
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import trio
+
+from ipc._errors import ChannelClosed, FrameError, SchemaError
+from ipc._handoff import Worker
+from ipc._messages import decode_frame
+from ipc._types import PROTOCOL_VERSION, Answer, Envelope, Message, Reply
+
+if TYPE_CHECKING:
+    from ipc._channel import Channel
+
+log = logging.getLogger("ipc")
+
+REPLAY_CACHE: Final = 256
+"""Responses remembered for replayed request ids (and our expired ids, on the other side)."""
+RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
+
+RequestHandler = Callable[[Envelope], Awaitable[Message]]
+EventHandler = Callable[[Envelope], Awaitable[None]]
+ImmediateHandler = Callable[[Message], Message | None]
+"""Answers a request body on the reader itself, or returns ``None`` to pass it on."""
+
+
+def no_immediate(body: Message) -> None:
+    """The default immediate handler: every request goes to the async handler."""
+
+
+@attrs.define(eq=False)
+class Dispatch:
+    """Routes the frames of one channel to its requesters and handlers."""
+
+    channel: "Channel"
+    handler: RequestHandler
+    on_event: EventHandler
+    immediate: ImmediateHandler
+    nursery: trio.Nursery
+    worker: Worker[Envelope] = attrs.field(init=False)
+    # corr -> the encoded response frame, or None while the handler still runs.
+    _replies: collections.OrderedDict[str, bytes | None] = attrs.field(
+        factory=collections.OrderedDict, init=False
+    )
+
+    @worker.default
+    def _make_worker(self) -> Worker[Envelope]:
+        return Worker(run_job=self._run_handler)
+
+    def route(self, frame: bytes) -> Awaitable[object] | None:
+        """Check one frame and deliver it; what is left for the reader to await, if anything.
+
+        A response is handed to its requester here; an event, a replayed request or an
+        immediate answer comes back as the work to await; any other request goes to the
+        worker or a task of its own.
+        """
+        channel = self.channel
+        if channel.closed:  # frames after a close-worthy drop are ignored
+            return None
+        try:
+            token, owner, corr, kind, type_, body = decode_frame(frame)
+        except SchemaError as exc:
+            channel._drop(exc.reason, exc.path)
+            return None
+        # ipc._auth.tokens_match, inline: a call fewer per frame.
+        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), channel._token_bytes):
+            channel._drop("token", "$.token")
+            return None
+        if owner != channel.owner:
+            channel._drop("owner", "$.owner")
+            return None
+        if kind == "response":
+            channel._deliver(corr, type_, body)
+            return None
+        if type_ in RESPONSE_TYPES:
+            channel._drop("type", "$.type")
+            return None
+        envelope = Envelope(
+            v=PROTOCOL_VERSION,
+            token=token,
+            owner=owner,
+            corr=corr,
+            kind=kind,
+            type=type_,
+            body=body,
+        )
+        if kind == "event":
+            return self._event(envelope)
+        replies = self._replies
+        if corr in replies:
+            recorded = replies[corr]
+            if recorded is None:  # still running: its response goes out once
+                return None
+            return channel._write(recorded)
+        replies[corr] = None  # running: a replay meanwhile gets nothing, then the response
+        if len(replies) > REPLAY_CACHE:
+            replies.popitem(last=False)
+        try:
+            response = self.immediate(body)
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", type_, channel.owner)
+            response = Reply(ok=False, error=f"{type_} failed: {exc}")
+        if response is not None:
+            return channel._write(self._response_frame(corr, type_, response))
+        if not self.worker.offer(envelope):
+            # The worker is busy (a slow handler, or pipelined requests): a task of its own.
+            self.nursery.start_soon(self._run_handler, envelope)
+        return None
+
+    async def _event(self, envelope: Envelope) -> None:
+        try:
+            await self.on_event(envelope)
+        except Exception:
+            # Like a failing request handler: one bad event must not stop the reader.
+            log.exception("event handler for %s from %s failed", envelope.type, envelope.owner)
+
+    async def _run_handler(self, envelope: Envelope) -> None:
+        try:
+            response = await self.handler(envelope)
+        except ChannelClosed:
+            return
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", envelope.type, envelope.owner)
+            response = Reply(ok=False, error=f"{envelope.type} failed: {exc}")
+        corr = envelope.corr
+        try:
+            await self.channel._write(self._response_frame(corr, envelope.type, response))
+        except ChannelClosed:
+            log.debug("could not reply to %s on %s: closed", corr, envelope.owner)
+
+    def _response_frame(self, corr: str, type_: str, response: Message | None) -> bytes:
+        """The frame answering request *corr* of *type_*; recorded for replays of *corr*."""
+        if not isinstance(response, (Reply, Answer)):
+            response = Reply(ok=False, error=f"{type_} handler returned no reply")
+        writer = self.channel._writer
+        try:
+            frame = writer.frame("response", corr, response)
+        except (SchemaError, FrameError) as exc:
+            # The answer cannot go on the wire (too large, not encodable); the peer still gets
+            # a response instead of a timeout, and the reader survives.
+            log.warning("response to %s from %s cannot be sent: %s", type_, writer.owner, exc)
+            failure = Reply(ok=False, error=f"{type_} response could not be encoded")
+            frame = writer.frame("response", corr, failure)
+        if corr in self._replies:
+            self._replies[corr] = frame
+        return frame
