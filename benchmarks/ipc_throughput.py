@@ -5,7 +5,8 @@ client and measures; a server process (this script with ``--serve``) runs both s
 
 - ``ipc``: :class:`ipc.Listener` + :func:`ipc.accept_hello` + :meth:`ipc.Channel.serve`; the
   client is :func:`ipc.open_client`. Every frame is JSON-encoded, HMAC-token checked, schema
-  validated and dispatched, on both sides.
+  validated and dispatched, on both sides. The request is an ``ownership`` request, which
+  the server answers as the supervisor does: with an immediate handler, on the reader.
 - ``raw``: a trio Unix socket carrying the same bytes (the ipc request frame, a ~200-byte JSON
   envelope) with the same 4-byte length framing, echoed back untouched.
 
@@ -97,11 +98,15 @@ async def ipc_connection(stream: trio.SocketStream, key: bytes) -> None:
             return ipc.Reply(ok=True, data={"events": count})
         return ipc.Reply(ok=True)
 
+    def immediate(body: ipc.Message) -> ipc.Message | None:
+        # As the supervisor serves a child's ownership request: on the reader, no task.
+        return ipc.Reply(ok=True) if isinstance(body, ipc.Ownership) else None
+
     async def on_event(envelope: ipc.Envelope) -> None:
         nonlocal count
         count += 1
 
-    await channel.serve(handler, on_event)
+    await channel.serve(handler, on_event, immediate=immediate)
 
 
 async def serve(directory: Path, key: bytes) -> None:
