@@ -95,17 +95,18 @@ class Dispatch:
         if type_ in RESPONSE_TYPES:
             channel._drop("type", "$.type")
             return None
-        envelope = Envelope(
-            v=PROTOCOL_VERSION,
-            token=token,
-            owner=owner,
-            corr=corr,
-            kind=kind,
-            type=type_,
-            body=body,
-        )
         if kind == "event":
-            return self._event(envelope)
+            return self._event(
+                Envelope(
+                    v=PROTOCOL_VERSION,
+                    token=token,
+                    owner=owner,
+                    corr=corr,
+                    kind=kind,
+                    type=type_,
+                    body=body,
+                )
+            )
         replies = self._replies
         if corr in replies:
             recorded = replies[corr]
@@ -122,6 +123,16 @@ class Dispatch:
             response = Reply(ok=False, error=f"{type_} failed: {exc}")
         if response is not None:
             return channel._write(self._response_frame(corr, type_, response))
+        # Built only for the async handler: an immediate answer never needs it.
+        envelope = Envelope(
+            v=PROTOCOL_VERSION,
+            token=token,
+            owner=owner,
+            corr=corr,
+            kind=kind,
+            type=type_,
+            body=body,
+        )
         if not self.worker.offer(envelope):
             # The worker is busy (a slow handler, or pipelined requests): a task of its own.
             self.nursery.start_soon(self._run_handler, envelope)
