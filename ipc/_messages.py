@@ -224,7 +224,10 @@ class FrameWriter:
     def frame(self, kind: Kind, corr: str, message: Message) -> bytes:
         """The frame of *message*; raises :class:`SchemaError` or :class:`FrameError`."""
         data = _encode(self._head, corr, kind, _TYPE_TEXT[type(message)], message)
-        return encode_frame(data, max_frame=self.max_frame)
+        size = len(data)
+        if size > self.max_frame:
+            return encode_frame(data, max_frame=self.max_frame)  # refuses it, saying why
+        return size.to_bytes(4, "big") + data  # encode_frame's prefix, a call fewer
 
 
 def decode_frame(data: bytes) -> Decoded:
