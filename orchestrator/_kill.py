@@ -1,7 +1,7 @@
 """The kill ladder: SIGTERM the group, grace, SIGKILL the survivors.
 
-The process tree is snapshotted with psutil *before* signalling, so a grandchild that called
-``setsid`` (leaving our process group) is still found. One that has already left the tree — its
+The process tree is read *before* signalling, so a grandchild that called ``setsid`` (leaving
+our process group) is still found. One that has already left the tree — its
 parent exited and it was re-parented to init, or the child itself died first — is found by the
 run's marker, an environment variable every process the child starts inherits
 (:data:`MARKER_ENV`). The direct child is never waited on through psutil: its launcher reaps it,
@@ -13,6 +13,7 @@ import os
 import signal
 from typing import Final
 
+import attrs
 import psutil
 import trio
 
@@ -20,32 +21,132 @@ import trio
 MARKER_ENV: Final = "FLEET_RUN"
 
 
-def snapshot(pid: int) -> list[psutil.Process]:
-    """Every descendant of *pid* now (empty if it is gone)."""
+@attrs.frozen
+class ProcessTable:
+    """Every visible process's parent and run marker, read in one pass."""
+
+    parents: dict[int, int]
+    markers: dict[int, str]
+
+    def descendants(self, pid: int) -> list[int]:
+        """*pid*'s descendants at the time of the reading."""
+        children: dict[int, list[int]] = {}
+        for child, parent in self.parents.items():
+            children.setdefault(parent, []).append(child)
+        found, stack = [], list(children.get(pid, ()))
+        while stack:
+            child = stack.pop()
+            found.append(child)
+            stack.extend(children.get(child, ()))
+        return found
+
+    def marked(self, marker: str | None, *, besides: int) -> list[int]:
+        """Every process but *besides* whose environment carries *marker*."""
+        if marker is None:
+            return []
+        return [pid for pid, value in self.markers.items() if value == marker and pid != besides]
+
+
+def read_table() -> ProcessTable:
+    """The process table now: ``/proc`` read directly where there is one, else psutil."""
+    if not os.path.isdir("/proc/self"):
+        parents, markers = {}, {}
+        for process in psutil.process_iter(["ppid", "environ"]):
+            parents[process.pid] = process.info["ppid"] or 0
+            value = (process.info["environ"] or {}).get(MARKER_ENV)
+            if value is not None:
+                markers[process.pid] = value
+        return ProcessTable(parents=parents, markers=markers)
+    # Raw reads are a tenth of what a psutil.Process and a dict per process cost.
+    parents, markers = {}, {}
+    entry = MARKER_ENV.encode() + b"="
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+            # The command name is in parentheses and may hold anything, spaces and ")" too.
+            parents[int(name)] = int(stat[stat.rindex(b")") + 2 :].split(None, 2)[1])
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                block = handle.read()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if block.startswith(entry):
+            at = 0
+        else:
+            found = block.find(b"\0" + entry)
+            at = found + 1 if found >= 0 else -1
+        if at >= 0:
+            end = block.find(b"\0", at)
+            value = block[at + len(entry) : end if end >= 0 else None]
+            markers[int(name)] = value.decode(errors="replace")
+    return ProcessTable(parents=parents, markers=markers)
+
+
+@attrs.define(eq=False)
+class _Reading:
+    done: trio.Event = attrs.Factory(trio.Event)
+    table: ProcessTable | None = None
+
+
+@attrs.define(eq=False)
+class _Tables:
+    """Readings shared by concurrent callers: a fleet-wide stop reads ``/proc`` a few times,
+    not twice per child. A caller only shares a reading that began after it asked."""
+
+    waiting: _Reading | None = None  # asked for, not begun: anyone may still join it
+    running: _Reading | None = None
+
+    async def fresh(self) -> ProcessTable:
+        while True:
+            reading = self.waiting
+            if reading is not None:
+                await reading.done.wait()
+            else:
+                reading = self.waiting = _Reading()
+                try:
+                    while self.running is not None:  # begun before we asked: not enough
+                        await self.running.done.wait()
+                    self.waiting, self.running = None, reading
+                    # ~10 us a process: off the event loop, so every other child's I/O
+                    # goes on meanwhile.
+                    reading.table = await trio.to_thread.run_sync(read_table)
+                finally:
+                    if self.waiting is reading:
+                        self.waiting = None
+                    if self.running is reading:
+                        self.running = None
+                    reading.done.set()
+            if reading.table is not None:
+                return reading.table
+            # Its reader was cancelled before it could read: read again.
+
+
+_TABLES: trio.lowlevel.RunVar[_Tables] = trio.lowlevel.RunVar("fleet_process_tables")
+
+
+async def _fresh_table() -> ProcessTable:
     try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+        tables = _TABLES.get()
+    except LookupError:
+        tables = _Tables()
+        _TABLES.set(tables)
+    return await tables.fresh()
 
 
-def marked(marker: str | None, *, besides: int) -> list[psutil.Process]:
-    """Every process but *besides* whose environment carries *marker* (none without one)."""
-    if marker is None:
-        return []
+def _processes(pids: list[int]) -> list[psutil.Process]:
     found = []
-    for process in psutil.process_iter(["environ"]):
-        environ = process.info["environ"] or {}
-        if process.pid != besides and environ.get(MARKER_ENV) == marker:
-            found.append(process)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
     return found
 
 
-async def _marked(marker: str | None, *, besides: int) -> list[psutil.Process]:
-    # Reading every process's environment costs ~50 us a process: off the event loop, so a
-    # fleet-wide stop on a busy machine does not stall every other child's I/O.
-    if marker is None:
-        return []
-    return await trio.to_thread.run_sync(lambda: marked(marker, besides=besides))
+async def _tree(pid: int, marker: str | None) -> list[psutil.Process]:
+    """*pid*'s descendants and every other process with its run's *marker*, now."""
+    table = await _fresh_table()
+    return _processes(table.descendants(pid) + table.marked(marker, besides=pid))
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -78,7 +179,7 @@ async def kill_tree(
     *exited* is set by whoever reaps the direct child. Returns when the direct child has exited
     and no snapshotted descendant is left, or after SIGKILL when grace ran out.
     """
-    tree = snapshot(pid) + await _marked(marker, besides=pid)
+    tree = await _tree(pid, marker)
     if not exited.is_set():
         _signal_group(pid, signal.SIGTERM)
     _signal_all(tree, signal.SIGTERM)
@@ -86,7 +187,7 @@ async def kill_tree(
         await exited.wait()
         while alive(tree):  # noqa: ASYNC110 - no event exists for a non-child exit
             await trio.sleep(0.02)
-    tree = alive(tree + snapshot(pid) + await _marked(marker, besides=pid))
+    tree = alive(tree + await _tree(pid, marker))
     if not exited.is_set():
         _signal_group(pid, signal.SIGKILL)
     _signal_group(pid, signal.SIGKILL)
