@@ -30,12 +30,16 @@ class Worktrees:
     repo: Path
     review: ReviewStore
     snapshots: dict[str, Snapshot] = attrs.Factory(dict)
+    # One creation at a time: a batch launches its children together, and two snapshots of
+    # one repository at once would race on its worktree administration.
+    _creating: trio.Lock = attrs.Factory(trio.Lock)
 
     def path_for(self, key: str) -> Path:
         return self.root / key
 
     async def create(self, key: str) -> Snapshot:
-        snapshot = await trio.to_thread.run_sync(create_worktree, self.repo, self.path_for(key))
+        async with self._creating:
+            snapshot = await trio.to_thread.run_sync(create_worktree, self.repo, self.path_for(key))
         self.snapshots[key] = snapshot
         return snapshot
 

@@ -55,6 +55,22 @@ __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
 PARENT: Final = "parent"
 
 
+@attrs.frozen(kw_only=True)
+class _Prepared:
+    token: str
+    loadout: str
+    log: RunLog
+
+
+class _PrepareError(Exception):
+    """One record of a batch could not be prepared; *cause* says why."""
+
+    def __init__(self, key: str, cause: Exception) -> None:
+        super().__init__(f"{key}: {cause}")
+        self.key = key
+        self.cause = cause
+
+
 @attrs.define(eq=False)
 class Supervisor:
     """The fleet API. Create it with :func:`open_supervisor`."""
@@ -167,33 +183,80 @@ class Supervisor:
                 )
                 self.registry.add(record)
                 records.append(record)
-                try:
-                    await self._start(record, plan.loadout_fields)
-                except Exception as exc:
-                    # Nothing runs for this record or the rest of the batch: give back their
-                    # slots and forget the record, so a failed launch leaves nothing live.
-                    self.registry.records.pop(key, None)
-                    self.runs.pop(key, None)
-                    self.capacity.release(len(plans) - len(records) + 1)
-                    self.notes.changed()
-                    if isinstance(exc, FleetError):
-                        raise
-                    started = "".join(f"; {r.key} already started" for r in records[:-1])
-                    raise OperationFailed(
-                        f"spawn {key}: could not prepare its launch: {exc}{started} "
-                        "(fix the cause and spawn again)"
-                    ) from exc
+            try:
+                runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
+            except Exception as exc:
+                # Nothing runs for any of the batch: give back every slot and forget every
+                # record, so a failed preparation leaves nothing live.
+                for record in records:
+                    self.registry.records.pop(record.key, None)
+                self.capacity.release(len(plans))
+                self.notes.changed()
+                if isinstance(exc, FleetError):
+                    raise
+                failed = getattr(exc, "key", records[0].key)
+                cause = exc.__cause__ or exc
+                raise OperationFailed(
+                    f"spawn {failed}: could not prepare its launch: {cause} "
+                    "(fix the cause and spawn again)"
+                ) from exc
+            # Launch the batch together: the worktree each child may wait on is its own.
+            async with trio.open_nursery() as launching:
+                for run in runs:
+                    self.runs[run.key] = run
+                    run.queue_prompt(run.record.task)
+                    launching.start_soon(self.nursery.start, run.run)
             self.notes.changed()
             return records
 
-    async def _start(self, record: ChildRecord, fields: dict[str, Any]) -> None:
+    async def _prepare_all(
+        self, records: Sequence[ChildRecord], fields: Sequence[dict[str, Any]]
+    ) -> list[ChildRun]:
+        """Every record's files (directories, loadout, log), written concurrently off the
+        event loop: a loadout's two fsyncs would otherwise stall every running child's I/O
+        and make a batch start one child per fsync."""
         paths = self.paths
         for directory in (paths.loadouts, paths.logs, paths.scratch):
             ipc.ensure_private_dir(directory)
+        if any(record.mode == "worktree" for record in records):
+            ipc.ensure_private_dir(paths.worktrees)
+        prepared: dict[str, _Prepared] = {}
+        failures: list[_PrepareError] = []
+
+        async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
+            try:
+                prepared[record.key] = await trio.to_thread.run_sync(
+                    self._prepare, record, loadout_fields
+                )
+            except Exception as exc:  # reported below, for the first failed record
+                failures.append(_PrepareError(record.key, exc))
+
+        async with trio.open_nursery() as nursery:
+            for record, loadout_fields in zip(records, fields, strict=True):
+                nursery.start_soon(prepare, record, loadout_fields)
+        if failures:
+            order = [record.key for record in records]
+            first = min(failures, key=lambda failure: order.index(failure.key))
+            raise first from first.cause
+        return [
+            ChildRun(
+                sup=self,
+                record=record,
+                token=prepared[record.key].token,
+                loadout=prepared[record.key].loadout,
+                log=prepared[record.key].log,
+                budgets=self.budgets,
+                declared=tuple(loadout_fields.get("ownership", ())),
+            )
+            for record, loadout_fields in zip(records, fields, strict=True)
+        ]
+
+    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
+        """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+        paths = self.paths
         scratch = paths.scratch / record.key
         ipc.ensure_private_dir(scratch)
         if record.mode == "worktree":
-            ipc.ensure_private_dir(paths.worktrees)
             record.workspace = str(self.worktrees.path_for(record.key))
         token = ipc.derive_token(self.session_key, record.key)
         loadout = ipc.Loadout(
@@ -217,20 +280,9 @@ class Supervisor:
             paths.logs / f"{record.key}.log",
             secrets=[token, self.session_key],
             record_output=self.config.record_output,
-            transport=self.launcher_for(record.surface).name,
+            transport=self.launchers[record.surface].name,
         )
-        run = ChildRun(
-            sup=self,
-            record=record,
-            token=token,
-            loadout=str(loadout_path),
-            log=log,
-            budgets=self.budgets,
-            declared=tuple(fields.get("ownership", ())),
-        )
-        self.runs[record.key] = run
-        run.queue_prompt(record.task)
-        await self.nursery.start(run.run)
+        return _Prepared(token=token, loadout=str(loadout_path), log=log)
 
     def launcher_for(self, surface: str) -> Launcher:
         """The launcher for a validated *surface*, created on first use and then shared."""
