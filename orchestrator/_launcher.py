@@ -1,23 +1,29 @@
 """Launchers start ``python -m child <loadout>`` somewhere and watch it.
 
-:class:`ProcessLauncher` (the default) runs the child as a direct subprocess in its own
-session. ``subprocess.Popen`` is called on the trio thread itself: trio's own
-``open_process`` forks from a worker thread, and ``PR_SET_PDEATHSIG`` (bubblewrap's
-``--die-with-parent``) fires when *that thread* exits — trio retires idle threads after 10 s,
-which would kill a sandboxed child at 10.0 s. Exit is awaited on a pidfd where the platform
-has one, else by polling.
+:class:`ProcessLauncher` (the default) runs the child as a process in its own session: a
+fork of the preloaded fork server (:mod:`orchestrator._forkserver`) when the command is the
+plain, unsandboxed child and the server works, else a direct subprocess.
+``subprocess.Popen`` is called on the trio thread itself: trio's own ``open_process`` forks
+from a worker thread, and ``PR_SET_PDEATHSIG`` (bubblewrap's ``--die-with-parent``) fires when
+*that thread* exits — trio retires idle threads after 10 s, which would kill a sandboxed child
+at 10.0 s. Exit is awaited on a pidfd where the platform has one, else by polling.
 """
 
+import functools
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
 import trio
 
+from orchestrator._forkserver import ForkServer, ForkServerError
 from orchestrator._kill import MARKER_ENV, kill_tree
+
+log = logging.getLogger("orchestrator")
 
 OutputSink = Callable[[str, bytes], None]
 
@@ -31,6 +37,9 @@ class LaunchSpec:
     argv: tuple[str, ...]
     cwd: str
     env: Mapping[str, str]
+    #: Set when *argv* is exactly the plain child command for this loadout (no sandbox
+    #: wrapper): a launcher may then start the child from a preloaded fork server instead.
+    loadout: str | None = None
 
 
 class Launched(Protocol):
@@ -59,12 +68,14 @@ class Launcher(Protocol):
 
 @attrs.define(eq=False)
 class LaunchedProcess:
-    """A direct child process; its stdout/stderr feed *sink*."""
+    """A child process of ours or of the fork server; its stdout/stderr feed *sink*."""
 
-    popen: subprocess.Popen[bytes]
     pid: int
+    #: Waits for the process to end and returns its exit status (negative: a signal).
+    reap: Callable[[], Awaitable[int]]
     #: The run's marker (``MARKER_ENV``), so the kill also finds descendants that left the tree.
     marker: str | None = None
+    forked: bool = False
     exited: trio.Event = attrs.Factory(trio.Event)
     returncode: int | None = None
     _readers_done: trio.Event = attrs.Factory(trio.Event)
@@ -72,9 +83,8 @@ class LaunchedProcess:
 
     async def _watch(self) -> None:
         try:
-            await _wait_exit(self.popen)
+            self.returncode = await self.reap()
         finally:
-            self.returncode = self.popen.returncode
             self.exited.set()
 
     async def wait(self) -> int:
@@ -95,10 +105,10 @@ class LaunchedProcess:
         self._reader_scope.cancel()
 
     def describe(self) -> str:
-        return f"process pid {self.pid}"
+        return f"process pid {self.pid}" + (" (forked)" if self.forked else "")
 
 
-async def _wait_exit(popen: subprocess.Popen[bytes]) -> None:
+async def _wait_exit(popen: subprocess.Popen[bytes]) -> int:
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
         try:
@@ -110,10 +120,18 @@ async def _wait_exit(popen: subprocess.Popen[bytes]) -> None:
                 await trio.lowlevel.wait_readable(fd)
             finally:
                 os.close(fd)
-            popen.wait()
-            return
+            return popen.wait()
     while popen.poll() is None:  # noqa: ASYNC110 - no pidfd on this platform
         await trio.sleep(0.05)
+    return popen.returncode
+
+
+async def _wait_forked(forks: ForkServer, pid: int, pidfd: int) -> int:
+    try:
+        await trio.lowlevel.wait_readable(pidfd)  # readable once the process has ended
+    finally:
+        os.close(pidfd)
+    return await forks.exit_status(pid)
 
 
 async def _pump(fd: int, stream: str, sink: OutputSink) -> None:
@@ -130,20 +148,30 @@ async def _pump(fd: int, stream: str, sink: OutputSink) -> None:
 
 @attrs.define(eq=False)
 class ProcessLauncher:
-    """Run the child as a direct subprocess in a new session."""
+    """Run the child as a process in a new session: forked from *forks* when it can be."""
 
     name: str = "process"
+    forks: ForkServer | None = None
 
     async def launch(
         self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
     ) -> LaunchedProcess:
-        popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
-        launched = LaunchedProcess(popen=popen, pid=popen.pid, marker=spec.env.get(MARKER_ENV))
-        fds = []
-        for pipe in (popen.stdout, popen.stderr):
-            assert pipe is not None  # noqa: S101 - we asked for PIPE
-            fds.append(os.dup(pipe.fileno()))
-            pipe.close()
+        launched: LaunchedProcess | None = None
+        fds: list[int] = []
+        if (
+            self.forks is not None
+            and spec.loadout is not None
+            and spec.argv[0] == self.forks.python
+        ):
+            launched, fds = await self._fork(self.forks, spec, nursery)
+        if launched is None:
+            popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
+            reap = functools.partial(_wait_exit, popen)
+            launched = LaunchedProcess(pid=popen.pid, reap=reap, marker=spec.env.get(MARKER_ENV))
+            for pipe in (popen.stdout, popen.stderr):
+                assert pipe is not None  # noqa: S101 - we asked for PIPE
+                fds.append(os.dup(pipe.fileno()))
+                pipe.close()
         nursery.start_soon(launched._watch)
 
         async def read_all() -> None:
@@ -155,6 +183,36 @@ class ProcessLauncher:
 
         nursery.start_soon(read_all)
         return launched
+
+    async def _fork(
+        self, forks: ForkServer, spec: LaunchSpec, nursery: trio.Nursery
+    ) -> tuple[LaunchedProcess | None, list[int]]:
+        """Start *spec* as a fork of the server; ``None`` when the server cannot."""
+        assert spec.loadout is not None  # noqa: S101 - checked by the caller
+        forks.start(nursery)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid, pidfd = await forks.spawn(
+                loadout=spec.loadout,
+                cwd=spec.cwd,
+                env=spec.env,
+                name=f"fleet {spec.key}",
+                stdio=(out_w, err_w),
+            )
+        except BaseException as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            if not isinstance(exc, ForkServerError):
+                raise
+            log.info("%s: starting a fresh interpreter instead: %s", spec.key, exc)
+            return None, []
+        finally:
+            for fd in (out_w, err_w):
+                os.close(fd)
+        reap = functools.partial(_wait_forked, forks, pid, pidfd)
+        launched = LaunchedProcess(pid=pid, reap=reap, marker=spec.env.get(MARKER_ENV), forked=True)
+        return launched, [out_r, err_r]
 
 
 def spawn_popen(

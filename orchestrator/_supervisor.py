@@ -33,6 +33,7 @@ from orchestrator._errors import (
     TimedOut,
     UsageError,
 )
+from orchestrator._forkserver import ForkServer
 from orchestrator._isolation import Worktrees, apply_settlement
 from orchestrator._kill import MARKER_ENV
 from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
@@ -93,6 +94,8 @@ class Supervisor:
     #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
     stale: list[dict[str, Any]] = attrs.Factory(list)
     launchers: dict[str, Launcher] = attrs.Factory(dict)
+    #: Forks unsandboxed ``process`` children from preloaded imports (``None``: turned off).
+    fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
@@ -110,6 +113,13 @@ class Supervisor:
         )
         self.democracy = Democracy(sup=self)
         self.services = Services(sup=self)
+        if self.config.fork_server:
+            self.fork_server = ForkServer(
+                python=child_argv(self.config.python, "")[0],
+                label=str(self.config.paths.root),
+                env=child_environment(os.environ),
+                log_path=self.config.paths.root / "fork-server.log",
+            )
 
     @property
     def paths(self) -> Any:
@@ -200,7 +210,7 @@ class Supervisor:
                     f"spawn {failed}: could not prepare its launch: {cause} "
                     "(fix the cause and spawn again)"
                 ) from exc
-            # Launch the batch together: the worktree each child may wait on is its own.
+            # Launch the batch together: a worktree or a fork each child waits on is its own.
             async with trio.open_nursery() as launching:
                 for run in runs:
                     self.runs[run.key] = run
@@ -299,7 +309,7 @@ class Supervisor:
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
             else:
-                launcher = ProcessLauncher()
+                launcher = ProcessLauncher(forks=self.fork_server)
             self.launchers[surface] = launcher
         return launcher
 
@@ -326,6 +336,8 @@ class Supervisor:
                 # Unique to this run: the kill ladder finds every process that inherited it.
                 MARKER_ENV: f"{self.config.session}/{run.key}/{os.getpid()}",
             },
+            # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
+            loadout=None if placement.sandboxed else run.loadout,
         )
         return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
 
@@ -587,10 +599,15 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
             path = config.paths.logs / "rejected.jsonl"
             sup.rejects = RejectLog(path, secrets=[sup.session_key])
         await nursery.start(listener.serve, sup.handle_connection)
+        if sup.fork_server is not None and config.sandbox == "off":
+            # Every process child will be a fork: have the server ready before the first.
+            sup.fork_server.start(nursery)
         try:
             yield sup
         finally:
             with trio.CancelScope(shield=True):
                 await sup.stop_all()
                 await listener.aclose()
+                if sup.fork_server is not None:
+                    await sup.fork_server.aclose()
             nursery.cancel_scope.cancel()

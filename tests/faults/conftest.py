@@ -10,6 +10,7 @@ any process of its ``FLEET_HOME`` behind.
 test's ``FLEET_HOME``, so an outside scan can count orphans the suite itself missed.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -123,12 +124,16 @@ class Faults:
         return fleet_processes(self.home)
 
     def child_process(self, key: str) -> psutil.Process:
-        """The ``python -m child`` process of *key* (inside bwrap when it is sandboxed)."""
+        """The ``python -m child`` process of *key* (inside bwrap when it is sandboxed); a
+        fork of the fork server carries the server's command line and is known by its name."""
         loadout = str(self.home / "sessions" / "t" / "loadouts" / f"{key}.json")
         for process in self.processes():
             cmdline = process.info["cmdline"] or []
             if loadout in cmdline and os.path.basename(cmdline[0]) != "bwrap":
                 return process
+            with contextlib.suppress(psutil.Error):
+                if "child._forkserver" in cmdline and process.name() == f"fleet {key}"[:15]:
+                    return process
         raise AssertionError(f"no process for {key}")
 
     @staticmethod

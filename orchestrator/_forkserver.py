@@ -1,0 +1,257 @@
+"""The supervisor's side of the fork server (``child/_forkserver.py`` is the other side).
+
+One server per supervisor, started on first use or up front (:meth:`ForkServer.start`), on
+the trio thread like every process we start (DESIGN.md §10). It preloads the child's imports
+once; each unsandboxed ``process`` child is then a fork of it, which saves the ~200 ms of CPU a
+fresh interpreter spends importing trio and our packages.
+
+The server is the forked child's parent, so it reaps it and reports the exit status; we hold
+the child's pidfd (opened by the server before it could reap) to learn the moment it ends and
+to signal exactly that process. If the server cannot start, or dies, :attr:`ForkServer.failure`
+says why and the launcher starts children the ordinary way again.
+"""
+
+import array
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import trio
+
+log = logging.getLogger("orchestrator")
+
+READY_TIMEOUT: Final = 30.0
+REPLY_TIMEOUT: Final = 10.0
+#: How long to wait for an exit status once the pidfd said the child ended.
+STATUS_TIMEOUT: Final = 5.0
+#: The status reported when the server is gone and nobody can tell the real one.
+UNKNOWN_STATUS: Final = 255
+MAX_MESSAGE: Final = 1 << 20
+_FD_BYTES: Final = array.array("i").itemsize
+
+
+class ForkServerError(Exception):
+    """The fork server could not start a child (the launcher falls back to ``Popen``)."""
+
+
+@attrs.define(eq=False)
+class _Reply:
+    done: trio.Event = attrs.Factory(trio.Event)
+    message: dict[str, Any] | None = None
+    fds: list[int] = attrs.Factory(list)
+
+
+@attrs.define(eq=False)
+class ForkServer:
+    """A preloaded ``python -I -m child._forkserver`` that forks children on request."""
+
+    python: str
+    #: Shown in the server's (and so every forked child's) command line: the session directory.
+    label: str
+    env: Mapping[str, str]
+    #: Where the server's own stderr goes (appended); ``None`` discards it.
+    log_path: Path | None = None
+
+    failure: str | None = attrs.field(default=None, init=False)
+    pid: int | None = attrs.field(default=None, init=False)
+    _popen: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
+    _sock: trio.socket.SocketType | None = attrs.field(default=None, init=False)
+    _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _ids: "itertools.count[int]" = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _replies: dict[int, _Reply] = attrs.field(factory=dict, init=False)
+    _exits: dict[int, int | None] = attrs.field(factory=dict, init=False)
+    _exit_events: dict[int, trio.Event] = attrs.field(factory=dict, init=False)
+
+    @property
+    def started(self) -> bool:
+        return self._popen is not None or self.failure is not None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the server in the background (once); :meth:`ready` waits for it."""
+        if self.started:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with _stderr_for(self.log_path) as stderr:
+                self._popen = subprocess.Popen(
+                    [
+                        self.python,
+                        "-I",
+                        "-m",
+                        "child._forkserver",
+                        str(theirs.fileno()),
+                        self.label,
+                    ],
+                    env=dict(self.env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            ours.close()
+            self._fail(f"cannot start: {exc}")
+            return
+        finally:
+            theirs.close()
+        self.pid = self._popen.pid
+        self._sock = trio.socket.from_stdlib_socket(ours)
+        nursery.start_soon(self._read)
+
+    async def ready(self) -> bool:
+        """Wait until the server can fork (``True``) or has failed (``False``)."""
+        await self._ready.wait()
+        return self.failure is None
+
+    async def spawn(
+        self, *, loadout: str, cwd: str, env: Mapping[str, str], name: str, stdio: tuple[int, int]
+    ) -> tuple[int, int]:
+        """Fork a child for *loadout*; its pid and a pidfd for it (the caller closes it).
+
+        *stdio* are the child's stdout and stderr; the server keeps no copy of them.
+        """
+        if not await self.ready():
+            raise ForkServerError(f"fork server unavailable: {self.failure}")
+        assert self._sock is not None  # noqa: S101 - set when ready
+        request_id = next(self._ids)
+        reply = self._replies[request_id] = _Reply()
+        message = {"spawn": request_id, "loadout": loadout, "cwd": cwd, "env": dict(env)}
+        message["name"] = name
+        try:
+            try:
+                await self._sock.sendmsg(
+                    [json.dumps(message).encode()],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))],
+                )
+            except OSError as exc:
+                self._fail(f"request failed: {exc}")
+                raise ForkServerError(f"fork server unavailable: {self.failure}") from None
+            with trio.move_on_after(REPLY_TIMEOUT):
+                await reply.done.wait()
+        finally:
+            self._replies.pop(request_id, None)
+        answer = reply.message
+        if answer is None or "pid" not in answer or len(reply.fds) != 1:
+            for fd in reply.fds:
+                os.close(fd)
+            why = (answer or {}).get("error") or self.failure or "no answer"
+            raise ForkServerError(f"fork server could not start {name}: {why}")
+        return int(answer["pid"]), reply.fds[0]
+
+    async def exit_status(self, pid: int) -> int:
+        """The exit status of the forked *pid*, once it has ended (its pidfd said so)."""
+        event = self._exit_events.setdefault(pid, trio.Event())
+        with trio.move_on_after(STATUS_TIMEOUT):
+            await event.wait()
+        self._exit_events.pop(pid, None)
+        status = self._exits.pop(pid, None)
+        if status is None:
+            log.warning("exit status of forked child %d unknown: %s", pid, self.failure)
+            return UNKNOWN_STATUS
+        return status
+
+    async def _read(self) -> None:
+        assert self._sock is not None  # noqa: S101 - started
+        try:
+            with trio.fail_after(READY_TIMEOUT):
+                message, fds = await self._receive()
+            if message is None or "ready" not in message:
+                self._fail(f"did not start (said {message!r}){self._exit_note()}")
+                return
+            self._ready.set()
+            while True:
+                message, fds = await self._receive()
+                if message is None:
+                    self._fail(f"ended{self._exit_note()}")
+                    return
+                self._dispatch(message, fds)
+        except trio.TooSlowError:
+            self._fail(f"not ready within {READY_TIMEOUT:g} s")
+        except trio.ClosedResourceError:
+            self._fail("closed", quiet=True)  # aclose(): the supervisor is ending
+        except (OSError, ValueError) as exc:
+            self._fail(f"broke: {exc}")
+        finally:
+            self._ready.set()
+
+    def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
+        if "spawned" in message:
+            reply = self._replies.get(message["spawned"])
+            if reply is None:  # its requester gave up: nobody will close these
+                for fd in fds:
+                    os.close(fd)
+                return
+            reply.message, reply.fds = message, fds
+            reply.done.set()
+        elif "exit" in message:
+            pid = int(message["exit"])
+            self._exits[pid] = int(message["status"])
+            self._exit_events.setdefault(pid, trio.Event()).set()
+
+    async def _receive(self) -> tuple[dict[str, Any] | None, list[int]]:
+        assert self._sock is not None  # noqa: S101 - started
+        data, ancillary, _flags, _address = await self._sock.recvmsg(
+            MAX_MESSAGE, socket.CMSG_SPACE(4 * _FD_BYTES)
+        )
+        fds = array.array("i")
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % _FD_BYTES])
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        return json.loads(data), list(fds)
+
+    def _exit_note(self) -> str:
+        if self._popen is None or self._popen.poll() is None:
+            return ""
+        return f" (exit {self._popen.returncode})"
+
+    def _fail(self, why: str, *, quiet: bool = False) -> None:
+        if self.failure is None:
+            self.failure = why
+            if not quiet:
+                log.warning("fork server %s; children start as fresh interpreters", why)
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.kill()  # stuck or speaking nonsense; aclose() reaps it
+        self._ready.set()
+        for reply in self._replies.values():
+            reply.done.set()
+        for event in self._exit_events.values():
+            event.set()
+
+    async def aclose(self) -> None:
+        """Stop the server: close our end (it exits on EOF), then reap it."""
+        if self._sock is not None:
+            self._sock.close()
+        popen = self._popen
+        if popen is None:
+            return
+        with trio.move_on_after(2.0):
+            while popen.poll() is None:  # noqa: ASYNC110 - a short wait for a quick exit
+                await trio.sleep(0.01)
+        if popen.poll() is None:
+            popen.kill()
+            await trio.to_thread.run_sync(popen.wait)
+
+
+@contextlib.contextmanager
+def _stderr_for(path: Path | None) -> Any:
+    if path is None:
+        yield subprocess.DEVNULL
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

@@ -1,0 +1,134 @@
+"""The fork server's side of its protocol, spoken directly over a real socket pair.
+
+No supervisor: the test is the supervisor's end of the ``SOCK_SEQPACKET`` pair, sends JSON
+requests with real descriptors attached and reads the replies, exit reports and the forked
+child's stderr.
+"""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TIMEOUT = 30.0
+
+
+class Server:
+    """A running ``python -I -m child._forkserver`` and our end of its socket."""
+
+    def __init__(self, tmp: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.sock.settimeout(TIMEOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-m", "child._forkserver", str(theirs.fileno()), str(tmp)],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+
+    def receive(self) -> tuple[dict[str, Any], list[int]]:
+        data, fds, _flags, _address = socket.recv_fds(self.sock, 1 << 20, 4)
+        assert data, "the fork server closed its end"
+        return json.loads(data), fds
+
+    def send(self, message: object, fds: list[int] | None = None) -> None:
+        data = message if isinstance(message, bytes) else json.dumps(message).encode()
+        if fds:
+            socket.send_fds(self.sock, [data], fds)
+        else:
+            self.sock.send(data)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    started = Server(tmp_path)
+    try:
+        yield started
+    finally:
+        started.sock.close()
+        try:
+            started.process.wait(timeout=TIMEOUT)
+        finally:
+            if started.process.poll() is None:
+                started.process.kill()
+            assert started.process.stderr is not None
+            started.process.stderr.close()
+
+
+def test_the_server_says_ready_then_exits_when_our_end_closes(server: Server) -> None:
+    message, fds = server.receive()
+    assert message == {"ready": server.process.pid}
+    assert fds == []
+    server.sock.close()
+    assert server.process.wait(timeout=TIMEOUT) == 0
+
+
+def test_a_bad_request_gets_an_error_and_the_server_goes_on(server: Server) -> None:
+    server.receive()  # ready
+    server.send(b"{not json")
+    reply, _ = server.receive()
+    assert reply["spawned"] is None
+    assert reply["error"].startswith("JSONDecodeError")
+    out_r, out_w = os.pipe()
+    try:
+        server.send({"spawn": 5, "loadout": "x", "cwd": "/", "env": {}}, [out_w])
+        reply, fds = server.receive()
+    finally:
+        for fd in (out_r, out_w):
+            os.close(fd)
+    assert reply == {
+        "spawned": 5,
+        "error": "ValueError: expected 2 descriptors (stdout, stderr), got 1",
+    }
+    assert fds == []
+    assert server.process.poll() is None
+
+
+def test_a_fork_gets_our_stdio_and_its_exit_is_reported(server: Server, tmp_path: Path) -> None:
+    server.receive()  # ready
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    missing = tmp_path / "missing.json"
+    request = {
+        "spawn": 1,
+        "loadout": str(missing),
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ.get("PATH", "/usr/bin"), "ONLY": "this"},
+        "name": "fleet t1",
+    }
+    try:
+        server.send(request, [out_w, err_w])
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    reply, fds = server.receive()
+    assert set(reply) == {"spawned", "pid"}
+    assert reply["spawned"] == 1
+    [pidfd] = fds
+    pid = reply["pid"]
+    try:
+        # A child without a readable loadout says why on its stderr and exits with code 3.
+        exit_report, _ = server.receive()
+        assert exit_report == {"exit": pid, "status": 3}
+        with os.fdopen(err_r, "rb") as stderr:
+            text = stderr.read().decode()
+        assert f"loadout {missing}" in text
+        assert text.startswith("child: ")
+        # The pidfd names exactly the child: readable once it has ended.
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        [(ready, events)] = poller.poll(TIMEOUT * 1000)
+        assert ready == pidfd
+        assert events & select.POLLIN
+    finally:
+        os.close(pidfd)
+        os.close(out_r)
