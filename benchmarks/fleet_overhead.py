@@ -6,24 +6,27 @@ Two figures, each a ratio against a baseline measured in the same run (DESIGN.md
   tool calls on its own 20 files of a generated repository and then replies, run through an
   embedded supervisor with a lane of 8 — divided by 32 plain ``python -I -c`` subprocesses,
   8 at a time and with no IPC, that read the same 20 files each and print a report. The fleet
-  wall runs from the ``spawn`` call until every child is reaped after ``stop``; the baseline
-  wall from the first start to the last exit. The product caps a fleet at 16
-  (``max_subagents``), so the benchmark swaps in a 32-slot
-  :class:`~orchestrator._capacity.Capacity` after ``open_supervisor``; the cap rule itself is
-  unchanged.
+  wall runs from the ``spawn`` call until every child is reaped after ``stop``, on a
+  supervisor that is already running (as ``fleet serve`` is for a whole session) with its fork
+  server preloaded; that start-up is printed apart. The baseline wall runs from the first
+  start to the last exit. The product caps a fleet at 16 (``max_subagents``), so the benchmark
+  swaps in a 32-slot :class:`~orchestrator._capacity.Capacity` after ``open_supervisor``; the
+  cap rule itself is unchanged.
 * ``spawn_ratio``: spawn→hello p50 — from the ``Supervisor.spawn`` call until the supervisor
   has accepted the child's authenticated hello (``run.connected``), one child at a time on an
   idle supervisor — divided by the p50 of ``python -c pass`` timed interleaved with it.
 
 Printed before the last line, to say what bounds those: the fleet wall against the same 32
-children's *agent* work run without a supervisor (the builtin agent loop, scripted model and
-tools in-process, no IPC, all 32 processes at once as the fleet starts them: what is left is
-what the supervisor and the wire add);
-the CPU seconds each side burnt (children and this process); Popen→hello; and the start-up
-floors of the interpreter, of ``import trio`` and of the child's import set before its hello.
+children's *agent* work run as fresh interpreters without a supervisor (the builtin agent
+loop, scripted model and tools in-process, no IPC, all 32 processes at once as the fleet
+starts them); the CPU seconds each side burnt (children — forked children through the fork
+server's own accounting — and this process); Popen→hello (launch→hello for a fork); and the
+start-up floors of the interpreter, of ``import trio`` and of the child's import set before its
+hello, which a forked child does not pay.
 
-Children run unsandboxed (``sandbox="off"``) so both sides do the same work; ``--sandboxed``
-times spawn→hello under bubblewrap too. Bytecode caches of our packages are refreshed first
+Children run unsandboxed (``sandbox="off"``), so they are forks of the fork server and both
+sides do the same work; ``--sandboxed`` times spawn→hello under bubblewrap too (a sandboxed
+child is a fresh interpreter). Bytecode caches of our packages are refreshed first
 (``compileall``): with ``PYTHONDONTWRITEBYTECODE`` set and a stale cache, every child would
 recompile. Run::
 
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psutil
 import trio
 
 import ipc
@@ -133,18 +137,24 @@ class Cost:
         return self.own_cpu + self.children_cpu
 
 
-def _cpu() -> tuple[float, float]:
+def _cpu(forks: psutil.Process | None = None) -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    spent = children.ru_utime + children.ru_stime
+    if forks is not None:
+        # Forked children are the fork server's: their CPU reaches our rusage only when the
+        # server itself is reaped, so it is read from the server (itself and its reaped).
+        times = forks.cpu_times()
+        spent += times.user + times.system + times.children_user + times.children_system
+    return own.ru_utime + own.ru_stime, spent
 
 
-async def measure(work: Callable[[], Awaitable[None]]) -> Cost:
-    own, children = _cpu()
+async def measure(work: Callable[[], Awaitable[None]], forks: psutil.Process | None = None) -> Cost:
+    own, children = _cpu(forks)
     started = time.perf_counter()
     await work()
     wall = time.perf_counter() - started
-    own_after, children_after = _cpu()
+    own_after, children_after = _cpu(forks)
     return Cost(wall=wall, own_cpu=own_after - own, children_cpu=children_after - children)
 
 
@@ -214,17 +224,43 @@ def reported(index: int, text: str) -> bool:
     return f"Read {FILES} modules of pkg{index:02d}" in text
 
 
-async def run_fleet(base: Path, repo: Path, scripts: Sequence[Path], session: str) -> None:
-    """Spawn every child, wait for every report, stop them all; check every handoff."""
-    async with open_supervisor(bench_config(base, repo, session)) as sup:
-        widen(sup, len(scripts))
+async def warm_supervisor(sup: Supervisor) -> float:
+    """Seconds until the supervisor can start children: its fork server preloaded.
+
+    A session's supervisor (``fleet serve``) starts once and serves every fleet after; this
+    start-up is its own, not the fleet's, and is printed apart.
+    """
+    started = time.perf_counter()
+    forks = sup.fork_server
+    if forks is not None:
+        forks.start(sup.nursery)
+        if not await forks.ready():
+            raise RuntimeError(f"fork server failed: {forks.failure}")
+    return time.perf_counter() - started
+
+
+async def run_fleet(
+    base: Path, repo: Path, scripts: Sequence[Path], session: str, startups: list[float]
+) -> Cost:
+    """On a running supervisor: spawn every child, wait for every report, stop them all
+    (every child reaped); check every handoff. The cost runs from the spawn call."""
+    handoffs: list[dict[str, Any]] = []
+
+    async def fleet(sup: Supervisor) -> None:
         records = await sup.spawn(requests(scripts))
         keys = [r.key for r in records]
         await sup.wait(keys, every=True)
-        handoffs = await sup.stop(keys)
+        handoffs.extend(await sup.stop(keys))
+
+    async with open_supervisor(bench_config(base, repo, session)) as sup:
+        widen(sup, len(scripts))
+        startups.append(await warm_supervisor(sup))
+        forks = None if sup.fork_server is None else psutil.Process(sup.fork_server.pid)
+        cost = await measure(lambda: fleet(sup), forks)
     for index, handoff in enumerate(handoffs):
         if handoff["state"] != "stopped" or not reported(index, handoff["last"]):
             raise RuntimeError(f"fleet child {index} did not finish its work: {handoff}")
+    return cost
 
 
 async def run_processes(argvs: Sequence[Sequence[str]], cwd: Path, *, at_once: int) -> None:
@@ -254,7 +290,7 @@ async def run_processes(argvs: Sequence[Sequence[str]], cwd: Path, *, at_once: i
 
 @attrs.define(eq=False)
 class TimedLauncher(ProcessLauncher):
-    """The product's launcher, noting when each ``Popen`` began (a benchmark-side hook)."""
+    """The product's launcher, noting when each launch (``Popen`` or fork) began."""
 
     started: dict[str, float] = attrs.Factory(dict)
 
@@ -309,7 +345,8 @@ async def time_spawns(base: Path, repo: Path, script: Path, count: int, sandbox:
     async with open_supervisor(
         bench_config(base, repo, f"spawn-{sandbox}", sandbox=sandbox)
     ) as sup:
-        launcher = TimedLauncher()
+        await warm_supervisor(sup)
+        launcher = TimedLauncher(forks=sup.fork_server)
         sup.launchers["process"] = launcher
         for _ in range(count):
             for name, args in FLOORS.items():
@@ -370,22 +407,25 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
         solo = [
             [sys.executable, "-I", "-c", SOLO_SCRIPT, str(script), str(repo)] for script in scripts
         ]
-        runs: dict[str, Callable[[], Awaitable[None]]] = {
-            "fleet": lambda: run_fleet(base, repo, scripts, f"fleet{len(costs['fleet'])}"),
-            "plain": lambda: run_processes(plain, repo, at_once=LANE),
+        startups: list[float] = []
+        runs: dict[str, Callable[[], Awaitable[Cost]]] = {
+            "fleet": lambda: run_fleet(
+                base, repo, scripts, f"fleet{len(costs['fleet'])}", startups
+            ),
+            "plain": lambda: measure(lambda: run_processes(plain, repo, at_once=LANE)),
             # All at once, as the fleet starts its processes: on a shared box the CPU is split
             # per session, so both sides must ask for the same share.
-            "solo": lambda: run_processes(solo, repo, at_once=CHILDREN),
+            "solo": lambda: measure(lambda: run_processes(solo, repo, at_once=CHILDREN)),
         }
         # Warm-up, outside the measurements: the page cache and the interpreter's own caches.
         await run_processes(plain[:LANE], repo, at_once=LANE)
         await run_processes(solo[:LANE], repo, at_once=LANE)
-        await run_fleet(base, repo, scripts[:LANE], "warmup")
+        await run_fleet(base, repo, scripts[:LANE], "warmup", [])
         for rep in range(reps):
             # Rotate the order so a slow spell on a shared box does not favour one side.
             order = list(runs)[rep % 3 :] + list(runs)[: rep % 3]
             for name in order:
-                costs[name].append(await measure(runs[name]))
+                costs[name].append(await runs[name]())
             print(
                 f"rep {rep + 1}/{reps}: "
                 + ", ".join(f"{n} {costs[n][-1].wall:.3f} s" for n in runs),
@@ -402,6 +442,7 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
         own = [c.own_cpu for c in costs[name]]
         print(f"{label:16} wall s {spread(walls)}")
         print(f"{'':16} child CPU ms each {spread(per_child)}; this process CPU s {spread(own)}")
+    print(f"supervisor start-up (fork server preloaded), before each fleet: s {spread(startups)}")
     print(f"wall ratio, fleet / plain processes: {spread(wall_ratios)}")
     print(f"wall ratio, fleet / solo agents:     {spread(solo_ratios)}")
     cpu_ratio = statistics.median(
