@@ -36,11 +36,30 @@ __all__ = [
     "SCOPES",
     "AgentDefinition",
     "AgentDefinitionError",
+    "expand_agent_dirs",
     "load_agents",
     "parse_agent",
 ]
 
 SCOPES: Final = ("default", "project", "both")
+#: ``--agent-dirs`` words for where Claude Code and Pi keep agents: the project's, the user's.
+AGENT_DIR_WORDS: Final = {
+    "claude": (Path(".claude/agents"), Path("~/.claude/agents")),
+    "pi": (Path(".pi/agents"), Path("~/.pi/agent/agents")),
+}
+
+
+def expand_agent_dirs(entries: Sequence[str], *, workspace: Path) -> list[Path]:
+    """The directories ``--agent-dirs`` names: ``claude`` and ``pi`` stand for their tools'
+    project (under *workspace*) and user directories; anything else is a directory."""
+    found: list[Path] = []
+    for entry in entries:
+        if entry in AGENT_DIR_WORDS:
+            project, user = AGENT_DIR_WORDS[entry]
+            found.extend([workspace / project, user.expanduser()])
+        else:
+            found.append(Path(entry).expanduser())
+    return found
 
 
 def load_agents(

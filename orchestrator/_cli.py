@@ -238,6 +238,12 @@ def _common(*, suppress: bool) -> "_Parser":
     common.add_argument(
         "--allow-unsandboxed", action="store_true", help="run without a sandbox", **kw
     )
+    common.add_argument(
+        "--agent-dirs",
+        metavar="DIRS",
+        help="also read Claude Code / Pi agent files: comma-separated claude, pi or directories",
+        **kw,
+    )
     return common
 
 

@@ -21,6 +21,7 @@ def config_of(args: argparse.Namespace) -> Config:
         lane=args.lane,
         model=args.model_default,
         allow_unsandboxed=True if args.allow_unsandboxed else None,
+        agent_dirs=args.agent_dirs,
     )
 
 
@@ -28,7 +29,9 @@ def call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str
     config = config_of(args)
     token = ensure_daemon(config)
     paths = config.paths
-    settings = {"max_subagents": args.max_subagents, "lane": args.lane}
+    settings: dict[str, Any] = {"max_subagents": args.max_subagents, "lane": args.lane}
+    if args.agent_dirs is not None:
+        settings["agent_dirs"] = list(config.agent_dirs)  # made absolute here, where we are
     if any(value is not None for value in settings.values()):
         trio.run(
             lambda: call_async(paths.control_socket, token, "configure", settings, timeout=10.0)

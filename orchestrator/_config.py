@@ -71,6 +71,8 @@ class Config:
     #: Start unsandboxed ``process`` children as forks of a preloaded server (much faster
     #: start-up); ``FLEET_FORK_SERVER=0`` or ``fork_server = false`` turns it off.
     fork_server: bool = True
+    #: Claude Code / Pi agent directories to read (``claude``, ``pi`` or absolute paths).
+    agent_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -196,6 +198,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("sandbox", "sandbox"),
         ("reject_log", "reject_log"),
         ("fork_server", "fork_server"),
+        ("agent_dirs", "agent_dirs"),
     ):
         if key in sub:
             settings[target] = sub[key]
@@ -208,6 +211,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_MODEL", "model", str),
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_SANDBOX", "sandbox", str),
+        ("FLEET_AGENT_DIRS", "agent_dirs", str),
     ):
         if env.get(name):
             try:
@@ -221,9 +225,30 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
     if env.get("FLEET_FORK_SERVER", "").lower() in {"0", "false", "no"}:
         settings["fork_server"] = False
     settings.update({k: v for k, v in overrides.items() if v is not None})
+    if "agent_dirs" in settings:
+        settings["agent_dirs"] = agent_dir_entries(settings["agent_dirs"], cwd or Path.cwd())
     return Config(
         home=home, session=resolve_session(session, workspace), workspace=workspace, **settings
     )
+
+
+def agent_dir_entries(value: object, cwd: Path) -> tuple[str, ...]:
+    """``--agent-dirs`` as given (a comma-separated string or a list): the words ``claude``
+    and ``pi`` kept, every other entry made an absolute path against *cwd* (the daemon that
+    reads them runs elsewhere)."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        items = list(value)
+    else:
+        raise UsageError(f"agent_dirs {value!r} must be a list of directories or claude/pi")
+    entries = []
+    for item in (item.strip() for item in items):
+        if item in {"claude", "pi"}:
+            entries.append(item)
+        elif item:
+            entries.append(str((cwd / Path(item).expanduser()).absolute()))
+    return tuple(entries)
 
 
 def _int_or_text(value: str) -> object:

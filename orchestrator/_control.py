@@ -16,6 +16,7 @@ import trio
 
 import ipc
 from orchestrator._brief import brief
+from orchestrator._config import agent_dir_entries
 from orchestrator._control_args import str_arg, strs_arg
 from orchestrator._control_review import review_accept, review_diff, review_revert
 from orchestrator._democracy import DEFAULT_DEADLINE
@@ -136,8 +137,11 @@ async def _mode(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _configure(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply ``--max-subagents`` / ``--lane`` given to any command to the running supervisor."""
+    """Apply ``--max-subagents`` / ``--lane`` / ``--agent-dirs`` given to any command to the
+    running supervisor."""
     cap, lane = args.get("max_subagents"), args.get("lane")
+    if args.get("agent_dirs") is not None:
+        sup.set_agent_dirs(agent_dir_entries(args["agent_dirs"], sup.config.workspace))
     if cap is not None:
         if not isinstance(cap, int):
             raise UsageError("max_subagents must be a whole number")
@@ -146,7 +150,7 @@ async def _configure(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]
         if not isinstance(lane, int):
             raise UsageError("lane must be a whole number")
         sup.lane.set_capacity(lane)
-    return {"cap": sup.capacity.cap, "lane": sup.lane.capacity}
+    return {"cap": sup.capacity.cap, "lane": sup.lane.capacity, "agent_dirs": sup.agent_dirs}
 
 
 async def _ping(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:

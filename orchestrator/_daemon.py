@@ -260,6 +260,8 @@ def _daemon_env(config: Config) -> dict[str, str]:
         env["FLEET_MODEL"] = config.model
     if config.allow_unsandboxed:
         env["FLEET_ALLOW_UNSANDBOXED"] = "1"
+    if config.agent_dirs:
+        env["FLEET_AGENT_DIRS"] = ",".join(config.agent_dirs)
     return env
 
 

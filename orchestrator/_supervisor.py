@@ -19,7 +19,7 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._agents import AgentDefinition, load_agents
+from orchestrator._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator._capacity import Capacity, Lane
 from orchestrator._cmux import CmuxLauncher
 from orchestrator._config import Config
@@ -94,6 +94,8 @@ class Supervisor:
     #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
     stale: list[dict[str, Any]] = attrs.Factory(list)
     launchers: dict[str, Launcher] = attrs.Factory(dict)
+    #: Claude Code / Pi agent directories (``Config.agent_dirs``, changed by ``configure``).
+    agent_dirs: tuple[str, ...] = ()
     #: Forks unsandboxed ``process`` children from preloaded imports (``None``: turned off).
     fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
@@ -113,6 +115,7 @@ class Supervisor:
         )
         self.democracy = Democracy(sup=self)
         self.services = Services(sup=self)
+        self.agent_dirs = self.config.agent_dirs
         if self.config.fork_server:
             self.fork_server = ForkServer(
                 python=child_argv(self.config.python, "")[0],
@@ -129,11 +132,18 @@ class Supervisor:
 
     def agents(self, scope: str | None = None) -> dict[str, AgentDefinition]:
         """Agent definitions for *scope* (the session's scope, cached, by default)."""
+        workspace = self.config.workspace
+        extra = expand_agent_dirs(self.agent_dirs, workspace=workspace)
         if scope is not None and scope != self.config.agents_scope:
-            return load_agents(scope, cwd=self.config.workspace)
+            return load_agents(scope, cwd=workspace, extra_dirs=extra)
         if self._agents is None:
-            self._agents = load_agents(self.config.agents_scope, cwd=self.config.workspace)
+            self._agents = load_agents(self.config.agents_scope, cwd=workspace, extra_dirs=extra)
         return self._agents
+
+    def set_agent_dirs(self, entries: Sequence[str]) -> None:
+        """Read these Claude Code / Pi agent directories from now on (``--agent-dirs``)."""
+        self.agent_dirs = tuple(entries)
+        self._agents = None
 
     # -- spawning -----------------------------------------------------------------------
 

@@ -212,3 +212,23 @@ def test_errors_are_one_line_with_exit_codes(fleet):
     result = fleet.run("spawn", "--model", "scripted:/nope.yaml", "x")
     assert result.returncode == 2
     assert "does not exist" in result.stderr
+
+
+def test_agent_dirs_bring_claude_code_agents_to_listing_and_spawn(fleet):
+    claude = fleet.repo / ".claude" / "agents"
+    claude.mkdir(parents=True)
+    (claude / "reviewer.md").write_text(
+        "---\nname: reviewer\ndescription: Reviews diffs\ntools: Read, Grep\n---\nReview.\n"
+    )
+    names = {a["name"]: a for a in fleet.json("agents")["agents"]}
+    assert "reviewer" not in names
+    listed = {a["name"]: a for a in fleet.json("agents", "--agent-dirs", "claude")["agents"]}
+    assert listed["reviewer"]["source"] == "claude"
+    assert listed["reviewer"]["tools"] == ["read", "grep"]
+    # The running supervisor keeps the directories for later commands, spawns included.
+    model = fleet.script("r", REPORT)
+    data = fleet.json("spawn", "--agent", "reviewer", "--model", model, "look")
+    [key] = [a["key"] for a in data["agents"]]
+    [note] = fleet.json("wait", key, "--timeout", "30")["settled"]
+    assert "look -> " in note["report"]
+    fleet.json("stop", key)

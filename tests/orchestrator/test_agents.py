@@ -9,9 +9,11 @@ from orchestrator._agents import (
     MUTATING_TOOLS,
     AgentDefinition,
     AgentDefinitionError,
+    expand_agent_dirs,
     load_agents,
     parse_agent,
 )
+from orchestrator._config import load_config
 from orchestrator._errors import UsageError
 
 REPORT_HEADINGS = ["## Summary", "## Details", "## Verification", "## Open issues"]
@@ -287,3 +289,33 @@ def test_a_claude_agent_named_scout_with_bash_is_rejected(isolated, tmp_path):
     write(claude, "scout", "description: d\ntools: Read, Bash")
     with pytest.raises(AgentDefinitionError, match="holds mutating tools"):
         load_agents(cwd=isolated, extra_dirs=[claude])
+
+
+def test_agent_dir_words_stand_for_the_project_and_user_directories(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    workspace = tmp_path / "repo"
+    assert expand_agent_dirs(["claude", "pi", str(tmp_path / "x")], workspace=workspace) == [
+        workspace / ".claude" / "agents",
+        tmp_path / "home" / ".claude" / "agents",
+        workspace / ".pi" / "agents",
+        tmp_path / "home" / ".pi" / "agent" / "agents",
+        tmp_path / "x",
+    ]
+
+
+def test_agent_dirs_from_flag_environment_or_file_become_absolute(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    home = tmp_path / "state"
+    monkeypatch.delenv("FLEET_AGENT_DIRS", raising=False)
+    config = load_config(cwd=repo / "sub", home=home, agent_dirs="claude, ../agents ,")
+    assert config.agent_dirs == ("claude", str(repo / "sub" / ".." / "agents"))
+    monkeypatch.setenv("FLEET_AGENT_DIRS", "pi")
+    assert load_config(cwd=repo, home=home).agent_dirs == ("pi",)
+    monkeypatch.delenv("FLEET_AGENT_DIRS")
+    home.mkdir()
+    (home / "config.yaml").write_text("subagents:\n  agent_dirs: [claude, /srv/agents]\n")
+    assert load_config(cwd=repo, home=home).agent_dirs == ("claude", "/srv/agents")
+    (home / "config.yaml").write_text("subagents:\n  agent_dirs: 7\n")
+    with pytest.raises(UsageError, match="agent_dirs 7 must be a list"):
+        load_config(cwd=repo, home=home)
