@@ -12,7 +12,6 @@ Use it embedded::
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -21,55 +20,35 @@ import trio
 import ipc
 from orchestrator._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator._capacity import Capacity, Lane
-from orchestrator._cmux import CmuxLauncher
 from orchestrator._config import Config
 from orchestrator._democracy import Democracy
-from orchestrator._diagnostics import RejectKind, RejectLog, RunLog
+from orchestrator._diagnostics import RejectKind, RejectLog
 from orchestrator._errors import (
     FleetError,
     NotFound,
-    OperationFailed,
     PolicyError,
     TimedOut,
     UsageError,
 )
 from orchestrator._forkserver import ForkServer
 from orchestrator._isolation import Worktrees, apply_settlement
-from orchestrator._kill import MARKER_ENV
-from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
+from orchestrator._launcher import Launched, Launcher, child_argv
 from orchestrator._notes import Notes
 from orchestrator._ownership import LockTable
 from orchestrator._paper import Paper
-from orchestrator._plan import SpawnRequest, plan_spawn
+from orchestrator._plan import SpawnRequest
 from orchestrator._policy import check_mode
 from orchestrator._registry import ChildRecord, Registry
 from orchestrator._review import ReviewStore
 from orchestrator._run import ChildRun, Question
-from orchestrator._sandboxing import check_available, place
 from orchestrator._services import Services
-from orchestrator._tmux import TmuxLauncher
+from orchestrator._spawning import Spawning, child_environment
 from orchestrator._watchdog import BudgetPolicy, resolve_policy
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
 
 #: The parent's name on the discussion paper (children write under their keys, ``a1``...).
 PARENT: Final = "parent"
-
-
-@attrs.frozen(kw_only=True)
-class _Prepared:
-    token: str
-    loadout: str
-    log: RunLog
-
-
-class _PrepareError(Exception):
-    """One record of a batch could not be prepared; *cause* says why."""
-
-    def __init__(self, key: str, cause: Exception) -> None:
-        super().__init__(f"{key}: {cause}")
-        self.key = key
-        self.cause = cause
 
 
 @attrs.define(eq=False)
@@ -89,7 +68,6 @@ class Supervisor:
     warnings: list[str] = attrs.Factory(list)
     capacity: Capacity = attrs.field(init=False)
     lane: Lane = attrs.field(init=False)
-    _spawn_lock: trio.Lock = attrs.Factory(trio.Lock)
     rejects: RejectLog | None = None
     #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
     stale: list[dict[str, Any]] = attrs.Factory(list)
@@ -104,6 +82,7 @@ class Supervisor:
     worktrees: Worktrees = attrs.field(init=False)
     democracy: Democracy = attrs.field(init=False)
     services: Services = attrs.field(init=False)
+    spawning: Spawning = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -115,6 +94,7 @@ class Supervisor:
         )
         self.democracy = Democracy(sup=self)
         self.services = Services(sup=self)
+        self.spawning = Spawning(sup=self)
         self.agent_dirs = self.config.agent_dirs
         if self.config.fork_server:
             self.fork_server = ForkServer(
@@ -152,204 +132,20 @@ class Supervisor:
     ) -> list[ChildRecord]:
         """Launch a batch: validated and reserved all-or-nothing before any launch."""
         try:
-            return await self._spawn(requests, parent=parent)
+            return await self.spawning.spawn(requests, parent=parent)
         except PolicyError as exc:
             agents = [request.agent for request in requests]
             owner = PARENT if parent is None else parent.key
             self.reject("policy", owner, {"agents": agents, "mode": self.mode, "error": str(exc)})
             raise
 
-    async def _spawn(
-        self, requests: Sequence[SpawnRequest], *, parent: ChildRun | None
-    ) -> list[ChildRecord]:
-        if not requests:
-            raise UsageError("spawn: no task given")
-        async with self._spawn_lock:
-            definitions = self.agents()
-            plans = [
-                plan_spawn(
-                    request,
-                    definitions=definitions,
-                    config=self.config,
-                    workflow_mode=self.mode,
-                )
-                for request in requests
-            ]
-            for plan in plans:
-                fields = plan.loadout_fields
-                check_available(self.config, fields["backend"], fields["tools"], plan.agent)
-                self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
-            names = [p.name for p in plans if p.name]
-            live = {r.name for r in self.registry.live()}
-            clash = next((n for n in names if n in live or names.count(n) > 1), None)
-            if clash is not None:
-                raise UsageError(f"spawn: the name {clash!r} is already taken (pick another)")
-            self.capacity.reserve(len(plans))
-            records = []
-            for plan in plans:
-                key = self.registry.new_key()
-                record = ChildRecord(
-                    key=key,
-                    name=plan.name or f"{plan.agent}-{key[1:]}",
-                    agent=plan.agent,
-                    mode=plan.mode,
-                    task=plan.task,
-                    workspace=str(self.config.workspace),
-                    backend=plan.loadout_fields["backend"],
-                    surface=plan.surface,
-                    workflow_mode=self.mode,
-                    depth=1 if parent is None else parent.record.depth + 1,
-                    parent=None if parent is None else parent.key,
-                )
-                self.registry.add(record)
-                records.append(record)
-            try:
-                runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
-            except Exception as exc:
-                # Nothing runs for any of the batch: give back every slot and forget every
-                # record, so a failed preparation leaves nothing live.
-                for record in records:
-                    self.registry.records.pop(record.key, None)
-                self.capacity.release(len(plans))
-                self.notes.changed()
-                if isinstance(exc, FleetError):
-                    raise
-                failed = getattr(exc, "key", records[0].key)
-                cause = exc.__cause__ or exc
-                raise OperationFailed(
-                    f"spawn {failed}: could not prepare its launch: {cause} "
-                    "(fix the cause and spawn again)"
-                ) from exc
-            # Launch the batch together: a worktree or a fork each child waits on is its own.
-            async with trio.open_nursery() as launching:
-                for run in runs:
-                    self.runs[run.key] = run
-                    run.queue_prompt(run.record.task)
-                    launching.start_soon(self.nursery.start, run.run)
-            self.notes.changed()
-            return records
-
-    async def _prepare_all(
-        self, records: Sequence[ChildRecord], fields: Sequence[dict[str, Any]]
-    ) -> list[ChildRun]:
-        """Every record's files (directories, loadout, log), written concurrently off the
-        event loop: a loadout's two fsyncs would otherwise stall every running child's I/O
-        and make a batch start one child per fsync."""
-        paths = self.paths
-        for directory in (paths.loadouts, paths.logs, paths.scratch):
-            ipc.ensure_private_dir(directory)
-        if any(record.mode == "worktree" for record in records):
-            ipc.ensure_private_dir(paths.worktrees)
-        prepared: dict[str, _Prepared] = {}
-        failures: list[_PrepareError] = []
-
-        async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
-            try:
-                prepared[record.key] = await trio.to_thread.run_sync(
-                    self._prepare, record, loadout_fields
-                )
-            except Exception as exc:  # reported below, for the first failed record
-                failures.append(_PrepareError(record.key, exc))
-
-        async with trio.open_nursery() as nursery:
-            for record, loadout_fields in zip(records, fields, strict=True):
-                nursery.start_soon(prepare, record, loadout_fields)
-        if failures:
-            order = [record.key for record in records]
-            first = min(failures, key=lambda failure: order.index(failure.key))
-            raise first from first.cause
-        return [
-            ChildRun(
-                sup=self,
-                record=record,
-                token=prepared[record.key].token,
-                loadout=prepared[record.key].loadout,
-                log=prepared[record.key].log,
-                budgets=self.budgets,
-                declared=tuple(loadout_fields.get("ownership", ())),
-            )
-            for record, loadout_fields in zip(records, fields, strict=True)
-        ]
-
-    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
-        """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
-        paths = self.paths
-        scratch = paths.scratch / record.key
-        ipc.ensure_private_dir(scratch)
-        if record.mode == "worktree":
-            record.workspace = str(self.worktrees.path_for(record.key))
-        token = ipc.derive_token(self.session_key, record.key)
-        loadout = ipc.Loadout(
-            session=self.config.session,
-            owner=record.key,
-            name=record.name,
-            agent=record.agent,
-            token=token,
-            socket=str(paths.ipc_socket),
-            workspace=record.workspace,
-            depth=record.depth,
-            paper=str(paths.paper),
-            scratch=str(scratch),
-            surface=record.surface,
-            request_timeout=self.config.request_timeout,
-            **fields,
-        )
-        loadout_path = paths.loadouts / f"{record.key}.json"
-        ipc.write_loadout(loadout_path, loadout)
-        log = RunLog(
-            paths.logs / f"{record.key}.log",
-            secrets=[token, self.session_key],
-            record_output=self.config.record_output,
-            transport=self.launchers[record.surface].name,
-        )
-        return _Prepared(token=token, loadout=str(loadout_path), log=log)
-
     def launcher_for(self, surface: str) -> Launcher:
         """The launcher for a validated *surface*, created on first use and then shared."""
-        launcher = self.launchers.get(surface)
-        if launcher is None:
-            # Kept windows let a person read why a child failed; off by default.
-            keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
-            if surface == "tmux":
-                launcher = TmuxLauncher.private(
-                    self.paths.root, self.config.session, base_env=os.environ, keep_failed=keep
-                )
-            elif surface == "tmux:current":
-                launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
-            elif surface == "cmux":
-                launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
-            else:
-                launcher = ProcessLauncher(forks=self.fork_server)
-            self.launchers[surface] = launcher
-        return launcher
+        return self.spawning.launcher_for(surface)
 
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
-        loadout = ipc.Loadout.from_file(run.loadout)
-        placement = place(
-            child_argv(self.config.python, run.loadout),
-            config=self.config,
-            loadout=loadout,
-            scratch=Path(loadout.scratch),
-        )
-        run.record.sandboxed = placement.sandboxed
-        if not placement.sandboxed:
-            run.log.write(f"running unsandboxed: {placement.reason}")
-        spec = LaunchSpec(
-            key=run.key,
-            name=run.record.name,
-            argv=placement.argv,
-            cwd=run.record.workspace,
-            env={
-                **child_environment(os.environ),
-                **placement.env,
-                # Unique to this run: the kill ladder finds every process that inherited it.
-                MARKER_ENV: f"{self.config.session}/{run.key}/{os.getpid()}",
-            },
-            # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
-            loadout=None if placement.sandboxed else run.loadout,
-        )
-        return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+        return await self.spawning.launch(run, nursery)
 
     # -- driving children ---------------------------------------------------------------
 
@@ -578,14 +374,6 @@ class Supervisor:
             await channel.aclose("unknown owner")
             return
         await run.attach(channel, hello)
-
-
-def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """The child's environment: the parent's minus proxies and fleet session variables."""
-    dropped = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "fleet_session"}
-    env = {k: v for k, v in parent.items() if k.lower() not in dropped}
-    env["FLEET_CHILD"] = "1"
-    return env
 
 
 @contextlib.asynccontextmanager

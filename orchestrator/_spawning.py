@@ -1,0 +1,264 @@
+"""Spawning: a batch planned, reserved, prepared and launched, and one child's launch.
+
+A batch is all-or-nothing up to its launch: every request is planned and checked (definition,
+mode, sandbox availability, surface, names) and the capacity for all of it is reserved before
+anything is written; then every child's scratch directory, loadout and log are written
+concurrently in worker threads (a loadout's two fsyncs would otherwise stall every running
+child's I/O, one child after another), and a failure there refuses the whole batch with nothing
+started. The batch then launches together. A launch places the child command in its sandbox
+and hands it to the surface's launcher; an unwrapped ``process`` child is forked from the fork
+server.
+"""
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._cmux import CmuxLauncher
+from orchestrator._diagnostics import RunLog
+from orchestrator._errors import FleetError, OperationFailed, UsageError
+from orchestrator._kill import MARKER_ENV
+from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
+from orchestrator._plan import SpawnRequest, plan_spawn
+from orchestrator._registry import ChildRecord
+from orchestrator._run import ChildRun
+from orchestrator._sandboxing import check_available, place
+from orchestrator._tmux import TmuxLauncher
+
+if TYPE_CHECKING:
+    from orchestrator._supervisor import Supervisor
+
+
+@attrs.frozen(kw_only=True)
+class _Prepared:
+    token: str
+    loadout: str
+    log: RunLog
+
+
+class _PrepareError(Exception):
+    """One record of a batch could not be prepared; *cause* says why."""
+
+    def __init__(self, key: str, cause: Exception) -> None:
+        super().__init__(f"{key}: {cause}")
+        self.key = key
+        self.cause = cause
+
+
+@attrs.define(eq=False)
+class Spawning:
+    """The supervisor's spawning: batches, their files, launchers and launches."""
+
+    sup: "Supervisor"
+    # One batch at a time: plans, names and reservations are checked against a settled fleet.
+    _lock: trio.Lock = attrs.Factory(trio.Lock)
+
+    async def spawn(
+        self, requests: Sequence[SpawnRequest], *, parent: ChildRun | None
+    ) -> list[ChildRecord]:
+        sup = self.sup
+        if not requests:
+            raise UsageError("spawn: no task given")
+        async with self._lock:
+            definitions = sup.agents()
+            plans = [
+                plan_spawn(
+                    request,
+                    definitions=definitions,
+                    config=sup.config,
+                    workflow_mode=sup.mode,
+                )
+                for request in requests
+            ]
+            for plan in plans:
+                fields = plan.loadout_fields
+                check_available(sup.config, fields["backend"], fields["tools"], plan.agent)
+                self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
+            names = [p.name for p in plans if p.name]
+            live = {r.name for r in sup.registry.live()}
+            clash = next((n for n in names if n in live or names.count(n) > 1), None)
+            if clash is not None:
+                raise UsageError(f"spawn: the name {clash!r} is already taken (pick another)")
+            sup.capacity.reserve(len(plans))
+            records = []
+            for plan in plans:
+                key = sup.registry.new_key()
+                record = ChildRecord(
+                    key=key,
+                    name=plan.name or f"{plan.agent}-{key[1:]}",
+                    agent=plan.agent,
+                    mode=plan.mode,
+                    task=plan.task,
+                    workspace=str(sup.config.workspace),
+                    backend=plan.loadout_fields["backend"],
+                    surface=plan.surface,
+                    workflow_mode=sup.mode,
+                    depth=1 if parent is None else parent.record.depth + 1,
+                    parent=None if parent is None else parent.key,
+                )
+                sup.registry.add(record)
+                records.append(record)
+            try:
+                runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
+            except Exception as exc:
+                # Nothing runs for any of the batch: give back every slot and forget every
+                # record, so a failed preparation leaves nothing live.
+                for record in records:
+                    sup.registry.records.pop(record.key, None)
+                sup.capacity.release(len(plans))
+                sup.notes.changed()
+                if isinstance(exc, FleetError):
+                    raise
+                failed = getattr(exc, "key", records[0].key)
+                cause = exc.__cause__ or exc
+                raise OperationFailed(
+                    f"spawn {failed}: could not prepare its launch: {cause} "
+                    "(fix the cause and spawn again)"
+                ) from exc
+            # Launch the batch together: a worktree or a fork each child waits on is its own.
+            async with trio.open_nursery() as launching:
+                for run in runs:
+                    sup.runs[run.key] = run
+                    run.queue_prompt(run.record.task)
+                    launching.start_soon(sup.nursery.start, run.run)
+            sup.notes.changed()
+            return records
+
+    async def _prepare_all(
+        self, records: Sequence[ChildRecord], fields: Sequence[dict[str, Any]]
+    ) -> list[ChildRun]:
+        """Every record's files (directories, loadout, log), written concurrently off the
+        event loop: a loadout's two fsyncs would otherwise stall every running child's I/O
+        and make a batch start one child per fsync."""
+        sup = self.sup
+        paths = sup.paths
+        for directory in (paths.loadouts, paths.logs, paths.scratch):
+            ipc.ensure_private_dir(directory)
+        if any(record.mode == "worktree" for record in records):
+            ipc.ensure_private_dir(paths.worktrees)
+        prepared: dict[str, _Prepared] = {}
+        failures: list[_PrepareError] = []
+
+        async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
+            try:
+                prepared[record.key] = await trio.to_thread.run_sync(
+                    self._prepare, record, loadout_fields
+                )
+            except Exception as exc:  # reported below, for the first failed record
+                failures.append(_PrepareError(record.key, exc))
+
+        async with trio.open_nursery() as nursery:
+            for record, loadout_fields in zip(records, fields, strict=True):
+                nursery.start_soon(prepare, record, loadout_fields)
+        if failures:
+            order = [record.key for record in records]
+            first = min(failures, key=lambda failure: order.index(failure.key))
+            raise first from first.cause
+        return [
+            ChildRun(
+                sup=sup,
+                record=record,
+                token=prepared[record.key].token,
+                loadout=prepared[record.key].loadout,
+                log=prepared[record.key].log,
+                budgets=sup.budgets,
+                declared=tuple(loadout_fields.get("ownership", ())),
+            )
+            for record, loadout_fields in zip(records, fields, strict=True)
+        ]
+
+    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
+        """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+        sup = self.sup
+        paths = sup.paths
+        scratch = paths.scratch / record.key
+        ipc.ensure_private_dir(scratch)
+        if record.mode == "worktree":
+            record.workspace = str(sup.worktrees.path_for(record.key))
+        token = ipc.derive_token(sup.session_key, record.key)
+        loadout = ipc.Loadout(
+            session=sup.config.session,
+            owner=record.key,
+            name=record.name,
+            agent=record.agent,
+            token=token,
+            socket=str(paths.ipc_socket),
+            workspace=record.workspace,
+            depth=record.depth,
+            paper=str(paths.paper),
+            scratch=str(scratch),
+            surface=record.surface,
+            request_timeout=sup.config.request_timeout,
+            **fields,
+        )
+        loadout_path = paths.loadouts / f"{record.key}.json"
+        ipc.write_loadout(loadout_path, loadout)
+        log = RunLog(
+            paths.logs / f"{record.key}.log",
+            secrets=[token, sup.session_key],
+            record_output=sup.config.record_output,
+            transport=sup.launchers[record.surface].name,
+        )
+        return _Prepared(token=token, loadout=str(loadout_path), log=log)
+
+    def launcher_for(self, surface: str) -> Launcher:
+        """The launcher for a validated *surface*, created on first use and then shared."""
+        sup = self.sup
+        launcher = sup.launchers.get(surface)
+        if launcher is None:
+            # Kept windows let a person read why a child failed; off by default.
+            keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
+            if surface == "tmux":
+                launcher = TmuxLauncher.private(
+                    sup.paths.root, sup.config.session, base_env=os.environ, keep_failed=keep
+                )
+            elif surface == "tmux:current":
+                launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
+            elif surface == "cmux":
+                launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
+            else:
+                launcher = ProcessLauncher(forks=sup.fork_server)
+            sup.launchers[surface] = launcher
+        return launcher
+
+    async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
+        """Start *run*'s process through the session's launcher, sandboxed by its policy."""
+        sup = self.sup
+        loadout = ipc.Loadout.from_file(run.loadout)
+        placement = place(
+            child_argv(sup.config.python, run.loadout),
+            config=sup.config,
+            loadout=loadout,
+            scratch=Path(loadout.scratch),
+        )
+        run.record.sandboxed = placement.sandboxed
+        if not placement.sandboxed:
+            run.log.write(f"running unsandboxed: {placement.reason}")
+        spec = LaunchSpec(
+            key=run.key,
+            name=run.record.name,
+            argv=placement.argv,
+            cwd=run.record.workspace,
+            env={
+                **child_environment(os.environ),
+                **placement.env,
+                # Unique to this run: the kill ladder finds every process that inherited it.
+                MARKER_ENV: f"{sup.config.session}/{run.key}/{os.getpid()}",
+            },
+            # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
+            loadout=None if placement.sandboxed else run.loadout,
+        )
+        return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+
+
+def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The child's environment: the parent's minus proxies and fleet session variables."""
+    dropped = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "fleet_session"}
+    env = {k: v for k, v in parent.items() if k.lower() not in dropped}
+    env["FLEET_CHILD"] = "1"
+    return env
