@@ -8,6 +8,7 @@ import os
 import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -180,3 +181,22 @@ async def test_without_the_fork_server_a_child_runs_its_own_interpreter(faults) 
             assert cmdline[-3:-1] == ["-m", "child"]
             assert str(sup.paths.loadouts / f"{record.key}.json") == cmdline[-1]
             await sup.stop([record.key])
+
+
+def test_a_killed_daemon_takes_its_fork_server_and_forks_with_it(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_SANDBOX", "off")
+    spawned = faults.cli("spawn", "--model", faults.script("h", HANG), "look", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    deadline = time.monotonic() + 30
+    forks: list[psutil.Process] = []
+    while len(forks) < 2 and time.monotonic() < deadline:
+        forks = [p for p in faults.processes() if "child._forkserver" in p.cmdline()]
+        time.sleep(0.1)
+    # The fork, and the server itself.
+    assert sorted(p.name() == "fleet a1" for p in forks) == [False, True]
+    daemon = int((faults.home / "sessions" / "t" / "supervisor.lock").read_text().strip())
+    os.kill(daemon, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while faults.processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert faults.processes() == []
