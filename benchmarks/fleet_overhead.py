@@ -233,7 +233,7 @@ async def warm_supervisor(sup: Supervisor) -> float:
     started = time.perf_counter()
     forks = sup.fork_server
     if forks is not None:
-        forks.start(sup.nursery)
+        forks.start()
         if not await forks.ready():
             raise RuntimeError(f"fork server failed: {forks.failure}")
     return time.perf_counter() - started

@@ -57,6 +57,8 @@ class ForkServer:
     #: Shown in the server's (and so every forked child's) command line: the session directory.
     label: str
     env: Mapping[str, str]
+    #: The supervisor's: the server's reader must outlive the run that happened to start it.
+    nursery: trio.Nursery
     #: Where the server's own stderr goes (appended); ``None`` discards it.
     log_path: Path | None = None
 
@@ -74,7 +76,7 @@ class ForkServer:
     def started(self) -> bool:
         return self._popen is not None or self.failure is not None
 
-    def start(self, nursery: trio.Nursery) -> None:
+    def start(self) -> None:
         """Start the server in the background (once); :meth:`ready` waits for it."""
         if self.started:
             return
@@ -105,7 +107,7 @@ class ForkServer:
             theirs.close()
         self.pid = self._popen.pid
         self._sock = trio.socket.from_stdlib_socket(ours)
-        nursery.start_soon(self._read)
+        self.nursery.start_soon(self._read)
 
     async def ready(self) -> bool:
         """Wait until the server can fork (``True``) or has failed (``False``)."""

@@ -163,7 +163,7 @@ class ProcessLauncher:
             and spec.loadout is not None
             and spec.argv[0] == self.forks.python
         ):
-            launched, fds = await self._fork(self.forks, spec, nursery)
+            launched, fds = await self._fork(self.forks, spec)
         if launched is None:
             popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
             reap = functools.partial(_wait_exit, popen)
@@ -185,11 +185,11 @@ class ProcessLauncher:
         return launched
 
     async def _fork(
-        self, forks: ForkServer, spec: LaunchSpec, nursery: trio.Nursery
+        self, forks: ForkServer, spec: LaunchSpec
     ) -> tuple[LaunchedProcess | None, list[int]]:
         """Start *spec* as a fork of the server; ``None`` when the server cannot."""
         assert spec.loadout is not None  # noqa: S101 - checked by the caller
-        forks.start(nursery)
+        forks.start()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:

@@ -101,6 +101,7 @@ class Supervisor:
                 python=child_argv(self.config.python, "")[0],
                 label=str(self.config.paths.root),
                 env=child_environment(os.environ),
+                nursery=self.nursery,
                 log_path=self.config.paths.root / "fork-server.log",
             )
 
@@ -399,7 +400,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
         await nursery.start(listener.serve, sup.handle_connection)
         if sup.fork_server is not None and config.sandbox == "off":
             # Every process child will be a fork: have the server ready before the first.
-            sup.fork_server.start(nursery)
+            sup.fork_server.start()
         try:
             yield sup
         finally:

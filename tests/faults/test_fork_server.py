@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from orchestrator._config import load_config
+from orchestrator._forkserver import ForkServer
 from orchestrator._registry import State
 from orchestrator._supervisor import SpawnRequest, open_supervisor
 
@@ -199,4 +200,28 @@ def test_a_killed_daemon_takes_its_fork_server_and_forks_with_it(faults, monkeyp
     deadline = time.monotonic() + 15
     while faults.processes() and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert faults.processes() == []
+
+
+async def test_a_server_started_by_a_child_outlives_that_childs_run(faults) -> None:
+    # Where children are unsandboxed only now and then (no sandbox works here, say), the
+    # server starts with the first such child; it must serve the children after that one.
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(sandbox="off")) as sup:
+            forks = sup.fork_server
+            assert forks is not None
+            await forks.aclose()  # the one started up front: replace it with an unstarted one
+            sup.fork_server = ForkServer(
+                python=forks.python, label=forks.label, env=forks.env, nursery=sup.nursery
+            )
+            sup.launchers.clear()
+            [first] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
+            await sup.wait([first.key])
+            server = _server(sup)
+            await sup.stop([first.key])
+            [second] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
+            [note] = await sup.wait([second.key])
+            assert note["report"] == "done in 1"
+            assert psutil.Process(second.pid).ppid() == server.pid
+            await sup.stop([second.key])
     assert faults.processes() == []
