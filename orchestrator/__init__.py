@@ -24,7 +24,10 @@ from orchestrator._errors import (
 )
 from orchestrator._plan import SpawnRequest
 from orchestrator._registry import ChildRecord, State
-from orchestrator._supervisor import Supervisor, open_supervisor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from orchestrator._supervisor import Supervisor, open_supervisor
 
 __all__ = [
     "CapacityError",
@@ -44,3 +47,13 @@ __all__ = [
     "load_config",
     "open_supervisor",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The supervisor (and with it psutil, libtmux, the launchers) is imported on first use:
+    # a ``fleet`` verb, which only talks to a running supervisor, starts without it.
+    if name in {"Supervisor", "open_supervisor"}:
+        from orchestrator import _supervisor  # noqa: PLC0415
+
+        return getattr(_supervisor, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

@@ -22,8 +22,8 @@ from orchestrator._cli_common import call, config_of, joined, out
 from orchestrator._cli_coordination import cmd_brief, cmd_discuss, cmd_vote
 from orchestrator._cli_review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator._cli_watch import cmd_attach, cmd_peek, cmd_top
-from orchestrator._control import WAIT_SLICE, call_async
-from orchestrator._daemon import ensure_daemon, serve
+from orchestrator._control_client import WAIT_SLICE, call_async, read_token
+from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import FleetError, TimedOut, UsageError
 
 
@@ -179,13 +179,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not paths.control_socket.exists():
             out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
             return 0
-        from orchestrator._control import read_token  # noqa: PLC0415
-
         token = read_token(paths.control_token)
         trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
         out(args, {"stopped": True}, lambda _: "supervisor stopped")
         return 0
     if args.foreground:
+        # The daemon alone needs the supervisor: every other verb starts without it.
+        from orchestrator._daemon import serve  # noqa: PLC0415
+
         trio.run(serve, config)
         return 0
     ensure_daemon(config)

@@ -9,8 +9,8 @@ from typing import Any
 import trio
 
 from orchestrator._config import Config, load_config
-from orchestrator._control import call_async, op_timeout
-from orchestrator._daemon import ensure_daemon
+from orchestrator._control_client import call_async, op_timeout
+from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import UsageError
 
 

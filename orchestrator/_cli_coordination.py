@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 from orchestrator._cli_common import call, joined, out
-from orchestrator._control import WAIT_SLICE
-from orchestrator._democracy import render_outcome
+from orchestrator._control_client import WAIT_SLICE
 from orchestrator._errors import UsageError
+from orchestrator._outcome import render_outcome
 
 
 def cmd_discuss(args: argparse.Namespace) -> int:

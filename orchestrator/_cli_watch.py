@@ -11,8 +11,8 @@ import trio
 
 from orchestrator import _render
 from orchestrator._cli_common import call, config_of, out
-from orchestrator._control import call_async, op_timeout
-from orchestrator._daemon import ensure_daemon
+from orchestrator._control_client import call_async, op_timeout
+from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import FleetError, UsageError
 
 WATCH_INTERVAL = 0.25

@@ -3,12 +3,11 @@
 :class:`ControlServer` maps ``Control{op, args}`` requests onto the :class:`Supervisor` API and
 answers with a :class:`ipc.Reply` whose ``data`` is the CLI's ``--json`` shape; a refusal
 carries ``data.kind`` so the client can raise the same :class:`FleetError` subclass.
-:func:`call` is the client side used by every CLI verb.
+:mod:`orchestrator._control_client` is the client side used by every CLI verb.
 """
 
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -18,15 +17,13 @@ import ipc
 from orchestrator._brief import brief
 from orchestrator._config import agent_dir_entries
 from orchestrator._control_args import str_arg, strs_arg
+from orchestrator._control_client import CONTROL_OWNER, WAIT_SLICE, ignore_event
 from orchestrator._control_review import review_accept, review_diff, review_revert
 from orchestrator._democracy import DEFAULT_DEADLINE
-from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
+from orchestrator._errors import FleetError, UsageError
 from orchestrator._plan import SpawnRequest
 from orchestrator._supervisor import PARENT, Supervisor
 from orchestrator._tmux import TmuxLauncher, TmuxPane
-
-CONTROL_OWNER: Final = "control"
-WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
 
 Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -283,7 +280,7 @@ class ControlServer:
         await channel.reply(
             hello.corr, ipc.Reply(ok=True, data={"session": self.sup.config.session})
         )
-        await channel.serve(self._handle, _ignore_event)
+        await channel.serve(self._handle, ignore_event)
 
     async def _handle(self, envelope: ipc.Envelope) -> ipc.Message:
         body = envelope.body
@@ -302,85 +299,3 @@ class ControlServer:
         except FleetError as exc:
             return ipc.Reply(ok=False, error=str(exc), data={"kind": exc.kind})
         return ipc.Reply(ok=True, data=data)
-
-
-async def _ignore_event(envelope: ipc.Envelope) -> None:
-    return None
-
-
-def read_token(path: Path) -> str:
-    """The control token (a 0600 file we own)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise Unreachable(
-            f"control token {path}: {exc.strerror} (is the supervisor running?)"
-        ) from None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise Unreachable(f"control token {path}: not a private file of ours (remove it)")
-        return os.read(fd, 256).decode().strip()
-    finally:
-        os.close(fd)
-
-
-async def call_async(
-    socket: Path,
-    token: str,
-    op: str,
-    args: Mapping[str, Any],
-    *,
-    timeout: float,  # noqa: ASYNC109 - the request deadline sent over the wire
-) -> dict[str, Any]:
-    """One control request; raises the :class:`FleetError` the supervisor reported."""
-    try:
-        channel, _ = await ipc.open_client(
-            socket,
-            owner=CONTROL_OWNER,
-            token=token,
-            hello=ipc.Hello(pid=os.getpid(), role="control"),
-            request_timeout=min(max(timeout, 1.0), ipc.check_timeout(120.0)),
-        )
-    except (OSError, ipc.HandshakeError) as exc:
-        raise Unreachable(f"supervisor at {socket} is unreachable: {exc}") from None
-    reply: ipc.Message | None = None
-    error: FleetError | None = None
-    # Errors are kept out of the nursery so the caller sees the FleetError itself, not an
-    # exception group around it.
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(channel.serve, _no_requests, _ignore_event)
-        try:
-            reply = await channel.request(
-                ipc.Control(op=op, args=dict(args)), timeout=min(max(timeout, 0.001), 120.0)
-            )
-        except ipc.RemoteError as exc:
-            kind = str(exc.data.get("kind", "error"))
-            error = ERROR_KINDS.get(kind, FleetError)(str(exc))
-        except ipc.RequestTimeout:
-            error = Unreachable(f"supervisor did not answer {op} within {timeout:g} s")
-        except ipc.ChannelClosed as exc:
-            error = Unreachable(f"supervisor closed the connection during {op}: {exc}")
-        finally:
-            await channel.aclose()
-            nursery.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    assert isinstance(reply, ipc.Reply)  # noqa: S101 - RemoteError covers error replies
-    return reply.data
-
-
-async def _no_requests(envelope: ipc.Envelope) -> ipc.Message:
-    return ipc.Reply(ok=False, error="the control client serves no requests")
-
-
-def op_timeout(op: str) -> float:
-    """How long the client waits for *op* (the supervisor bounds its own work)."""
-    return {
-        "pause": 30.0,
-        "stop": 90.0,
-        "ask": 120.0,
-        "spawn": 60.0,
-        "wait": 115.0,
-        "vote": 115.0,
-    }.get(op, 30.0)

@@ -18,9 +18,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -30,13 +27,12 @@ import trio
 
 import ipc
 from orchestrator._config import Config, SessionPaths
-from orchestrator._control import ControlServer, call_async, read_token
-from orchestrator._errors import Refused, Unreachable
+from orchestrator._control import ControlServer
+from orchestrator._errors import Refused
 from orchestrator._registry import ChildRecord, State, clip
 from orchestrator._supervisor import Supervisor, open_supervisor
 from orchestrator._worktree import Snapshot
 
-START_TIMEOUT = 20.0
 #: The registry snapshot is rewritten at most this often (seconds), and only when it changed.
 SNAPSHOT_INTERVAL: Final = 0.25
 
@@ -244,86 +240,3 @@ async def _on_signals(shutdown: trio.Event) -> None:
         async for _ in signals:
             shutdown.set()
             return
-
-
-def _daemon_env(config: Config) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "FLEET_HOME": str(config.home),
-            "FLEET_SESSION": config.session,
-            "FLEET_MAX_SUBAGENTS": str(config.max_subagents),
-            "FLEET_LANE": str(config.lane),
-        }
-    )
-    if config.model:
-        env["FLEET_MODEL"] = config.model
-    if config.allow_unsandboxed:
-        env["FLEET_ALLOW_UNSANDBOXED"] = "1"
-    if config.agent_dirs:
-        env["FLEET_AGENT_DIRS"] = ",".join(config.agent_dirs)
-    return env
-
-
-async def _ping(config: Config) -> dict[str, Any] | None:
-    paths = config.paths
-    if not paths.control_socket.exists():
-        return None
-    try:
-        token = read_token(paths.control_token)
-        return await call_async(paths.control_socket, token, "ping", {}, timeout=5.0)
-    except Unreachable:
-        return None
-
-
-def ensure_daemon(config: Config) -> str:
-    """Start the session's supervisor unless one answers; return the control token."""
-    if trio.run(_ping, config) is not None:
-        return read_token(config.paths.control_token)
-    paths = config.paths
-    ipc.ensure_private_dir(config.home)
-    ipc.ensure_private_dir(config.home / "sessions")
-    ipc.ensure_private_dir(paths.root)
-    log_fd = os.open(
-        paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600
-    )
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "serve", "--foreground"],
-            cwd=config.workspace,
-            env=_daemon_env(config),
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        os.close(log_fd)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        answer = trio.run(_ping, config)
-        if answer is not None:
-            # This command started the supervisor: it shows what the start found, once.
-            for warning in answer.get("warnings", []):
-                print(f"fleet: warning: {warning}", file=sys.stderr)
-            return read_token(paths.control_token)
-        if process.poll() is not None and trio.run(_ping, config) is None:
-            # It may have lost the start race to another daemon that is still binding.
-            time.sleep(0.1)
-            if trio.run(_ping, config) is not None:
-                return read_token(paths.control_token)
-            tail = _tail(paths.daemon_log)
-            raise Unreachable(f"supervisor exited with code {process.returncode}: {tail}")
-        time.sleep(0.05)
-    raise Unreachable(
-        f"supervisor did not start within {START_TIMEOUT:g} s (see {paths.daemon_log})"
-    )
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "no log"
-    return lines[-1] if lines else "no output"

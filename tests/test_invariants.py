@@ -87,3 +87,37 @@ def main_imports(package: str) -> set[str]:
 @pytest.mark.parametrize("package", OURS)
 def test_entry_points_respect_the_same_boundaries(package):
     assert main_imports(package) <= ALLOWED[package]
+
+
+def test_a_fleet_verb_starts_without_the_supervisor():
+    # Every verb but `serve` only talks to a running supervisor: the CLI must not import the
+    # supervisor, its launchers or what they pull in (an LLM parent runs many verbs).
+    code = (
+        "import json, sys; import orchestrator._cli; "
+        "print(json.dumps(sorted(m for m in sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert "orchestrator._cli" in loaded
+    heavy = {"orchestrator._supervisor", "orchestrator._run", "orchestrator._control"}
+    heavy |= {"orchestrator._launcher", "orchestrator._tmux", "psutil", "libtmux"}
+    assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
+    # Yet the API is still there, imported on first use.
+    code = "import orchestrator; print(orchestrator.open_supervisor.__module__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.stdout.strip() == "orchestrator._supervisor", result.stderr
