@@ -320,7 +320,6 @@ def prepare_codecs() -> None:
     from ipc._loadout import Loadout  # noqa: PLC0415 - the loadout module imports this one
 
     for _ in range(2):
-        for made in (converter, _fast):
-            for cls in [*MESSAGE_TYPES.values(), Loadout, _RawEnvelope]:
-                made.get_structure_hook(cls)
-                made.get_unstructure_hook(cls)
+        for cls in [*MESSAGE_TYPES.values(), Loadout, _RawEnvelope]:
+            converter.get_structure_hook(cls)
+            converter.get_unstructure_hook(cls)
