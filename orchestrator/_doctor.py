@@ -1,13 +1,19 @@
 """``fleet doctor``: what fleet needs on this machine, checked for real."""
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import sandbox
 from orchestrator._config import Config
+from orchestrator._launcher import child_argv
+
+FORK_SERVER_TIMEOUT = 30.0
 
 
 def _version(argv: list[str]) -> tuple[bool, str]:
@@ -31,6 +37,45 @@ def _state_dir(config: Config) -> tuple[bool, str]:
     return False, f"{home}: {probe} is not writable (set FLEET_HOME)"
 
 
+def _fork_server(config: Config) -> tuple[bool, str]:
+    """Start a fork server for real and wait for its ready message."""
+    if not config.fork_server:
+        return True, "off (FLEET_FORK_SERVER=0): every child starts as a fresh interpreter"
+    python = child_argv(config.python, "")[0]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            [python, "-I", "-m", "child._forkserver", str(theirs.fileno()), "doctor"],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        return False, f"{python} did not run: {exc}"
+    finally:
+        theirs.close()
+    with ours, process:
+        ours.settimeout(FORK_SERVER_TIMEOUT)
+        try:
+            ready = json.loads(ours.recv(4096) or b"{}").get("ready") == process.pid
+        except (OSError, ValueError):
+            ready = False
+        elapsed = time.monotonic() - started
+        ours.close()  # the server exits when our end closes
+        try:
+            _, stderr = process.communicate(timeout=FORK_SERVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+    if ready:
+        return True, f"ready in {elapsed:.2f} s: unsandboxed children start as its forks"
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    why = lines[-1] if lines else f"exit {process.returncode}"
+    return False, f"did not start ({why}): every child starts as a fresh interpreter"
+
+
 def run_checks(config: Config) -> list[dict[str, Any]]:
     """Each check: name, ok, detail, and whether fleet cannot work without it."""
     checks: list[dict[str, Any]] = []
@@ -49,6 +94,8 @@ def run_checks(config: Config) -> list[dict[str, Any]]:
         else f"unavailable: {result.reason} (install bubblewrap, or pass --allow-unsandboxed)"
     )
     checks.append({"name": "sandbox", "ok": result.available, "detail": detail, "required": False})
+    ok, detail = _fork_server(config)
+    checks.append({"name": "fork server", "ok": ok, "detail": detail, "required": False})
     ok, detail = _state_dir(config)
     checks.append({"name": "state dir", "ok": ok, "detail": detail, "required": True})
     return checks
