@@ -351,7 +351,9 @@ class ChildRun:
             self._queued_scope.cancel()
         turn = self.turn
         if turn is None:
-            if self.record.state in {State.IDLE, State.WORKING}:
+            # Still starting, idle, or queued for a lane slot: nothing to abort. A child paused
+            # before its hello stays paused after it (its task was the prompt just dropped).
+            if self.record.state in {State.STARTING, State.IDLE, State.WORKING}:
                 self.record.state = State.PAUSED
                 self.record.queued = False
                 self.record.touch("paused")

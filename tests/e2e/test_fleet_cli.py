@@ -21,6 +21,16 @@ turns:
 """
 
 
+def _until_working(fleet, key: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        [agent] = fleet.json("peek", key)["agents"]
+        if agent["state"] == "working" and agent["activity"] == "working":  # prompt sent
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{key} never started working")
+
+
 def _child_pid(fleet, key: str) -> int:
     loadout = str(fleet.home / "sessions" / "t" / "loadouts" / f"{key}.json")
     for process in psutil.process_iter(["pid", "cmdline"]):
@@ -83,6 +93,7 @@ def test_pause_then_resume_keeps_the_same_child_and_context(fleet):
     )
     fleet.json("spawn", "--model", model, "first")
     pid = _child_pid(fleet, "a1")
+    _until_working(fleet, "a1")  # its first turn has begun: the pause aborts it
     paused = fleet.json("pause", "a1")
     assert paused == {"key": "a1", "state": "paused", "settled": True}
     assert fleet.json("resume", "a1", "go", "on")["key"] == "a1"

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 
 import attrs
 import psutil
@@ -276,3 +277,26 @@ async def test_a_nested_spawn_failing_after_reservation_leaves_nothing_behind(fa
             [handoff] = await sup.stop([record.key])
             assert handoff["state"] == "stopped"
             await faults.ended(sup, record.key, state=State.STOPPED, pids=pids)
+
+
+async def test_a_child_paused_before_its_hello_stays_paused_until_resumed(faults, tmp_path) -> None:
+    # An interpreter that takes a second to start: the pause lands while the child is starting.
+    python = tmp_path / "slow-python"
+    python.write_text(f'#!/bin/sh\nsleep 1\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    script = faults.script("turn", 'turns:\n  - steps:\n      - reply: "first turn: {{task}}"\n')
+    config = faults.config(sandbox="off", fork_server=False, python=str(python), model=script)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="dropped", agent="scout")])
+            assert record.state is State.STARTING
+            assert await sup.pause(record.key) == (record, True)
+            assert record.state is State.PAUSED
+            await sup.runs[record.key].connected.wait()
+            await trio.sleep(0.2)  # the turn worker would have taken the task by now
+            assert record.state is State.PAUSED
+            assert record.turn == 0
+            await sup.prompt(record.key, "go on")
+            [note] = await sup.wait([record.key])
+            assert note["report"] == "first turn: go on"
+            await sup.stop([record.key])
