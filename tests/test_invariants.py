@@ -89,20 +89,23 @@ def test_entry_points_respect_the_same_boundaries(package):
     assert main_imports(package) <= ALLOWED[package]
 
 
-def test_a_fleet_verb_starts_without_the_supervisor():
-    # Every verb but `serve` only talks to a running supervisor: the CLI must not import the
-    # supervisor, its launchers or what they pull in (an LLM parent runs many verbs).
-    code = (
-        "import json, sys; import orchestrator._cli; "
-        "print(json.dumps(sorted(m for m in sys.modules)))"
-    )
-    result = subprocess.run(
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+    )
+
+
+def test_a_fleet_verb_starts_without_the_supervisor():
+    # Every verb but `serve` only talks to a running supervisor: the CLI must not import the
+    # supervisor, its launchers or what they pull in (an LLM parent runs many verbs).
+    result = _python(
+        "import json, sys; import orchestrator._cli; "
+        "print(json.dumps(sorted(m for m in sys.modules)))"
     )
     assert result.returncode == 0, result.stderr
     loaded = set(json.loads(result.stdout))
@@ -111,13 +114,5 @@ def test_a_fleet_verb_starts_without_the_supervisor():
     heavy |= {"orchestrator._launcher", "orchestrator._tmux", "psutil", "libtmux"}
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
     # Yet the API is still there, imported on first use.
-    code = "import orchestrator; print(orchestrator.open_supervisor.__module__)"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _python("import orchestrator; print(orchestrator.open_supervisor.__module__)")
     assert result.stdout.strip() == "orchestrator._supervisor", result.stderr
