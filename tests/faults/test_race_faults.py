@@ -289,7 +289,8 @@ async def test_a_child_paused_before_its_hello_stays_paused_until_resumed(faults
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="dropped", agent="scout")])
-            assert record.state is State.STARTING
+            before = record.state
+            assert before is State.STARTING
             assert await sup.pause(record.key) == (record, True)
             assert record.state is State.PAUSED
             await sup.runs[record.key].connected.wait()
