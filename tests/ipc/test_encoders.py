@@ -1,8 +1,6 @@
 """The generated encoders write exactly what cattrs and the JSON encoder write, or decline."""
 
 import math
-import types
-import typing
 from typing import Any
 
 import attrs
@@ -14,19 +12,11 @@ import ipc
 from ipc._encoders import make_encoders
 from ipc._fastpath import Refused
 from ipc._messages import _dumps, converter
+from tests.ipc._strategies import instances, json_values
 
 ENCODERS = make_encoders(ipc.MESSAGE_TYPES, dumps=_dumps, hook_for=converter.get_unstructure_hook)
 CLASSES = sorted(ipc.MESSAGE_TYPES.values(), key=lambda cls: cls.__name__)
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
-    max_leaves=6,
-)
 # Values of any type at all, for fields holding the wrong one (attrs does not check types).
 anything = (
     json_values
@@ -36,36 +26,6 @@ anything = (
     | st.just(object())
     | st.builds(ipc.Usage, tokens=st.integers())
 )
-
-
-def valid(tp: Any) -> st.SearchStrategy[Any]:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is str:
-        return st.text(max_size=12)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.integers()
-    if tp is float:
-        return st.floats(allow_nan=False, allow_infinity=False)
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        return st.one_of([valid(arg) for arg in args])
-    if tp is type(None):
-        return st.none()
-    if origin is list:
-        return st.lists(valid(args[0]), max_size=3)
-    if origin is dict:
-        return st.dictionaries(st.text(max_size=6), json_values, max_size=3)
-    if attrs.has(tp):
-        return message(tp)
-    raise AssertionError(f"no strategy for {tp!r}")
-
-
-def message(cls: type[Any]) -> st.SearchStrategy[Any]:
-    return st.builds(cls, **{f.name: valid(f.type) for f in attrs.fields(cls)})
 
 
 def general(body: Any) -> tuple[bool, str | None]:
@@ -88,7 +48,7 @@ def test_every_message_type_has_an_encoder():
 
 @given(data=st.data(), cls=st.sampled_from(CLASSES))
 def test_well_typed_bodies_are_written_exactly_as_the_general_path_writes_them(data, cls):
-    body = data.draw(message(cls))
+    body = data.draw(instances(cls))
     assert fast(body) == general(body)
     assert fast(body)[0]
 
@@ -96,7 +56,7 @@ def test_well_typed_bodies_are_written_exactly_as_the_general_path_writes_them(d
 @given(data=st.data(), cls=st.sampled_from([c for c in CLASSES if attrs.fields(c)]))
 def test_a_field_of_another_type_is_written_identically_or_declined(data, cls):
     field = data.draw(st.sampled_from(attrs.fields(cls)))
-    body = attrs.evolve(data.draw(message(cls)), **{field.name: data.draw(anything)})
+    body = attrs.evolve(data.draw(instances(cls)), **{field.name: data.draw(anything)})
     accepted, text = fast(body)
     if accepted:
         assert (accepted, text) == general(body)

@@ -1,7 +1,5 @@
 """The generated structurers agree with the strict converter, on valid and broken bodies."""
 
-import types
-import typing
 from typing import Any
 
 import attrs
@@ -12,53 +10,9 @@ from hypothesis import strategies as st
 import ipc
 from ipc._fastpath import Refused, make_structurers
 from ipc._messages import converter
+from tests.ipc._strategies import json_values, wire_bodies
 
 FAST = make_structurers(ipc.MESSAGE_TYPES)
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
-    max_leaves=6,
-)
-
-
-def valid_value(tp: Any) -> st.SearchStrategy[Any]:
-    """A JSON value the strict converter accepts for *tp* (what a well-behaved peer sends)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is str:
-        return st.text(max_size=12)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.integers()
-    if tp is float:  # an int is a float on the wire
-        return st.floats(allow_nan=False, allow_infinity=False) | st.integers()
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        return st.one_of([valid_value(arg) for arg in args])
-    if tp is type(None):
-        return st.none()
-    if origin is list:
-        return st.lists(valid_value(args[0]), max_size=3)
-    if origin is dict:
-        return st.dictionaries(st.text(max_size=6), json_values, max_size=3)
-    if attrs.has(tp):
-        return valid_body(tp)
-    raise AssertionError(f"no strategy for {tp!r}")
-
-
-def valid_body(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    fields = attrs.fields(cls)
-    return st.fixed_dictionaries(
-        {f.name: valid_value(f.type) for f in fields if f.default is attrs.NOTHING},
-        optional={f.name: valid_value(f.type) for f in fields if f.default is not attrs.NOTHING},
-    )
 
 
 def broken(body: dict[str, Any], cls: type[Any]) -> st.SearchStrategy[Any]:
@@ -117,7 +71,7 @@ def test_every_message_type_has_a_fast_structurer():
 @given(data=st.data(), wire_type=types_)
 def test_fast_and_strict_agree_on_valid_bodies(data, wire_type):
     cls = ipc.MESSAGE_TYPES[wire_type]
-    body = data.draw(valid_body(cls))
+    body = data.draw(wire_bodies(cls))
     accepted, value = strict(body, cls)
     assert accepted
     assert fast(body, wire_type) == (True, value)
@@ -126,7 +80,7 @@ def test_fast_and_strict_agree_on_valid_bodies(data, wire_type):
 @given(data=st.data(), wire_type=types_)
 def test_fast_and_strict_agree_on_broken_bodies(data, wire_type):
     cls = ipc.MESSAGE_TYPES[wire_type]
-    body = data.draw(broken(data.draw(valid_body(cls)), cls))
+    body = data.draw(broken(data.draw(wire_bodies(cls)), cls))
     assert fast(body, wire_type) == strict(body, cls)
 
 

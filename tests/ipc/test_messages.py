@@ -1,9 +1,7 @@
 import json
-import types
 import typing
 from typing import Any
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,49 +9,10 @@ from hypothesis import strategies as st
 import ipc
 from ipc import Envelope, Reply, SchemaError, decode_envelope, encode_envelope
 from ipc._messages import FrameWriter, decode_frame
-
-json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars | st.floats(allow_nan=False, allow_infinity=False),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-    max_leaves=10,
-)
-
-
-def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
-    """A strategy for one field type of our message classes (JSON-representable values)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is str:
-        return st.text(max_size=40)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.integers()
-    if tp is float:
-        return st.floats(allow_nan=False, allow_infinity=False)
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        return st.one_of([strategy_for(arg) for arg in args])
-    if tp is type(None):
-        return st.none()
-    if origin is list:
-        return st.lists(strategy_for(args[0]), max_size=5)
-    if origin is dict:
-        return st.dictionaries(st.text(max_size=10), json_values, max_size=4)
-    if attrs.has(tp):
-        return builds(tp)
-    raise AssertionError(f"no strategy for {tp!r}")
-
-
-def builds(cls: type[Any]) -> st.SearchStrategy[Any]:
-    # Every field, not only the required ones st.builds would infer.
-    return st.builds(cls, **{field.name: strategy_for(field.type) for field in attrs.fields(cls)})
-
+from tests.ipc._strategies import instances
 
 messages = st.sampled_from(sorted(ipc.MESSAGE_TYPES.values(), key=lambda c: c.__name__)).flatmap(
-    builds
+    instances
 )
 TYPE_NAMES = {cls: name for name, cls in ipc.MESSAGE_TYPES.items()}
 
@@ -105,7 +64,7 @@ def test_every_message_round_trips(message, kind, corr):
 @pytest.mark.parametrize("cls", list(ipc.MESSAGE_TYPES.values()), ids=list(ipc.MESSAGE_TYPES))
 @given(data=st.data())
 def test_each_type_round_trips_through_a_frame(cls, data):
-    message = data.draw(builds(cls))
+    message = data.draw(instances(cls))
     frame = ipc.encode_frame(encode_envelope(envelope_for(message)))
     (body,) = ipc.FrameDecoder().feed(frame)
     assert decode_envelope(body).body == message
