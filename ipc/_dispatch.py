@@ -26,7 +26,7 @@ import trio
 
 from ipc._errors import ChannelClosed, FrameError, SchemaError
 from ipc._handoff import Worker
-from ipc._messages import decode_frame
+from ipc._messages import Decoded, decode_frame
 from ipc._types import PROTOCOL_VERSION, Answer, Envelope, Message, Reply
 
 if TYPE_CHECKING:
@@ -78,10 +78,11 @@ class Dispatch:
         if channel.closed:  # frames after a close-worthy drop are ignored
             return None
         try:
-            token, owner, corr, kind, type_, body = decode_frame(frame)
+            parts = decode_frame(frame)
         except SchemaError as exc:
             channel._drop(exc.reason, exc.path)
             return None
+        token, owner, corr, kind, type_, body = parts
         # ipc._auth.tokens_match, inline: a call fewer per frame.
         if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), channel._token_bytes):
             channel._drop("token", "$.token")
@@ -96,17 +97,7 @@ class Dispatch:
             channel._drop("type", "$.type")
             return None
         if kind == "event":
-            return self._event(
-                Envelope(
-                    v=PROTOCOL_VERSION,
-                    token=token,
-                    owner=owner,
-                    corr=corr,
-                    kind=kind,
-                    type=type_,
-                    body=body,
-                )
-            )
+            return self._event(_envelope(parts))
         replies = self._replies
         if corr in replies:
             recorded = replies[corr]
@@ -124,15 +115,7 @@ class Dispatch:
         if response is not None:
             return channel._write(self._response_frame(corr, type_, response))
         # Built only for the async handler: an immediate answer never needs it.
-        envelope = Envelope(
-            v=PROTOCOL_VERSION,
-            token=token,
-            owner=owner,
-            corr=corr,
-            kind=kind,
-            type=type_,
-            body=body,
-        )
+        envelope = _envelope(parts)
         if not self.worker.offer(envelope):
             # The worker is busy (a slow handler, or pipelined requests): a task of its own.
             self.nursery.start_soon(self._run_handler, envelope)
@@ -175,3 +158,11 @@ class Dispatch:
         if corr in self._replies:
             self._replies[corr] = frame
         return frame
+
+
+def _envelope(parts: Decoded) -> Envelope:
+    """The envelope handlers take, from the parts the reader checked."""
+    token, owner, corr, kind, type_, body = parts
+    return Envelope(
+        v=PROTOCOL_VERSION, token=token, owner=owner, corr=corr, kind=kind, type=type_, body=body
+    )
