@@ -128,10 +128,15 @@ async def serve(directory: Path, key: bytes) -> None:
 # -- client (this process) --------------------------------------------------------------------
 
 
-async def raw_roundtrips(path: Path, payload: bytes, seconds: float) -> float:
+async def raw_connect(path: Path, mode: bytes) -> tuple[trio.SocketStream, RawFrames]:
+    """A raw connection whose server echoes (``echo``) or counts (``sink``) what it gets."""
     stream = await trio.open_unix_socket(os.fspath(path))
-    frames = RawFrames(stream)
-    await stream.send_all(raw_frame(b"echo"))
+    await stream.send_all(raw_frame(mode))
+    return stream, RawFrames(stream)
+
+
+async def raw_roundtrips(path: Path, payload: bytes, seconds: float) -> float:
+    stream, frames = await raw_connect(path, b"echo")
     frame = raw_frame(payload)
     count = 0
     start = time.perf_counter()
@@ -146,9 +151,7 @@ async def raw_roundtrips(path: Path, payload: bytes, seconds: float) -> float:
 
 
 async def raw_pipelined(path: Path, payload: bytes, seconds: float) -> float:
-    stream = await trio.open_unix_socket(os.fspath(path))
-    frames = RawFrames(stream)
-    await stream.send_all(raw_frame(b"sink"))
+    stream, frames = await raw_connect(path, b"sink")
     frame = raw_frame(payload)
     count = 0
     start = time.perf_counter()
