@@ -32,11 +32,11 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._capacity import Capacity
 from orchestrator._config import Config
-from orchestrator._plan import SpawnRequest
-from orchestrator._requests import ChildRequests
-from orchestrator._supervisor import Supervisor, open_supervisor
+from orchestrator.core._capacity import Capacity
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._requests import ChildRequests
+from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 TARGET_RATIO = 1.25  # "flat": the largest fleet may cost at most this much more per event
 CEILING = 600.0

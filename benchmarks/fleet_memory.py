@@ -14,7 +14,7 @@ against same-run baselines: the RSS of the supervisor before it spawned anything
 ``python -I -c 'import trio; input()'`` process (the floor any trio child starts from).
 
 The product caps a fleet at 16 (``max_subagents``); the benchmark swaps in a larger
-:class:`~orchestrator._capacity.Capacity` after ``open_supervisor``, leaving the cap rule
+:class:`~orchestrator.core._capacity.Capacity` after ``open_supervisor``, leaving the cap rule
 unchanged. Children are spawned in batches of 16 and each batch settles before the next, so no
 hello waits behind a 128-process import storm. Run::
 
@@ -37,10 +37,10 @@ from typing import Any
 import psutil
 import trio
 
-from orchestrator._capacity import Capacity
 from orchestrator._config import Config
-from orchestrator._plan import SpawnRequest
-from orchestrator._supervisor import Supervisor, open_supervisor
+from orchestrator.core._capacity import Capacity
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 MB = 1024 * 1024
 BATCH = 16

@@ -10,7 +10,7 @@ Two figures, each a ratio against a baseline measured in the same run (DESIGN.md
   supervisor that is already running (as ``fleet serve`` is for a whole session) with its fork
   server preloaded; that start-up is printed apart. The baseline wall runs from the first
   start to the last exit. The product caps a fleet at 16 (``max_subagents``), so the benchmark
-  swaps in a 32-slot :class:`~orchestrator._capacity.Capacity` after ``open_supervisor``; the
+  swaps in a 32-slot :class:`~orchestrator.core._capacity.Capacity` after ``open_supervisor``; the
   cap rule itself is unchanged.
 * ``spawn_ratio``: spawn→hello p50 — from the ``Supervisor.spawn`` call until the supervisor
   has accepted the child's authenticated hello (``run.connected``), one child at a time on an
@@ -54,11 +54,11 @@ import psutil
 import trio
 
 import ipc
-from orchestrator._capacity import Capacity
 from orchestrator._config import Config
-from orchestrator._launcher import LaunchedProcess, LaunchSpec, OutputSink, ProcessLauncher
-from orchestrator._plan import SpawnRequest
-from orchestrator._supervisor import Supervisor, open_supervisor
+from orchestrator.core._capacity import Capacity
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._supervisor import Supervisor, open_supervisor
+from orchestrator.launch._launcher import LaunchedProcess, LaunchSpec, OutputSink, ProcessLauncher
 
 CHILDREN = 32
 FILES = 20

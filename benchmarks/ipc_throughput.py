@@ -38,7 +38,7 @@ OWNER = "bench"
 HEADER = struct.Struct(">I")
 SYNC = b"sync"
 TARGET = 0.6
-PAYLOAD = ipc.Ownership(paths=["src/fleet/orchestrator/_supervisor.py", "docs/*.md"])
+PAYLOAD = ipc.Ownership(paths=["src/fleet/orchestrator/core/_supervisor.py", "docs/*.md"])
 EVENT = ipc.Event(activity="tool_update", tool="bash", text="running pytest -q tests/ipc")
 
 

@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator._copyback import finalize
-from orchestrator._review import ReviewStore
-from orchestrator._worktree import create_worktree, remove_worktree
+from orchestrator.workspace._copyback import finalize
+from orchestrator.workspace._review import ReviewStore
+from orchestrator.workspace._worktree import create_worktree, remove_worktree
 
 _ENV = os.environ | {
     "GIT_AUTHOR_NAME": "bench",

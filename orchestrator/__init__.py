@@ -22,12 +22,12 @@ from orchestrator._errors import (
     Unreachable,
     UsageError,
 )
-from orchestrator._plan import SpawnRequest
-from orchestrator._registry import ChildRecord, State
+from orchestrator._records import ChildRecord, State
+from orchestrator.core._plan import SpawnRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from orchestrator._supervisor import Supervisor, open_supervisor
+    from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 __all__ = [
     "CapacityError",
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> object:
     # The supervisor (and with it psutil, libtmux, the launchers) is imported on first use:
     # a ``fleet`` verb, which only talks to a running supervisor, starts without it.
     if name in {"Supervisor", "open_supervisor"}:
-        from orchestrator import _supervisor  # noqa: PLC0415
+        from orchestrator.core import _supervisor  # noqa: PLC0415
 
         return getattr(_supervisor, name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m orchestrator`` is the ``fleet`` command."""
 
-from orchestrator._cli import main
+from orchestrator.cli._main import main
 
 main()

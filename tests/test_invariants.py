@@ -104,15 +104,19 @@ def test_a_fleet_verb_starts_without_the_supervisor():
     # Every verb but `serve` only talks to a running supervisor: the CLI must not import the
     # supervisor, its launchers or what they pull in (an LLM parent runs many verbs).
     result = _python(
-        "import json, sys; import orchestrator._cli; "
+        "import json, sys; import orchestrator.cli._main; "
         "print(json.dumps(sorted(m for m in sys.modules)))"
     )
     assert result.returncode == 0, result.stderr
     loaded = set(json.loads(result.stdout))
-    assert "orchestrator._cli" in loaded
-    heavy = {"orchestrator._supervisor", "orchestrator._run", "orchestrator._control"}
-    heavy |= {"orchestrator._launcher", "orchestrator._tmux", "psutil", "libtmux"}
+    assert "orchestrator.cli._main" in loaded
+    heavy = {
+        "orchestrator.core._supervisor",
+        "orchestrator.core._run",
+        "orchestrator.control._server",
+    }
+    heavy |= {"orchestrator.launch._launcher", "orchestrator.launch._tmux", "psutil", "libtmux"}
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
     # Yet the API is still there, imported on first use.
     result = _python("import orchestrator; print(orchestrator.open_supervisor.__module__)")
-    assert result.stdout.strip() == "orchestrator._supervisor", result.stderr
+    assert result.stdout.strip() == "orchestrator.core._supervisor", result.stderr

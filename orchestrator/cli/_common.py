@@ -9,9 +9,9 @@ from typing import Any
 import trio
 
 from orchestrator._config import Config, load_config
-from orchestrator._control_client import call_async, op_timeout
-from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import UsageError
+from orchestrator.control._client import call_async, op_timeout
+from orchestrator.control._daemon_client import ensure_daemon
 
 
 def config_of(args: argparse.Namespace) -> Config:

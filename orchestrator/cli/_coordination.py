@@ -4,10 +4,10 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator._cli_common import call, joined, out
-from orchestrator._control_client import WAIT_SLICE
 from orchestrator._errors import UsageError
-from orchestrator._outcome import render_outcome
+from orchestrator.cli._common import call, joined, out
+from orchestrator.control._client import WAIT_SLICE
+from orchestrator.coordination._outcome import render_outcome
 
 
 def cmd_discuss(args: argparse.Namespace) -> int:

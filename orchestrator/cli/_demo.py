@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
-from orchestrator import _render
 from orchestrator._config import Config
-from orchestrator._plan import SpawnRequest
-from orchestrator._supervisor import Supervisor, open_supervisor
+from orchestrator.cli import _render
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 REFRESH = 0.25
 TASKS = (
@@ -31,7 +31,7 @@ TASKS = (
 
 
 def _prepare(base: Path) -> tuple[Path, Path]:
-    data = resources.files("orchestrator") / "_demo_data"
+    data = resources.files("orchestrator.cli") / "_demo_data"
     repo = base / "inventory"
     scripts = base / "scripts"
     with resources.as_file(data) as source:

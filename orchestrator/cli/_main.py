@@ -17,14 +17,14 @@ from typing import Any, NoReturn
 
 import trio
 
-from orchestrator import _render
-from orchestrator._cli_common import call, config_of, joined, out
-from orchestrator._cli_coordination import cmd_brief, cmd_discuss, cmd_vote
-from orchestrator._cli_review import cmd_accept, cmd_diff, cmd_revert
-from orchestrator._cli_watch import cmd_attach, cmd_peek, cmd_top
-from orchestrator._control_client import WAIT_SLICE, call_async, read_token
-from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import FleetError, TimedOut, UsageError
+from orchestrator.cli import _render
+from orchestrator.cli._common import call, config_of, joined, out
+from orchestrator.cli._coordination import cmd_brief, cmd_discuss, cmd_vote
+from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
+from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
+from orchestrator.control._client import WAIT_SLICE, call_async, read_token
+from orchestrator.control._daemon_client import ensure_daemon
 
 
 class _Parser(argparse.ArgumentParser):
@@ -185,7 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     if args.foreground:
         # The daemon alone needs the supervisor: every other verb starts without it.
-        from orchestrator._daemon import serve  # noqa: PLC0415
+        from orchestrator.control._daemon import serve  # noqa: PLC0415
 
         trio.run(serve, config)
         return 0
@@ -199,7 +199,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from orchestrator._doctor import run_checks  # noqa: PLC0415
+    from orchestrator.control._doctor import run_checks  # noqa: PLC0415
 
     checks = run_checks(config_of(args))
     out(
@@ -213,7 +213,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator._demo import run_demo  # noqa: PLC0415
+    from orchestrator.cli._demo import run_demo  # noqa: PLC0415
 
     return run_demo(json_output=args.json)
 

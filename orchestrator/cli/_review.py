@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from orchestrator._cli_common import call, out
 from orchestrator._errors import UsageError
+from orchestrator.cli._common import call, out
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

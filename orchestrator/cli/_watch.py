@@ -9,11 +9,11 @@ from typing import Any, NoReturn
 
 import trio
 
-from orchestrator import _render
-from orchestrator._cli_common import call, config_of, out
-from orchestrator._control_client import call_async, op_timeout
-from orchestrator._daemon_client import ensure_daemon
 from orchestrator._errors import FleetError, UsageError
+from orchestrator.cli import _render
+from orchestrator.cli._common import call, config_of, out
+from orchestrator.control._client import call_async, op_timeout
+from orchestrator.control._daemon_client import ensure_daemon
 
 WATCH_INTERVAL = 0.25
 

@@ -1,8 +1,8 @@
 """The control client: one request to the session's supervisor over its control socket.
 
-Every CLI verb is such a request. This module (with :mod:`orchestrator._daemon_client`) is all
+Every CLI verb is such a request. This module (with :mod:`orchestrator.control._daemon_client`) is all
 a verb needs, so a ``fleet`` command imports neither the supervisor nor its launchers:
-:mod:`orchestrator._control` is the server side.
+:mod:`orchestrator.control._server` is the server side.
 """
 
 import os

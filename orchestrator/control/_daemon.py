@@ -27,11 +27,11 @@ import trio
 
 import ipc
 from orchestrator._config import Config, SessionPaths
-from orchestrator._control import ControlServer
 from orchestrator._errors import Refused
-from orchestrator._registry import ChildRecord, State, clip
-from orchestrator._supervisor import Supervisor, open_supervisor
-from orchestrator._worktree import Snapshot
+from orchestrator._records import ChildRecord, State, clip
+from orchestrator.control._server import ControlServer
+from orchestrator.core._supervisor import Supervisor, open_supervisor
+from orchestrator.workspace._worktree import Snapshot
 
 #: The registry snapshot is rewritten at most this often (seconds), and only when it changed.
 SNAPSHOT_INTERVAL: Final = 0.25

@@ -2,7 +2,7 @@
 
 A verb pings the control socket; when nothing answers it starts ``fleet serve --foreground``
 in the background (its own session, its output in the daemon log) and waits for the ping to
-answer. The daemon itself is :mod:`orchestrator._daemon`.
+answer. The daemon itself is :mod:`orchestrator.control._daemon`.
 """
 
 import os
@@ -16,8 +16,8 @@ import trio
 
 import ipc
 from orchestrator._config import Config
-from orchestrator._control_client import call_async, read_token
 from orchestrator._errors import Unreachable
+from orchestrator.control._client import call_async, read_token
 
 START_TIMEOUT: Final = 20.0
 

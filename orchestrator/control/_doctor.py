@@ -11,7 +11,7 @@ from typing import Any
 
 import sandbox
 from orchestrator._config import Config
-from orchestrator._launcher import child_argv
+from orchestrator.launch._launcher import child_argv
 
 FORK_SERVER_TIMEOUT = 30.0
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import trio
 
-from orchestrator._control_args import strs_arg
 from orchestrator._errors import FleetError, UsageError
-from orchestrator._supervisor import Supervisor
+from orchestrator.control._args import strs_arg
+from orchestrator.core._supervisor import Supervisor
 
 
 def _review_selector(sup: Supervisor, refs: list[str]) -> list[str]:

@@ -3,7 +3,7 @@
 :class:`ControlServer` maps ``Control{op, args}`` requests onto the :class:`Supervisor` API and
 answers with a :class:`ipc.Reply` whose ``data`` is the CLI's ``--json`` shape; a refusal
 carries ``data.kind`` so the client can raise the same :class:`FleetError` subclass.
-:mod:`orchestrator._control_client` is the client side used by every CLI verb.
+:mod:`orchestrator.control._client` is the client side used by every CLI verb.
 """
 
 import os
@@ -14,16 +14,16 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._brief import brief
 from orchestrator._config import agent_dir_entries
-from orchestrator._control_args import str_arg, strs_arg
-from orchestrator._control_client import CONTROL_OWNER, WAIT_SLICE, ignore_event
-from orchestrator._control_review import review_accept, review_diff, review_revert
-from orchestrator._democracy import DEFAULT_DEADLINE
 from orchestrator._errors import FleetError, UsageError
-from orchestrator._plan import SpawnRequest
-from orchestrator._supervisor import PARENT, Supervisor
-from orchestrator._tmux import TmuxLauncher, TmuxPane
+from orchestrator.control._args import str_arg, strs_arg
+from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
+from orchestrator.control._review import review_accept, review_diff, review_revert
+from orchestrator.coordination._brief import brief
+from orchestrator.coordination._democracy import DEFAULT_DEADLINE
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._supervisor import PARENT, Supervisor
+from orchestrator.launch._tmux import TmuxLauncher, TmuxPane
 
 Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 

@@ -15,9 +15,9 @@ from typing import Final
 
 import attrs
 
-from orchestrator._paper import PaperError
-from orchestrator._registry import ChildRecord, clip
-from orchestrator._supervisor import PARENT, Supervisor
+from orchestrator._records import ChildRecord, clip
+from orchestrator.coordination._paper import PaperError
+from orchestrator.core._supervisor import PARENT, Supervisor
 
 LIMIT: Final = 2000
 LINE: Final = 160

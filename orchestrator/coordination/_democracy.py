@@ -1,6 +1,6 @@
 """Democracy rounds against a live fleet: seat the voters, collect every ballot, tally.
 
-The rules are pure and live in :mod:`orchestrator._ballots`; this module runs them. A round
+The rules are pure and live in :mod:`orchestrator.coordination._ballots`; this module runs them. A round
 
 1. checks the request (``validate_request``), the electorate and capacity, and refuses with one
    line before anything is launched;
@@ -29,7 +29,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 import trio
 
-from orchestrator._ballots import (
+from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
+from orchestrator._records import ChildRecord, State, clip
+from orchestrator._sync import wait_first
+from orchestrator.coordination._ballots import (
     MAX_REASON,
     Ballot,
     RoundError,
@@ -40,14 +43,11 @@ from orchestrator._ballots import (
     validate_request,
     voter_prompt,
 )
-from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
-from orchestrator._outcome import Leading, Outcome, render_outcome
-from orchestrator._plan import SpawnRequest
-from orchestrator._registry import ChildRecord, State, clip
-from orchestrator._sync import wait_first
+from orchestrator.coordination._outcome import Leading, Outcome, render_outcome
+from orchestrator.core._plan import SpawnRequest
 
 if TYPE_CHECKING:
-    from orchestrator._supervisor import Supervisor
+    from orchestrator.core._supervisor import Supervisor
 
 __all__ = [
     "DEFAULT_DEADLINE",

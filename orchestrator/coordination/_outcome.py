@@ -1,6 +1,6 @@
 """How a democracy round ended: :class:`Outcome`, and its text for the CLI.
 
-The round itself runs in :mod:`orchestrator._democracy`; this is only its result, as data,
+The round itself runs in :mod:`orchestrator.coordination._democracy`; this is only its result, as data,
 as the ``fleet vote --json`` shape, and as the human text rendered from that shape.
 """
 
@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import attrs
 
-from orchestrator._ballots import Ballot
+from orchestrator.coordination._ballots import Ballot
 
 __all__ = ["Leading", "Outcome", "render_outcome"]
 

@@ -3,7 +3,7 @@
 ``ask`` (optionally addressed to one agent) and ``answer`` (to a question id) reply with the new
 id only, never echoing the text; ``list`` shows a reader what it has not seen, newest first and
 bounded, so the paper never becomes a second transcript. The file keeps a bounded number of
-entries (:mod:`orchestrator._paper_file` sets the limits): the oldest go first and ids keep
+entries (:mod:`orchestrator.coordination._paper_file` sets the limits): the oldest go first and ids keep
 increasing.
 
 A write is read-modify-write under ``flock`` on a separate ``<paper>.lock`` (locking the file we
@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from orchestrator._errors import Refused
-from orchestrator._paper_file import (
+from orchestrator.coordination._paper_file import (
     AGENT_NAME,
     ENTRY_ID,
     MAX_TEXT,

@@ -18,13 +18,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from orchestrator._agent_format import (
+from orchestrator._errors import UsageError
+from orchestrator.core._agent_format import (
     MUTATING_TOOLS,
     AgentDefinition,
     AgentDefinitionError,
     parse_agent,
 )
-from orchestrator._errors import UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

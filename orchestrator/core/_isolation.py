@@ -1,9 +1,9 @@
 """Worktree children: their private worktree from spawn to the copy-back at stop.
 
 A worktree child's workspace is a detached worktree holding a snapshot of the parent's
-workspace (:mod:`orchestrator._worktree`). Stop copies its changes back when that is safe
-(:mod:`orchestrator._copyback`) and records every applied file for review
-(:mod:`orchestrator._review`). A conflict, a failed apply or a child that failed keeps the
+workspace (:mod:`orchestrator.workspace._worktree`). Stop copies its changes back when that is safe
+(:mod:`orchestrator.workspace._copyback`) and records every applied file for review
+(:mod:`orchestrator.workspace._review`). A conflict, a failed apply or a child that failed keeps the
 worktree: it stays *unresolved* — recoverable by a later ``fleet stop`` or deleted by
 ``fleet discard`` — and survives report-history trimming.
 
@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import trio
 
-from orchestrator._copyback import finalize
-from orchestrator._registry import ChildRecord, State
-from orchestrator._review import ReviewStore
-from orchestrator._worktree import Snapshot, create_worktree, remove_worktree
+from orchestrator._records import ChildRecord, State
+from orchestrator.workspace._copyback import finalize
+from orchestrator.workspace._review import ReviewStore
+from orchestrator.workspace._worktree import Snapshot, create_worktree, remove_worktree
 
 
 @attrs.define(eq=False)

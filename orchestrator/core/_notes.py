@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from orchestrator._registry import ACTIVE, ChildRecord, clip
+from orchestrator._records import ACTIVE, ChildRecord, clip
 
 
 @attrs.define(eq=False)

@@ -12,11 +12,11 @@ from typing import Any
 import attrs
 
 import ipc
-from orchestrator._agents import AgentDefinition
 from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
-from orchestrator._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
-from orchestrator._sandboxing import policy_for
+from orchestrator.core._agents import AgentDefinition
+from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
+from orchestrator.launch._sandboxing import policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
 SURFACES = ("process", "tmux", "tmux:current", "cmux")

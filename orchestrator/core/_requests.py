@@ -1,6 +1,6 @@
 """What a child sends its supervisor: activity and turn results, and requests to serve.
 
-A :class:`ChildRequests` belongs to one :class:`~orchestrator._run.ChildRun`: its channel
+A :class:`ChildRequests` belongs to one :class:`~orchestrator.core._run.ChildRun`: its channel
 hands every event and request here. Questions wait on the parent; nested spawns, ownership
 and the paper are the supervisor's services.
 """
@@ -11,10 +11,10 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._registry import TERMINAL, State, clip
+from orchestrator._records import TERMINAL, State, clip
 
 if TYPE_CHECKING:
-    from orchestrator._run import ChildRun
+    from orchestrator.core._run import ChildRun
 
 __all__ = ["HEARTBEATS", "ChildRequests", "Question"]
 

@@ -15,17 +15,17 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._diagnostics import FailureKind, RunLog
 from orchestrator._errors import FleetError, OperationFailed, UsageError
-from orchestrator._isolation import apply_settlement
-from orchestrator._launcher import Launched
-from orchestrator._registry import TERMINAL, ChildRecord, State
-from orchestrator._requests import ChildRequests, Question
+from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
-from orchestrator._watchdog import BudgetPolicy, Watchdog
+from orchestrator.core._isolation import apply_settlement
+from orchestrator.core._requests import ChildRequests, Question
+from orchestrator.governance._diagnostics import FailureKind, RunLog
+from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
+from orchestrator.launch._launcher import Launched
 
 if TYPE_CHECKING:
-    from orchestrator._supervisor import Supervisor
+    from orchestrator.core._supervisor import Supervisor
 
 __all__ = ["ChildRun", "Question", "Turn"]
 

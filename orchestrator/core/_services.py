@@ -1,6 +1,6 @@
 """What the supervisor offers a running child: questions, ownership, the paper, nested spawns.
 
-:class:`Services` is owned by the :class:`~orchestrator._supervisor.Supervisor`, which keeps
+:class:`Services` is owned by the :class:`~orchestrator.core._supervisor.Supervisor`, which keeps
 thin delegating methods for the runs that call these; the state only these services touch
 (question numbering, nested children's settle events) lives here.
 """
@@ -13,18 +13,18 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._diagnostics import RejectKind
 from orchestrator._errors import FleetError, PolicyError
-from orchestrator._ownership import LockConflict
-from orchestrator._paper import PaperError
-from orchestrator._plan import SpawnRequest
-from orchestrator._policy import validate_nested
-from orchestrator._registry import State
-from orchestrator._run import ChildRun, Question
+from orchestrator._records import State
 from orchestrator._sync import wait_first
+from orchestrator.coordination._paper import PaperError
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._run import ChildRun, Question
+from orchestrator.governance._diagnostics import RejectKind
+from orchestrator.governance._ownership import LockConflict
+from orchestrator.governance._policy import validate_nested
 
 if TYPE_CHECKING:
-    from orchestrator._supervisor import Supervisor
+    from orchestrator.core._supervisor import Supervisor
 
 __all__ = ["Services"]
 

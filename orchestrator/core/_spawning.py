@@ -19,19 +19,25 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._cmux import CmuxLauncher
-from orchestrator._diagnostics import RunLog
 from orchestrator._errors import FleetError, OperationFailed, UsageError
-from orchestrator._kill import MARKER_ENV
-from orchestrator._launcher import Launched, Launcher, LaunchSpec, ProcessLauncher, child_argv
-from orchestrator._plan import SpawnRequest, plan_spawn
-from orchestrator._registry import ChildRecord
-from orchestrator._run import ChildRun
-from orchestrator._sandboxing import check_available, place
-from orchestrator._tmux import TmuxLauncher
+from orchestrator._records import ChildRecord
+from orchestrator.core._plan import SpawnRequest, plan_spawn
+from orchestrator.core._run import ChildRun
+from orchestrator.governance._diagnostics import RunLog
+from orchestrator.launch._cmux import CmuxLauncher
+from orchestrator.launch._kill import MARKER_ENV
+from orchestrator.launch._launcher import (
+    Launched,
+    Launcher,
+    LaunchSpec,
+    ProcessLauncher,
+    child_argv,
+)
+from orchestrator.launch._sandboxing import check_available, place
+from orchestrator.launch._tmux import TmuxLauncher
 
 if TYPE_CHECKING:
-    from orchestrator._supervisor import Supervisor
+    from orchestrator.core._supervisor import Supervisor
 
 
 @attrs.frozen(kw_only=True)

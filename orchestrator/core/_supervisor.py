@@ -18,11 +18,7 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._agents import AgentDefinition, expand_agent_dirs, load_agents
-from orchestrator._capacity import Capacity, Lane
 from orchestrator._config import Config
-from orchestrator._democracy import Democracy
-from orchestrator._diagnostics import RejectKind, RejectLog
 from orchestrator._errors import (
     FleetError,
     NotFound,
@@ -30,20 +26,24 @@ from orchestrator._errors import (
     TimedOut,
     UsageError,
 )
-from orchestrator._forkserver import ForkServer
-from orchestrator._isolation import Worktrees, apply_settlement
-from orchestrator._launcher import Launched, Launcher, child_argv
-from orchestrator._notes import Notes
-from orchestrator._ownership import LockTable
-from orchestrator._paper import Paper
-from orchestrator._plan import SpawnRequest
-from orchestrator._policy import check_mode
-from orchestrator._registry import ChildRecord, Registry
-from orchestrator._review import ReviewStore
-from orchestrator._run import ChildRun, Question
-from orchestrator._services import Services
-from orchestrator._spawning import Spawning, child_environment
-from orchestrator._watchdog import BudgetPolicy, resolve_policy
+from orchestrator._records import ChildRecord, Registry
+from orchestrator.coordination._democracy import Democracy
+from orchestrator.coordination._paper import Paper
+from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
+from orchestrator.core._capacity import Capacity, Lane
+from orchestrator.core._isolation import Worktrees, apply_settlement
+from orchestrator.core._notes import Notes
+from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._run import ChildRun, Question
+from orchestrator.core._services import Services
+from orchestrator.core._spawning import Spawning, child_environment
+from orchestrator.governance._diagnostics import RejectKind, RejectLog
+from orchestrator.governance._ownership import LockTable
+from orchestrator.governance._policy import check_mode
+from orchestrator.governance._watchdog import BudgetPolicy, resolve_policy
+from orchestrator.launch._forkserver import ForkServer
+from orchestrator.launch._launcher import Launched, Launcher, child_argv
+from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
 

@@ -40,7 +40,7 @@ FailureKind = Literal[
     "max-total",
     "protocol",
     "launch",
-    # cmux surfaces classify their own launch failures (orchestrator._cmux):
+    # cmux surfaces classify their own launch failures (orchestrator.launch._cmux):
     "binary-missing",
     "socket-unreachable",
     "auth-rejected",

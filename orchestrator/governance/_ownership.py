@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._globmatch import (
+from orchestrator.governance._globmatch import (
     MAX_CODE_POINT,
     Ranges,
     SpecError,

@@ -38,9 +38,9 @@ import psutil
 import trio
 
 from orchestrator._errors import OperationFailed
-from orchestrator._foreign import ForeignProcess, kill_foreign
-from orchestrator._launcher import LaunchSpec, OutputSink
-from orchestrator._tmux import SCREEN_CAP
+from orchestrator.launch._foreign import ForeignProcess, kill_foreign
+from orchestrator.launch._launcher import LaunchSpec, OutputSink
+from orchestrator.launch._tmux import SCREEN_CAP
 
 CmuxFailure = Literal[
     "binary-missing", "socket-unreachable", "auth-rejected", "surface-creation-failed"

@@ -12,7 +12,7 @@ import signal
 import psutil
 import trio
 
-from orchestrator._kill import alive, kill_tree
+from orchestrator.launch._kill import alive, kill_tree
 
 
 class ForeignProcess:

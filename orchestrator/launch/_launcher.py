@@ -1,7 +1,7 @@
 """Launchers start ``python -m child <loadout>`` somewhere and watch it.
 
 :class:`ProcessLauncher` (the default) runs the child as a process in its own session: a
-fork of the preloaded fork server (:mod:`orchestrator._forkserver`) when the command is the
+fork of the preloaded fork server (:mod:`orchestrator.launch._forkserver`) when the command is the
 plain, unsandboxed child and the server works, else a direct subprocess.
 ``subprocess.Popen`` is called on the trio thread itself: trio's own ``open_process`` forks
 from a worker thread, and ``PR_SET_PDEATHSIG`` (bubblewrap's ``--die-with-parent``) fires when
@@ -20,8 +20,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from orchestrator._forkserver import ForkServer, ForkServerError
-from orchestrator._kill import MARKER_ENV, kill_tree
+from orchestrator.launch._forkserver import ForkServer, ForkServerError
+from orchestrator.launch._kill import MARKER_ENV, kill_tree
 
 log = logging.getLogger("orchestrator")
 

@@ -38,8 +38,8 @@ import attrs
 import trio
 
 from orchestrator._errors import OperationFailed, UsageError
-from orchestrator._foreign import ForeignProcess, kill_foreign
-from orchestrator._launcher import LaunchSpec, OutputSink
+from orchestrator.launch._foreign import ForeignProcess, kill_foreign
+from orchestrator.launch._launcher import LaunchSpec, OutputSink
 
 COMMAND_TIMEOUT: Final = 5.0
 SCREEN_LINES: Final = 200

@@ -2,7 +2,7 @@
 
 The changed set is the worktree's state against the snapshot commit, compared byte for byte
 (content hashed as Git blobs, no filters) with file type and executable bit. Hashing reads
-through :func:`~orchestrator._pathguard.open_dir`, so no symlink is followed on the way.
+through :func:`~orchestrator.workspace._pathguard.open_dir`, so no symlink is followed on the way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from orchestrator._git import (
+from orchestrator.workspace._git import (
     GITLINK,
     SYMLINK,
     WorktreeError,
@@ -28,10 +28,10 @@ from orchestrator._git import (
     run_git,
     untracked,
 )
-from orchestrator._pathguard import open_dir
+from orchestrator.workspace._pathguard import open_dir
 
 if TYPE_CHECKING:
-    from orchestrator._worktree import Snapshot
+    from orchestrator.workspace._worktree import Snapshot
 
 ChangeStatus = Literal["added", "modified", "deleted", "mode", "type"]
 _CHUNK = 1 << 20

@@ -1,8 +1,8 @@
 """Copy a worker's changes from its worktree back into the parent workspace, all or nothing.
 
-The changed set comes from :mod:`orchestrator._changes`. A path is copied back only when the
+The changed set comes from :mod:`orchestrator.workspace._changes`. A path is copied back only when the
 parent still holds exactly the snapshot's version of it (bytes and mode) and every path passes
-:mod:`orchestrator._pathguard`; otherwise nothing at all is written, the conflicts are listed
+:mod:`orchestrator.workspace._pathguard`; otherwise nothing at all is written, the conflicts are listed
 and the worktree stays for a retry. A path the parent already holds in the
 child's version counts as applied, so finalizing again after a crash is safe.
 
@@ -12,7 +12,7 @@ replace or delete to a backup beside it. *Apply* rechecks each path's ancestors 
 renames the temp into place (a new path is linked, never clobbering a file that appeared since).
 If step k fails, steps k-1..1 are undone from their backups; a restore that fails is named
 precisely, with the backup that still holds the original. On success each applied path's
-pre-image is recorded in the :class:`~orchestrator._review.ReviewStore`.
+pre-image is recorded in the :class:`~orchestrator.workspace._review.ReviewStore`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._changes import (
+from orchestrator.workspace._changes import (
     READ_FLAGS,
     ChangeStatus,
     Delta,
@@ -36,8 +36,8 @@ from orchestrator._changes import (
     list_deltas,
     read_version,
 )
-from orchestrator._git import SYMLINK, WorktreeError, git_env, run_git
-from orchestrator._pathguard import (
+from orchestrator.workspace._git import SYMLINK, WorktreeError, git_env, run_git
+from orchestrator.workspace._pathguard import (
     SiblingCheck,
     ancestor_problem,
     lexical_problem,
@@ -49,8 +49,8 @@ from orchestrator._pathguard import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from orchestrator._review import ReviewStore
-    from orchestrator._worktree import Snapshot
+    from orchestrator.workspace._review import ReviewStore
+    from orchestrator.workspace._worktree import Snapshot
 
 # ChangeStatus and changed_paths live in _changes; _review and docs/worktrees.md import them
 # from here.
@@ -408,7 +408,7 @@ def finalize(snapshot: Snapshot, review: ReviewStore, owner: str) -> FinalizeRes
     """Copy the child's changes back into the parent: every path, or none (see the module doc).
 
     Never raises for a conflict or a failed apply; those come back in the result. Raises
-    :class:`~orchestrator._worktree.WorktreeError` only when the changes cannot be listed: Git
+    :class:`~orchestrator.workspace._worktree.WorktreeError` only when the changes cannot be listed: Git
     fails, or the worktree's ``.git`` file no longer leads to the snapshot's repository.
     """
     algo, deltas = list_deltas(snapshot)

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._copyback import ChangeStatus, Conflict
-from orchestrator._pathguard import open_dir
+from orchestrator.workspace._copyback import ChangeStatus, Conflict
+from orchestrator.workspace._pathguard import open_dir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

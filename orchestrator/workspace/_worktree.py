@@ -6,7 +6,7 @@ Only the detached worktree's ``HEAD`` names it, which also keeps it alive throug
 
 Byte fidelity comes from never letting Git convert content. Objects are written with
 ``hash-object --no-filters``; every command that compares or checks out work-tree files runs in
-the neutral environment of :mod:`orchestrator._git`, and the one porcelain command used,
+the neutral environment of :mod:`orchestrator.workspace._git`, and the one porcelain command used,
 ``git worktree add --no-checkout``, runs no checkout hook at all.
 
 The parent's index is copied, never written: the copy keeps the original's timestamp so Git's
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator._git import (
+from orchestrator.workspace._git import (
     GITLINK,
     SYMLINK,
     GitLayout,
@@ -41,7 +41,7 @@ from orchestrator._git import (
     run_git,
     untracked,
 )
-from orchestrator._pathguard import lstat_below
+from orchestrator.workspace._pathguard import lstat_below
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

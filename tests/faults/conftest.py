@@ -30,8 +30,8 @@ import pytest
 import trio
 
 from orchestrator._config import Config
-from orchestrator._registry import TERMINAL, State
-from orchestrator._supervisor import Supervisor
+from orchestrator._records import TERMINAL, State
+from orchestrator.core._supervisor import Supervisor
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",

@@ -11,8 +11,8 @@ import time
 import pytest
 import trio
 
-from orchestrator._registry import State
-from orchestrator._supervisor import SpawnRequest, open_supervisor
+from orchestrator._records import State
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from orchestrator._config import load_config
-from orchestrator._forkserver import ForkServer
-from orchestrator._registry import State
-from orchestrator._supervisor import SpawnRequest, open_supervisor
+from orchestrator._records import State
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
+from orchestrator.launch._forkserver import ForkServer
 
 pytestmark = pytest.mark.slow
 

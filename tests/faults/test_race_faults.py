@@ -17,9 +17,9 @@ import trio
 
 import ipc
 from orchestrator._errors import NotFound, OperationFailed
-from orchestrator._ownership import LockTable
-from orchestrator._registry import State
-from orchestrator._supervisor import SpawnRequest, open_supervisor
+from orchestrator._records import State
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
+from orchestrator.governance._ownership import LockTable
 
 pytestmark = pytest.mark.slow
 

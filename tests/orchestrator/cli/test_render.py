@@ -1,4 +1,4 @@
-from orchestrator._render import peek_table
+from orchestrator.cli._render import peek_table
 
 
 def _peek(agents, **extra):

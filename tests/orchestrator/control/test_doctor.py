@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator._config import Config
-from orchestrator._doctor import run_checks
+from orchestrator.control._doctor import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator._ballots import (
+from orchestrator._errors import Refused
+from orchestrator.coordination._ballots import (
     Ballot,
     RoundError,
     new_nonce,
@@ -19,7 +20,6 @@ from orchestrator._ballots import (
     validate_request,
     voter_prompt,
 )
-from orchestrator._errors import Refused
 
 NONCE = "0123456789abcdef"
 IDS = ("A", "B", "C", "keep-lock")

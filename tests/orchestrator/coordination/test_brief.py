@@ -9,10 +9,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator._brief import LIMIT, MODERATOR, Facts, brief, render
 from orchestrator._config import Config
-from orchestrator._registry import ChildRecord, State
-from orchestrator._supervisor import SpawnRequest, open_supervisor
+from orchestrator._records import ChildRecord, State
+from orchestrator.coordination._brief import LIMIT, MODERATOR, Facts, brief, render
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
 
 def _record(n: int, *, state=State.IDLE, activity="idle", workspace="/repo", question=None):

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator._ballots import Ballot, RoundError
 from orchestrator._config import Config
-from orchestrator._democracy import Leading, Outcome, render_outcome
 from orchestrator._errors import CapacityError, NotFound, UsageError
-from orchestrator._registry import State
-from orchestrator._supervisor import SpawnRequest, open_supervisor
+from orchestrator._records import State
+from orchestrator.coordination._ballots import Ballot, RoundError
+from orchestrator.coordination._democracy import Leading, Outcome, render_outcome
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",

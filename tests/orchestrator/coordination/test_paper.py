@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from orchestrator._errors import Refused
-from orchestrator._paper import Paper, PaperError
+from orchestrator.coordination._paper import Paper, PaperError
 
 REPO = Path(__file__).resolve().parents[2]
 CEILING = 10
@@ -506,7 +506,7 @@ import sys
 import trio
 from pathlib import Path
 from typing import Any
-from orchestrator._paper import Paper
+from orchestrator.coordination._paper import Paper
 
 async def main():
     paper = Paper(Path(sys.argv[1]))

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 import child.tools
-from orchestrator._agents import (
+from orchestrator._config import load_config
+from orchestrator._errors import UsageError
+from orchestrator.core._agents import (
     MUTATING_TOOLS,
     AgentDefinition,
     AgentDefinitionError,
@@ -13,8 +15,6 @@ from orchestrator._agents import (
     load_agents,
     parse_agent,
 )
-from orchestrator._config import load_config
-from orchestrator._errors import UsageError
 
 REPORT_HEADINGS = ["## Summary", "## Details", "## Verification", "## Open issues"]
 

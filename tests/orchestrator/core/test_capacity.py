@@ -1,8 +1,8 @@
 import pytest
 import trio
 
-from orchestrator._capacity import Capacity, Lane
 from orchestrator._errors import CapacityError, UsageError
+from orchestrator.core._capacity import Capacity, Lane
 
 
 def test_a_batch_reserves_all_or_nothing():

@@ -1,7 +1,7 @@
 import trio
 
-from orchestrator._notes import Notes
-from orchestrator._registry import ChildRecord, State, clip
+from orchestrator._records import ChildRecord, State, clip
+from orchestrator.core._notes import Notes
 
 
 def _record(key: str, state: State = State.WORKING) -> ChildRecord:

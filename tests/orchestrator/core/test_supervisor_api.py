@@ -22,9 +22,9 @@ import trio
 import ipc
 from orchestrator._config import Config, load_config
 from orchestrator._errors import PolicyError, UsageError
-from orchestrator._ownership import LockTable
-from orchestrator._registry import State
-from orchestrator._supervisor import SpawnRequest, Supervisor, open_supervisor
+from orchestrator._records import State
+from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from orchestrator.governance._ownership import LockTable
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator._diagnostics import (
+from orchestrator.governance._diagnostics import (
     REDACTED,
     LogPathError,
     RejectLog,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator._globmatch import owns, witness_path
-from orchestrator._ownership import (
+from orchestrator.governance._globmatch import owns, witness_path
+from orchestrator.governance._ownership import (
     LockConflict,
     LockTable,
     SpecError,

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import _agents
 from orchestrator._errors import PolicyError, UsageError
-from orchestrator._policy import (
+from orchestrator.core import _agents
+from orchestrator.governance._policy import (
     MAX_DEPTH,
     MODES,
     MUTATING_TOOLS,

@@ -3,7 +3,7 @@ import pytest
 import trio
 import trio.testing
 
-from orchestrator._watchdog import (
+from orchestrator.governance._watchdog import (
     DEFAULT_IDLE_MS,
     DEFAULT_MAX_TOTAL_MS,
     BudgetPolicy,

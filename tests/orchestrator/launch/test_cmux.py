@@ -12,7 +12,7 @@ import psutil
 import pytest
 import trio
 
-from orchestrator._cmux import (
+from orchestrator.launch._cmux import (
     CmuxError,
     CmuxLauncher,
     CmuxSurface,
@@ -20,7 +20,7 @@ from orchestrator._cmux import (
     command_line,
     exit_status,
 )
-from orchestrator._launcher import LaunchSpec
+from orchestrator.launch._launcher import LaunchSpec
 from tests.fakes.cmux_server import DENIED, CmuxFake
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import trio
 
-from orchestrator import _kill
-from orchestrator._kill import MARKER_ENV, ProcessTable, kill_tree, read_table
+from orchestrator.launch import _kill
+from orchestrator.launch._kill import MARKER_ENV, ProcessTable, kill_tree, read_table
 
 CEILING = 30
 

@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from orchestrator._errors import UsageError
-from orchestrator._launcher import LaunchSpec
-from orchestrator._tmux import TmuxLauncher, TmuxPane, window_name
+from orchestrator.launch._launcher import LaunchSpec
+from orchestrator.launch._tmux import TmuxLauncher, TmuxPane, window_name
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 

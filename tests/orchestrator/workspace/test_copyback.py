@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import _copyback
-from orchestrator._changes import Change, changed_paths
-from orchestrator._copyback import Conflict, finalize
-from orchestrator._review import ReviewStore
-from orchestrator._worktree import WorktreeError, create_worktree
-from tests.orchestrator._gitutil import git, write
+from orchestrator.workspace import _copyback
+from orchestrator.workspace._changes import Change, changed_paths
+from orchestrator.workspace._copyback import Conflict, finalize
+from orchestrator.workspace._review import ReviewStore
+from orchestrator.workspace._worktree import WorktreeError, create_worktree
+from tests.orchestrator.workspace._gitutil import git, write
 
 
 def tree(root: Path) -> dict[str, tuple[str, int, bytes]]:

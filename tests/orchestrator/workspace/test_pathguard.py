@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator._pathguard import (
+from orchestrator.workspace._pathguard import (
     SiblingCheck,
     ancestor_problem,
     is_git_metadata,

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from orchestrator._copyback import Conflict
-from orchestrator._review import FileDiff, ReviewStore
+from orchestrator.workspace._copyback import Conflict
+from orchestrator.workspace._review import FileDiff, ReviewStore
 
 
 @pytest.fixture

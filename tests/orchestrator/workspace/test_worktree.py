@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator._worktree import Snapshot, WorktreeError, create_worktree, remove_worktree
-from tests.orchestrator._gitutil import git, write
+from orchestrator.workspace._worktree import (
+    Snapshot,
+    WorktreeError,
+    create_worktree,
+    remove_worktree,
+)
+from tests.orchestrator.workspace._gitutil import git, write
 
 
 def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[str, int, bytes]]:
