@@ -33,8 +33,8 @@ import trio
 
 import ipc
 from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
 from orchestrator.core._capacity import Capacity
-from orchestrator.core._plan import SpawnRequest
 from orchestrator.core._requests import ChildRequests
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 

@@ -38,8 +38,8 @@ import psutil
 import trio
 
 from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
 from orchestrator.core._capacity import Capacity
-from orchestrator.core._plan import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 MB = 1024 * 1024

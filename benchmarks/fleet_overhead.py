@@ -55,8 +55,8 @@ import trio
 
 import ipc
 from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
 from orchestrator.core._capacity import Capacity
-from orchestrator.core._plan import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 from orchestrator.launch._launcher import LaunchedProcess, LaunchSpec, OutputSink, ProcessLauncher
 

@@ -1,7 +1,23 @@
 """The fleet supervisor and everything parent-side: registry, policy, launchers, CLI.
 
 Layering: ``orchestrator`` may import ``ipc`` and ``sandbox``; it never imports ``child`` (a
-child is launched as its own process, ``python -m child <loadout>``).
+child is launched as its own process, ``python -m child <loadout>``). Inside, imports point one
+way (``tests/test_invariants.py`` checks every import statement)::
+
+    cli ─► control ─► core ─► governance · workspace · coordination · launch ─► foundation
+
+- foundation (``_errors``, ``_config``, ``_records``, ``_sync``): errors, configuration, the
+  record/spawn-request value types, small trio helpers; imported by every room.
+- ``core``: the supervisor (composition root), runs, spawning, registry, notes, capacity, plan.
+- ``governance``: policy, ownership locks and glob automaton, watchdog, diagnostics.
+- ``workspace``: snapshot, worktrees, changes, path guard, copy-back, review, git.
+- ``launch``: launcher interface, process launcher and fork server, kill ladder, sandbox
+  placement, tmux, cmux (``ipc``, ``sandbox`` and the foundation only).
+- ``coordination``: the paper, democracy rounds, ballots, outcome, the moderator brief.
+- ``control``: the control server and client, the daemon, doctor.
+- ``cli``: the ``fleet`` verbs, rendering, watch, demo (through ``control`` and this facade).
+
+This module is the public facade; it imports the supervisor only on first use.
 
 The embeddable API::
 
@@ -22,8 +38,7 @@ from orchestrator._errors import (
     Unreachable,
     UsageError,
 )
-from orchestrator._records import ChildRecord, State
-from orchestrator.core._plan import SpawnRequest
+from orchestrator._records import ChildRecord, SpawnRequest, State
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,18 +1,17 @@
-"""The fleet registry: one record per child, read by ``peek`` from memory only.
+"""The fleet's value types, shared by every room: a child's record and state, a spawn request.
 
-Keys are ``a1``, ``a2``, … in spawn order within the session. Retired records (stopped,
-failed, discarded) leave the live fleet; the newest :data:`RETAINED_REPORTS` stay readable.
+A :class:`ChildRecord` is what ``peek`` shows and a handoff returns; the registry that holds the
+records lives in :mod:`orchestrator.core._registry`.
 """
 
-import collections
 import enum
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
-from orchestrator._errors import NotFound, UsageError
+from orchestrator._errors import UsageError
 
 RETAINED_REPORTS: Final = 8
 REPORT_CLIP: Final = 1200
@@ -122,49 +121,43 @@ class ChildRecord:
         }
 
 
-@attrs.define(eq=False)
-class Registry:
-    """Live records by key, plus the newest retired ones."""
+@attrs.frozen(kw_only=True)
+class SpawnRequest:
+    """One task to delegate (``fleet spawn`` / the API)."""
 
-    records: dict[str, ChildRecord] = attrs.Factory(dict)
-    retired: collections.OrderedDict[str, ChildRecord] = attrs.Factory(collections.OrderedDict)
-    _next: int = 1
+    task: str
+    agent: str = "scout"
+    mode: str | None = None
+    name: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    command: tuple[str, ...] = ()
+    surface: str | None = None
 
-    def new_key(self) -> str:
-        key = f"a{self._next}"
-        self._next += 1
-        return key
-
-    def add(self, record: ChildRecord) -> None:
-        if any(r.name == record.name for r in self.records.values()):
-            raise UsageError(f"spawn: a live child is already named {record.name!r} (pick another)")
-        self.records[record.key] = record
-
-    def live(self) -> Iterator[ChildRecord]:
-        return iter(list(self.records.values()))
-
-    def retire(self, key: str, *, pinned: Collection[str] = ()) -> None:
-        """Move *key* to the retired reports; the oldest beyond the newest 8 are dropped,
-        except *pinned* ones (an unresolved worktree stays recoverable)."""
-        record = self.records.pop(key, None)
-        if record is None:
-            return
-        self.retired[key] = record
-        evictable = [k for k in self.retired if k not in pinned]
-        while len(self.retired) > RETAINED_REPORTS and evictable:
-            self.retired.pop(evictable.pop(0))
-
-    def find(self, ref: str, *, include_retired: bool = True) -> ChildRecord:
-        """A child by key or unique name."""
-        if ref in self.records:
-            return self.records[ref]
-        named = [r for r in self.records.values() if r.name == ref]
-        if include_retired:
-            if ref in self.retired:
-                return self.retired[ref]
-            named += [r for r in self.retired.values() if r.name == ref]
-        if len(named) == 1:
-            return named[0]
-        if len(named) > 1:
-            raise UsageError(f"{ref!r} names {len(named)} children (use a key such as a1)")
-        raise NotFound(f"no child {ref!r} in this session (see fleet peek)")
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
+        """From a ``--batch`` JSON entry; unknown keys are an error."""
+        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
+        task = data.get("task")
+        if not isinstance(task, str) or not task.strip():
+            raise UsageError("spawn: every batch entry needs a non-empty task")
+        command = data.get("command") or ()
+        if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
+            raise UsageError("spawn: command must be a list of strings")
+        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model", "surface")}
+        for key, value in fields.items():
+            if value is not None and not isinstance(value, str):
+                raise UsageError(f"spawn: {key} must be a string")
+        return cls(
+            task=task,
+            agent=fields["agent"] or "scout",
+            mode=fields["mode"],
+            name=fields["name"],
+            backend=fields["backend"],
+            model=fields["model"],
+            command=tuple(command),
+            surface=fields["surface"],
+        )

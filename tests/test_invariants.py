@@ -8,6 +8,7 @@ entry points (importing one would run it), so their own imports are read with ``
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,214 @@ def test_a_fleet_verb_starts_without_the_supervisor():
     # Yet the API is still there, imported on first use.
     result = _python("import orchestrator; print(orchestrator.open_supervisor.__module__)")
     assert result.stdout.strip() == "orchestrator.core._supervisor", result.stderr
+
+
+# -- the rooms inside orchestrator/ and child/ (DESIGN §1) -----------------------------------------
+#
+# Every import statement counts, wherever it stands: a type-only or function-local import still
+# reaches back. A module belongs to the room of its sub-package; the top-level private modules of
+# orchestrator/ (errors, config, records, sync) are its foundation, which every room may use.
+
+FOUNDATION = "orchestrator:foundation"
+FACADE = "orchestrator"
+ROOMS: dict[str, set[str]] = {
+    FOUNDATION: {FOUNDATION},
+    "orchestrator.governance": {FOUNDATION},
+    "orchestrator.workspace": {FOUNDATION},
+    "orchestrator.coordination": {FOUNDATION},
+    "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
+    "orchestrator.core": {
+        FOUNDATION,
+        "orchestrator.governance",
+        "orchestrator.workspace",
+        "orchestrator.coordination",
+        "orchestrator.launch",
+        "ipc",
+        "sandbox",
+    },
+    "orchestrator.control": {
+        FOUNDATION,
+        "orchestrator.core",
+        "orchestrator.coordination",
+        "orchestrator.launch",
+        "orchestrator.workspace",
+        "ipc",
+        "sandbox",
+    },
+    # A verb is a client: it reaches the fleet through the control client or the public facade.
+    "orchestrator.cli": {FOUNDATION, FACADE, "orchestrator.control"},
+    FACADE: {FOUNDATION, "orchestrator.core"},
+    "orchestrator.__main__": {"orchestrator.cli"},
+    "child.tools": {"ipc"},
+    "child.backends": {"child.tools", "ipc"},
+    "child": {"child.backends", "child.tools", "ipc"},
+    "ipc": set(),
+    "sandbox": set(),
+}
+#: The only modules that may import the supervisor: the facade and the control server above it.
+SUPERVISOR = "orchestrator.core._supervisor"
+SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.control._daemon"}
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._review"}
+
+
+def product_modules(root: Path = ROOT) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in OURS:
+        for path in (root / package).rglob("*.py"):
+            if "_demo_data" in path.parts:
+                continue
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _target(current: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = current.split(".") if is_package else current.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_edges(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Module -> {imported product module: line of the first import statement naming it}."""
+    edges: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        found: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _target(name, path.name == "__init__.py", node)
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for named in targets:
+                target = named
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    found.setdefault(target, getattr(node, "lineno", 0))
+        edges[name] = found
+    return edges
+
+
+def room(module: str) -> str:
+    """The room a module belongs to (its deepest listed sub-package)."""
+    if module in {FACADE, "orchestrator.__main__"}:
+        return module
+    parts = module.split(".")
+    if parts[0] == "orchestrator" and parts[1].startswith("_"):
+        return FOUNDATION
+    for depth in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:depth])
+        if prefix in ROOMS and prefix != FACADE:
+            return prefix
+    return parts[0]
+
+
+def layering_violations(modules: dict[str, Path]) -> list[str]:
+    problems = []
+    for name, targets in sorted(import_edges(modules).items()):
+        mine = room(name)
+        allowed = ROOMS[mine] | {mine}
+        for target, line in sorted(targets.items()):
+            theirs = room(target)
+            where = f"{modules[name].relative_to(ROOT)}:{line}"
+            if theirs not in allowed:
+                problems.append(f"{where}: {name} ({mine}) imports {target} ({theirs})")
+            elif target == SUPERVISOR and name not in SUPERVISOR_IMPORTERS:
+                problems.append(f"{where}: {name} reaches back into the supervisor")
+    return problems
+
+
+def import_circles(modules: dict[str, Path]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    edges = {name: set(targets) for name, targets in import_edges(modules).items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_every_module_belongs_to_a_room_with_a_rule():
+    modules = product_modules()
+    assert len(modules) > 100  # the walk found the product, so the checks below are not vacuous
+    assert {room(name) for name in modules} <= set(ROOMS), sorted(
+        name for name in modules if room(name) not in ROOMS
+    )
+
+
+def test_rooms_import_only_what_their_rule_allows():
+    problems = layering_violations(product_modules())
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_circle_anywhere_in_the_product():
+    circles = import_circles(product_modules())
+    assert not circles, "\n".join(" <-> ".join(circle) for circle in circles)
+
+
+def test_every_sub_package_states_its_rule():
+    for name, path in product_modules().items():
+        if path.name == "__init__.py" and name.count(".") >= 1:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            assert "import" in doc.lower(), f"{path.relative_to(ROOT)}: say what it may import"
+
+
+def test_the_layering_check_names_a_back_import(tmp_path):
+    # A deliberately added back-import fails the check with the offending import named.
+    shutil.copytree(ROOT / "orchestrator", tmp_path / "orchestrator")
+    for package in ("child", "ipc", "sandbox"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    watchdog = tmp_path / "orchestrator" / "governance" / "_watchdog.py"
+    watchdog.write_text(
+        watchdog.read_text() + "\nfrom orchestrator.core._supervisor import Supervisor\n"
+    )
+    modules = product_modules(tmp_path)
+    problems = [p.replace(str(tmp_path), "") for p in layering_violations_at(tmp_path, modules)]
+    assert any(
+        "orchestrator/governance/_watchdog.py:" in p
+        and "imports orchestrator.core._supervisor (orchestrator.core)" in p
+        for p in problems
+    ), problems
+    circles = import_circles(modules)
+    assert any("orchestrator.governance._watchdog" in circle for circle in circles), circles
+
+
+def layering_violations_at(root: Path, modules: dict[str, Path]) -> list[str]:
+    global ROOT  # noqa: PLW0603 - the check names paths relative to the tree it reads
+    saved, ROOT = ROOT, root
+    try:
+        return layering_violations(modules)
+    finally:
+        ROOT = saved

@@ -26,8 +26,8 @@ _FACTORIES: dict[str, Callable[[], Tool]] = {
 }
 
 ALL_TOOLS: frozenset[str] = frozenset(_FACTORIES)
-#: Tools that can change the repository. ``orchestrator._agents`` keeps its own copy (it may not
-#: import ``child``); a test holds the two equal.
+#: Tools that can change the repository. ``orchestrator.core._agents`` keeps its own copy (it
+#: may not import ``child``); a test holds the two equal.
 MUTATING_TOOLS: frozenset[str] = frozenset({"edit", "write", "bash"})
 
 

@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 from orchestrator._errors import UsageError
+from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
 from orchestrator.control._client import WAIT_SLICE
-from orchestrator.coordination._outcome import render_outcome
 
 
 def cmd_discuss(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_discuss(args: argparse.Namespace) -> int:
 def cmd_vote(args: argparse.Namespace) -> int:
     if args.abort:
         data = call(args, "vote", {"action": "abort"})
-        out(args, data, render_outcome)
+        out(args, data, _render.render_outcome)
         return 0
     if not args.options:
         raise UsageError("pass --options FILE with the round request (or --abort)")
@@ -56,7 +56,7 @@ def cmd_vote(args: argparse.Namespace) -> int:
         # Interrupting fleet vote invalidates its round: a partial tally is never shown.
         call(args, "vote", {"action": "abort", "round": started["round"]})
         raise
-    out(args, data, render_outcome)
+    out(args, data, _render.render_outcome)
     return 1 if data["status"] == "failed" else 0
 
 

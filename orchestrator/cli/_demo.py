@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
+import orchestrator
 from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
 from orchestrator.cli import _render
-from orchestrator.core._plan import SpawnRequest
-from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 REFRESH = 0.25
 TASKS = (
@@ -50,7 +50,7 @@ def _prepare(base: Path) -> tuple[Path, Path]:
     return repo, scripts
 
 
-async def _show_progress(sup: Supervisor, keys: list[str], *, tty: bool) -> None:
+async def _show_progress(sup: orchestrator.Supervisor, keys: list[str], *, tty: bool) -> None:
     last_lines: dict[str, str] = {}
     while True:
         data = sup.peek(keys)
@@ -72,7 +72,7 @@ async def _demo(base: Path, *, json_output: bool) -> int:
     repo, scripts = _prepare(base)
     config = Config(home=base / "state", session="demo", workspace=repo, sandbox="off")
     started = time.monotonic()
-    async with open_supervisor(config) as sup:
+    async with orchestrator.open_supervisor(config) as sup:
         records = await sup.spawn(
             [
                 SpawnRequest(

@@ -228,3 +228,27 @@ def handoff_text(handoffs: Sequence[Mapping[str, Any]]) -> str:
         if h.get("last"):
             parts.append(h["last"].rstrip())
     return "\n".join(parts)
+
+
+def render_outcome(data: Mapping[str, Any]) -> str:
+    """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
+    counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
+    head = f"round {data['round']}: {data['status']}"
+    lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
+    for ballot in data["ballots"]:
+        said = (
+            f"{ballot['option']}: {ballot['rationale']}" if ballot["option"] else ballot["reason"]
+        )
+        lines.append(f"  {ballot['voter']} {ballot['status']} {said}")
+    if data["status"] == "winner":
+        lines.append(f"Recommendation: {data['winner']}. A majority recommends; nothing was done.")
+    elif data["status"] == "needs-user":
+        lines.append("No strict majority. Leading options, for the user to decide:")
+        lines.extend(
+            f"  {option['id']} ({option['votes']}): {option['title']}. "
+            f"Tradeoffs: {option['tradeoffs']}"
+            for option in data["leading"]
+        )
+    else:
+        lines.append(data["reason"])
+    return "\n".join(lines)

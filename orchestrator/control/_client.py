@@ -1,6 +1,6 @@
 """The control client: one request to the session's supervisor over its control socket.
 
-Every CLI verb is such a request. This module (with :mod:`orchestrator.control._daemon_client`) is all
+Every CLI verb is such a request. This module (with :mod:`._daemon_client`) is all
 a verb needs, so a ``fleet`` command imports neither the supervisor nor its launchers:
 :mod:`orchestrator.control._server` is the server side.
 """

@@ -16,13 +16,13 @@ import trio
 import ipc
 from orchestrator._config import agent_dir_entries
 from orchestrator._errors import FleetError, UsageError
+from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
 from orchestrator.control._review import review_accept, review_diff, review_revert
-from orchestrator.coordination._brief import brief
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
-from orchestrator.core._plan import SpawnRequest
-from orchestrator.core._supervisor import PARENT, Supervisor
+from orchestrator.coordination._paper import PARENT
+from orchestrator.core._supervisor import Supervisor
 from orchestrator.launch._tmux import TmuxLauncher, TmuxPane
 
 Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
@@ -231,7 +231,7 @@ async def _vote(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _moderator_brief(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return {"text": await brief(sup)}
+    return {"text": await sup.brief()}
 
 
 OPS: Final[dict[str, Op]] = {

@@ -1,7 +1,8 @@
 """The moderator brief: at most 2000 characters telling a parent agent what its fleet is doing.
 
 A parent that has a fleet is its moderator; ``fleet brief`` is what it reads at the start of a
-turn. :func:`gather` takes the facts from the supervisor's memory (and the paper); the pure
+turn. The supervisor gathers the :class:`Facts` from its memory (:func:`paper_line` and
+:func:`voting_line` word the paper and a running round); the pure
 :func:`render` lays them out in a fixed order — the session line, the children, what needs the
 parent, how to moderate — and fits them into :data:`LIMIT`. The session line and the
 moderator paragraph always stay; the parent's to-do items may take half of the room left (any
@@ -16,8 +17,8 @@ from typing import Final
 import attrs
 
 from orchestrator._records import ChildRecord, clip
-from orchestrator.coordination._paper import PaperError
-from orchestrator.core._supervisor import PARENT, Supervisor
+from orchestrator.coordination._democracy import Round
+from orchestrator.coordination._paper import PARENT, Paper, PaperError
 
 LIMIT: Final = 2000
 LINE: Final = 160
@@ -51,40 +52,20 @@ class Facts:
     voting: str = ""  # the running democracy round, if any
 
 
-async def brief(sup: Supervisor) -> str:
-    """The brief for *sup*'s fleet now."""
-    return render(await gather(sup))
-
-
-async def gather(sup: Supervisor) -> Facts:
-    lane = sup.lane.statistics()
-    running = sup.democracy.current
-    voting = ""
-    if running is not None:
-        voting = (
-            f"vote {running.id} is running with voters {', '.join(running.voters)}: leave them "
-            "be; fleet vote prints the result"
-        )
-    return Facts(
-        mode=sup.mode,
-        used=sup.capacity.used,
-        cap=sup.capacity.cap,
-        working=lane["working"],
-        lane=lane["capacity"],
-        queued=lane["queued"],
-        workspace=str(sup.config.workspace),
-        children=tuple(sup.registry.live()),
-        questions=tuple((q.id, q.key, q.text) for q in sup.questions.values()),
-        unread=tuple(dict.fromkeys(note["key"] for note in sup.notes.pending)),
-        unresolved=tuple(r for r in sup.registry.retired.values() if r.conflicts or r.remaining),
-        paper=await _paper_line(sup),
-        voting=voting,
+def voting_line(running: Round | None) -> str:
+    """The brief's words for the running democracy round, if any."""
+    if running is None:
+        return ""
+    return (
+        f"vote {running.id} is running with voters {', '.join(running.voters)}: leave them "
+        "be; fleet vote prints the result"
     )
 
 
-async def _paper_line(sup: Supervisor) -> str:
+async def paper_line(paper: Paper) -> str:
+    """The brief's words for the paper: the questions still open to the parent or everyone."""
     try:
-        listed = await sup.paper.list(PARENT, since="d0")
+        listed = await paper.list(PARENT, since="d0")
     except PaperError as exc:
         return f"the paper cannot be read: {exc}"
     answered = {entry.question for entry in listed.entries if entry.kind == "answer"}

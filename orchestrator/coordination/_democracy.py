@@ -1,6 +1,6 @@
 """Democracy rounds against a live fleet: seat the voters, collect every ballot, tally.
 
-The rules are pure and live in :mod:`orchestrator.coordination._ballots`; this module runs them. A round
+The rules are pure and live in :mod:`._ballots`; this module runs them. A round
 
 1. checks the request (``validate_request``), the electorate and capacity, and refuses with one
    line before anything is launched;
@@ -23,14 +23,14 @@ voting are paused. A majority is a recommendation; a round implements nothing.
 
 import collections
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 import trio
 
 from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
-from orchestrator._records import ChildRecord, State, clip
+from orchestrator._records import ChildRecord, SpawnRequest, State, clip
 from orchestrator._sync import wait_first
 from orchestrator.coordination._ballots import (
     MAX_REASON,
@@ -43,11 +43,43 @@ from orchestrator.coordination._ballots import (
     validate_request,
     voter_prompt,
 )
-from orchestrator.coordination._outcome import Leading, Outcome, render_outcome
-from orchestrator.core._plan import SpawnRequest
+from orchestrator.coordination._outcome import Leading, Outcome
 
-if TYPE_CHECKING:
-    from orchestrator.core._supervisor import Supervisor
+
+class Slots(Protocol):
+    """The fleet's capacity as a round reads it: the cap and the live children it counts."""
+
+    @property
+    def cap(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+
+
+class Records(Protocol):
+    """The fleet registry as a round reads it."""
+
+    @property
+    def records(self) -> Mapping[str, ChildRecord]: ...
+    def find(self, ref: str, *, include_retired: bool = True) -> ChildRecord: ...
+
+
+class Electorate(Protocol):
+    """The fleet operations a round uses, wired by the supervisor (the composition root)."""
+
+    @property
+    def nursery(self) -> trio.Nursery: ...
+    @property
+    def capacity(self) -> Slots: ...
+    @property
+    def registry(self) -> Records: ...
+    async def spawn(self, requests: Sequence[SpawnRequest]) -> list[ChildRecord]: ...
+    async def prompt(self, ref: str, text: str) -> ChildRecord: ...
+    async def pause(self, ref: str) -> object: ...
+    async def stop(self, refs: Sequence[str]) -> object: ...
+    async def discard(self, ref: str) -> str: ...
+    def run_done(self, key: str) -> trio.Event | None:
+        """The event set when *key*'s process is done, or ``None`` if it has no run."""
+
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -56,10 +88,10 @@ __all__ = [
     "MIN_VOTERS",
     "VOTER_AGENT",
     "Democracy",
+    "Electorate",
     "Leading",
     "Outcome",
     "Round",
-    "render_outcome",
 ]
 
 DEFAULT_DEADLINE: Final = 600.0
@@ -125,7 +157,7 @@ class Round:
 class Democracy:
     """The supervisor's round runner (``Supervisor.democracy``)."""
 
-    sup: "Supervisor"
+    fleet: Electorate
     current: Round | None = None
     rounds: collections.OrderedDict[str, Round] = attrs.Factory(collections.OrderedDict)
     _ids: int = 0
@@ -200,7 +232,7 @@ class Democracy:
             self.rounds.popitem(last=False)
         try:
             await self._launch(running, model)
-            await self.sup.nursery.start(self._run, running)
+            await self.fleet.nursery.start(self._run, running)
         except BaseException as exc:
             if not running.finished.is_set():
                 started = [s for s in running.seats if s.fresh or s.prompted]
@@ -262,7 +294,7 @@ class Democracy:
     # -- checks -----------------------------------------------------------------------------
 
     def _seats(self, voters: int | None) -> int:
-        cap = self.sup.capacity.cap
+        cap = self.fleet.capacity.cap
         if voters is None:
             return min(DEFAULT_VOTERS, cap)
         if (
@@ -288,7 +320,7 @@ class Democracy:
         records = []
         for ref in agents:
             try:
-                record = self.sup.registry.find(ref, include_retired=False)
+                record = self.fleet.registry.find(ref, include_retired=False)
             except FleetError as exc:
                 raise RoundError(
                     f"{_REFUSED}: nominee {ref[:80]!r}: {exc}", field="agents"
@@ -318,7 +350,7 @@ class Democracy:
         return records
 
     def _check_capacity(self, fresh: int) -> None:
-        capacity = self.sup.capacity
+        capacity = self.fleet.capacity
         free = max(0, capacity.cap - capacity.used)
         if fresh > free:
             raise CapacityError(
@@ -333,7 +365,7 @@ class Democracy:
         prompt = voter_prompt(running.request, running.nonce)
         fresh = [seat for seat in running.seats if seat.fresh]
         if fresh:
-            records = await self.sup.spawn(
+            records = await self.fleet.spawn(
                 [
                     SpawnRequest(task=prompt, agent=VOTER_AGENT, name=seat.name, model=model)
                     for seat in fresh
@@ -347,12 +379,12 @@ class Democracy:
             key = seat.key or seat.name
             # Checked again with no await before the prompt: the spawn above yielded, and a
             # voter resumed meanwhile would settle the parent's turn first, not its ballot.
-            record = self.sup.registry.records.get(key)
+            record = self.fleet.registry.records.get(key)
             if record is None or record.state not in _VOTABLE or record.queued:
                 state = "gone" if record is None else str(record.state)
                 seat.record(_unheard(key, "failed", f"{state} when the round began"))
                 continue
-            await self.sup.prompt(key, prompt)
+            await self.fleet.prompt(key, prompt)
             seat.prompted = True
 
     async def _run(
@@ -373,9 +405,9 @@ class Democracy:
                 await self._close(running)
 
     async def _await_ballot(self, seat: _Seat) -> None:
-        run = self.sup.runs.get(seat.key or "")
-        if run is not None:
-            await wait_first(seat.done, run.done)
+        done = self.fleet.run_done(seat.key or "")
+        if done is not None:
+            await wait_first(seat.done, done)
         # A failed voter's note arrives before its run is done; only a quiet end is left here.
         seat.record(_unheard(seat.key or seat.name, "missing", "ended before it voted"))
 
@@ -404,11 +436,11 @@ class Democracy:
             ref = seat.key or seat.name
             try:
                 if seat.fresh:
-                    await self.sup.discard(ref)
+                    await self.fleet.discard(ref)
                 elif pause:
-                    await self.sup.pause(ref)
+                    await self.fleet.pause(ref)
                 else:
-                    await self.sup.stop([ref])
+                    await self.fleet.stop([ref])
             except FleetError:
                 return  # already gone: someone stopped or discarded it
 

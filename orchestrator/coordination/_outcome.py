@@ -1,6 +1,6 @@
 """How a democracy round ended: :class:`Outcome`, and its text for the CLI.
 
-The round itself runs in :mod:`orchestrator.coordination._democracy`; this is only its result, as data,
+The round itself runs in :mod:`._democracy`; this is only its result, as data,
 as the ``fleet vote --json`` shape, and as the human text rendered from that shape.
 """
 
@@ -11,7 +11,7 @@ import attrs
 
 from orchestrator.coordination._ballots import Ballot
 
-__all__ = ["Leading", "Outcome", "render_outcome"]
+__all__ = ["Leading", "Outcome"]
 
 
 @attrs.frozen(kw_only=True)
@@ -54,27 +54,3 @@ class Outcome:
         if self.reason:
             data["reason"] = self.reason
         return data
-
-
-def render_outcome(data: Mapping[str, Any]) -> str:
-    """Human text for an :meth:`Outcome.to_json` mapping (the CLI has only the JSON)."""
-    counts = ", ".join(f"{option} {count}" for option, count in data["counts"].items())
-    head = f"round {data['round']}: {data['status']}"
-    lines = [f"{head} ({counts or 'no valid ballots'}; {data['invited']} invited)"]
-    for ballot in data["ballots"]:
-        said = (
-            f"{ballot['option']}: {ballot['rationale']}" if ballot["option"] else ballot["reason"]
-        )
-        lines.append(f"  {ballot['voter']} {ballot['status']} {said}")
-    if data["status"] == "winner":
-        lines.append(f"Recommendation: {data['winner']}. A majority recommends; nothing was done.")
-    elif data["status"] == "needs-user":
-        lines.append("No strict majority. Leading options, for the user to decide:")
-        lines.extend(
-            f"  {option['id']} ({option['votes']}): {option['title']}. "
-            f"Tradeoffs: {option['tradeoffs']}"
-            for option in data["leading"]
-        )
-    else:
-        lines.append(data["reason"])
-    return "\n".join(lines)

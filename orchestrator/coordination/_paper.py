@@ -3,7 +3,7 @@
 ``ask`` (optionally addressed to one agent) and ``answer`` (to a question id) reply with the new
 id only, never echoing the text; ``list`` shows a reader what it has not seen, newest first and
 bounded, so the paper never becomes a second transcript. The file keeps a bounded number of
-entries (:mod:`orchestrator.coordination._paper_file` sets the limits): the oldest go first and ids keep
+entries (:mod:`._paper_file` sets the limits): the oldest go first and ids keep
 increasing.
 
 A write is read-modify-write under ``flock`` on a separate ``<paper>.lock`` (locking the file we
@@ -42,6 +42,8 @@ from orchestrator.coordination._paper_file import (
     write_atomic,
 )
 
+#: The parent's name on the paper (children write under their keys, ``a1``...).
+PARENT: Final = "parent"
 LIST_BUDGET: Final = 4000
 LIST_CLIP: Final = 400
 ATTACH_BUDGET: Final = 1000

@@ -82,3 +82,23 @@ class Lane:
 
     def statistics(self) -> dict[str, int]:
         return {"capacity": self.capacity, "working": self.working, "queued": self.queued}
+
+
+@attrs.define(eq=False)
+class LaneSlot:
+    """One run's hold on the lane: at most one slot, given back exactly once."""
+
+    lane: Lane
+    held: bool = False
+
+    async def take(self) -> None:
+        await self.lane.acquire()
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.lane.release()
+
+    def lane_full(self) -> bool:
+        return self.lane.working >= self.lane.capacity

@@ -16,7 +16,9 @@ from typing import Any
 import attrs
 import trio
 
+from orchestrator._errors import FleetError
 from orchestrator._records import ChildRecord, State
+from orchestrator.governance._diagnostics import RunLog
 from orchestrator.workspace._copyback import finalize
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import Snapshot, create_worktree, remove_worktree
@@ -90,3 +92,16 @@ def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:
         record.error = fields["error"]
     elif "error" in fields and record.state is State.STOPPED:
         record.error = ""
+
+
+async def settle_worktree(
+    worktrees: Worktrees, record: ChildRecord, log: RunLog, *, copy_back: bool
+) -> None:
+    """Finalize *record*'s worktree as its run ends (copy back only on a clean stop)."""
+    try:
+        fields = await worktrees.settle(record.key, copy_back=copy_back)
+    except FleetError as exc:
+        fields = {"error": f"copy-back failed: {exc}", "remaining": [str(exc)]}
+    apply_settlement(record, fields)
+    if fields.get("conflicts") or fields.get("error"):
+        log.write(f"worktree unresolved: {fields.get('error') or 'conflicts'}")

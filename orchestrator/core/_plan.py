@@ -14,6 +14,7 @@ import attrs
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
+from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
 from orchestrator.launch._sandboxing import policy_for
@@ -28,48 +29,6 @@ MODEL_KINDS = {
     "claude": ("anthropic", "native"),
     "codex": ("openai", "native"),
 }
-
-
-@attrs.frozen(kw_only=True)
-class SpawnRequest:
-    """One task to delegate (``fleet spawn`` / the API)."""
-
-    task: str
-    agent: str = "scout"
-    mode: str | None = None
-    name: str | None = None
-    backend: str | None = None
-    model: str | None = None
-    command: tuple[str, ...] = ()
-    surface: str | None = None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
-        """From a ``--batch`` JSON entry; unknown keys are an error."""
-        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
-        unknown = set(data) - known
-        if unknown:
-            raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
-        task = data.get("task")
-        if not isinstance(task, str) or not task.strip():
-            raise UsageError("spawn: every batch entry needs a non-empty task")
-        command = data.get("command") or ()
-        if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
-            raise UsageError("spawn: command must be a list of strings")
-        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model", "surface")}
-        for key, value in fields.items():
-            if value is not None and not isinstance(value, str):
-                raise UsageError(f"spawn: {key} must be a string")
-        return cls(
-            task=task,
-            agent=fields["agent"] or "scout",
-            mode=fields["mode"],
-            name=fields["name"],
-            backend=fields["backend"],
-            model=fields["model"],
-            command=tuple(command),
-            surface=fields["surface"],
-        )
 
 
 @attrs.frozen(kw_only=True)

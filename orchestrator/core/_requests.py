@@ -1,22 +1,22 @@
 """What a child sends its supervisor: activity and turn results, and requests to serve.
 
-A :class:`ChildRequests` belongs to one :class:`~orchestrator.core._run.ChildRun`: its channel
+A :class:`ChildRequests` belongs to one run (a :class:`Requester`): its channel
 hands every event and request here. Questions wait on the parent; nested spawns, ownership
 and the paper are the supervisor's services.
 """
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import trio
 
 import ipc
-from orchestrator._records import TERMINAL, State, clip
+from orchestrator._records import TERMINAL, ChildRecord, State, clip
+from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._watchdog import Watchdog
 
-if TYPE_CHECKING:
-    from orchestrator.core._run import ChildRun
-
-__all__ = ["HEARTBEATS", "ChildRequests", "Question"]
+__all__ = ["HEARTBEATS", "ChildRequests", "Question", "Requester", "Turn"]
 
 HEARTBEATS = frozenset({"tool_start", "tool_update", "message"})
 
@@ -33,10 +33,43 @@ class Question:
 
 
 @attrs.define(eq=False)
+class Turn:
+    """One prompt (or side question) sent to the child, resolved by its ``settled`` frame."""
+
+    number: int
+    side: bool
+    settled: trio.Event = attrs.Factory(trio.Event)
+    result: ipc.Settled | None = None
+
+
+class Requester(Protocol):
+    """The run whose channel this serves, and the supervisor's services bound to it."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def record(self) -> ChildRecord: ...
+    @property
+    def log(self) -> RunLog: ...
+    @property
+    def watchdog(self) -> Watchdog: ...
+    @property
+    def turn(self) -> Turn | None: ...
+    @property
+    def side_turn(self) -> Turn | None: ...
+    async def nested_spawn(self, body: ipc.Spawn) -> ipc.Message: ...
+    def take_ownership(self, paths: Sequence[str]) -> ipc.Message: ...
+    async def discuss(self, body: ipc.Discuss) -> ipc.Message: ...
+    def new_question(self, text: str) -> Question: ...
+    def drop_question(self, qid: str) -> None: ...
+    def notify_question(self, question: Question) -> None: ...
+
+
+@attrs.define(eq=False)
 class ChildRequests:
     """Serves one run's channel: events update the record, requests get their reply."""
 
-    run: "ChildRun"
+    run: Requester
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         body = envelope.body
@@ -80,29 +113,29 @@ class ChildRequests:
         if isinstance(body, ipc.Question):
             return await self._question(body.text)
         if isinstance(body, ipc.Spawn):
-            return await self.run.sup.nested_spawn(self.run, body)
+            return await self.run.nested_spawn(body)
         if isinstance(body, ipc.Ownership):
-            return self.run.sup.take_ownership(self.run, body.paths)
+            return self.run.take_ownership(body.paths)
         if isinstance(body, ipc.Discuss):
-            return await self.run.sup.discuss_for(self.run, body)
+            return await self.run.discuss(body)
         if isinstance(body, ipc.Proxy):
             return ipc.Reply(ok=False, error=f"no parent tool {body.tool!r} is offered here")
         return ipc.Reply(ok=False, error=f"{envelope.type} is not a request the supervisor serves")
 
     async def _question(self, text: str) -> ipc.Message:
-        question = self.run.sup.new_question(self.run.key, text)
+        question = self.run.new_question(text)
         record = self.run.record
         prior = record.state
         record.state = State.WAITING
         record.question = question.id
         record.touch(clip(f"asks: {text}", 120))
         self.run.watchdog.pause_for_question()
-        self.run.sup.notify(record, question=question)
+        self.run.notify_question(question)
         try:
             await question.answered.wait()
         finally:
             self.run.watchdog.resume_after_question()
-            self.run.sup.drop_question(question.id)
+            self.run.drop_question(question.id)
             record.question = None
             if record.state is State.WAITING:
                 record.state = prior if prior not in TERMINAL else record.state

@@ -7,42 +7,34 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 """
 
 import contextlib
-import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
 
 import ipc
-from orchestrator._errors import FleetError, OperationFailed, UsageError
+from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
-from orchestrator.core._isolation import apply_settlement
-from orchestrator.core._requests import ChildRequests, Question
+from orchestrator.core._capacity import LaneSlot
+from orchestrator.core._isolation import settle_worktree
+from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
-from orchestrator.launch._launcher import Launched
+from orchestrator.launch._launcher import Launched, exit_failure
 
 if TYPE_CHECKING:
-    from orchestrator.core._supervisor import Supervisor
+    from orchestrator.core._host import RunHost
 
 __all__ = ["ChildRun", "Question", "Turn"]
-
-
-@attrs.define(eq=False)
-class Turn:
-    number: int
-    side: bool
-    settled: trio.Event = attrs.Factory(trio.Event)
-    result: ipc.Settled | None = None
 
 
 @attrs.define(eq=False)
 class ChildRun:
     """The supervisor's side of one child."""
 
-    sup: "Supervisor"
+    host: "RunHost[ChildRun]"
     record: ChildRecord
     token: str
     loadout: str
@@ -63,7 +55,7 @@ class ChildRun:
     _prompts: list[str] = attrs.Factory(list)
     _prompt_ready: trio.Event = attrs.Factory(trio.Event)
     _nursery: trio.Nursery | None = None
-    _holds_lane: bool = False
+    _slot: LaneSlot = attrs.field(init=False)
     _queued_scope: trio.CancelScope | None = None
     _turn_lock: trio.Lock = attrs.Factory(trio.Lock)
     _early_steers: list[str] = attrs.Factory(list)
@@ -73,10 +65,31 @@ class ChildRun:
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
         self.requests = ChildRequests(run=self)
+        self._slot = LaneSlot(self.host.lane)
 
     @property
     def key(self) -> str:
         return self.record.key
+
+    # -- the supervisor's services, bound to this run (its requests call these) --------------
+
+    async def nested_spawn(self, body: ipc.Spawn) -> ipc.Message:
+        return await self.host.nested_spawn(self, body)
+
+    def take_ownership(self, paths: Sequence[str]) -> ipc.Message:
+        return self.host.take_ownership(self, paths)
+
+    async def discuss(self, body: ipc.Discuss) -> ipc.Message:
+        return await self.host.discuss_for(self, body)
+
+    def new_question(self, text: str) -> Question:
+        return self.host.new_question(self.key, text)
+
+    def drop_question(self, qid: str) -> None:
+        self.host.drop_question(qid)
+
+    def notify_question(self, question: Question) -> None:
+        self.host.notify(self.record, question=question)
 
     # -- life -------------------------------------------------------------------------------
 
@@ -86,8 +99,8 @@ class ChildRun:
             self._nursery = nursery
             try:
                 if self.record.mode == "worktree":
-                    await self.sup.worktrees.create(self.key)
-                self.launched = await self.sup.launch(self, nursery)
+                    await self.host.worktrees.create(self.key)
+                self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()
                 # A surface may classify its own failure (cmux: binary-missing, ...).
@@ -105,13 +118,13 @@ class ChildRun:
             nursery.cancel_scope.cancel()
 
     async def _handshake_deadline(self) -> None:
-        with trio.move_on_after(self.sup.config.hello_timeout):
+        with trio.move_on_after(self.host.config.hello_timeout):
             await self.connected.wait()
             return
         await self.finish(
             State.FAILED,
             kind="handshake-timeout",
-            error=f"no authenticated hello within {self.sup.config.hello_timeout:g} s",
+            error=f"no authenticated hello within {self.host.config.hello_timeout:g} s",
         )
 
     async def _watch_exit(self) -> None:
@@ -123,17 +136,8 @@ class ChildRun:
             # It obeyed our shutdown before stop() resumed: a clean stop, not a failure.
             await self.finish(State.STOPPED, kind="", error="")
             return
-        if code > 128 and self.record.sandboxed:
-            # bwrap is the direct child: it reports a child killed by signal N as 128 + N.
-            code = 128 - code
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            await self.finish(State.FAILED, kind="killed", error=f"child killed by {name}")
-        else:
-            await self.finish(State.FAILED, kind="exited", error=f"child exited with code {code}")
+        kind, error = exit_failure(code, sandboxed=bool(self.record.sandboxed))
+        await self.finish(State.FAILED, kind=kind, error=error)
 
     def on_timeout(self, kind: str) -> None:
         """Watchdog callback: the budget *kind* ran out."""
@@ -153,7 +157,7 @@ class ChildRun:
     def _immediate(self, body: ipc.Message) -> ipc.Message | None:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
-            return self.sup.take_ownership(self, body.paths)
+            return self.take_ownership(body.paths)
         return None
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
@@ -174,7 +178,7 @@ class ChildRun:
         finally:
             if channel.drops:
                 drops = {"drops": dict(channel.drops), "flagged": channel.flagged}
-                self.sup.reject("dropped-frame", self.key, drops)
+                self.host.reject("dropped-frame", self.key, drops)
             if channel.flagged and not self.finishing:
                 await self.finish(
                     State.FAILED,
@@ -184,7 +188,7 @@ class ChildRun:
             elif not self.finishing:
                 # The child dropped its connection: it is exiting or broken; give the
                 # process a moment to exit so the failure is classified by its exit code.
-                with trio.move_on_after(self.sup.config.drain_timeout):
+                with trio.move_on_after(self.host.config.drain_timeout):
                     await self.done.wait()
                 if not self.finishing:
                     await self.finish(
@@ -217,16 +221,15 @@ class ChildRun:
         record.state = State.WORKING
         record.queued = True
         record.touch(
-            "queued for a lane slot" if self.sup.lane.queued or self._lane_full() else None
+            "queued for a lane slot" if self.host.lane.queued or self._slot.lane_full() else None
         )
         # A pause while queued cancels this wait and drops the prompt.
         with trio.CancelScope() as queued:
             self._queued_scope = queued
-            await self.sup.lane.acquire()
-            self._holds_lane = True
+            await self._slot.take()
         self._queued_scope = None
         if queued.cancel_called:
-            self._release_lane()  # paused after the slot was granted: give it back
+            self._slot.give_back()  # paused after the slot was granted: give it back
             return
         async with self._turn_lock:
             await self._run_prompt(text)
@@ -257,7 +260,7 @@ class ChildRun:
             await turn.settled.wait()
         finally:
             self.watchdog.stop_active()
-            self._release_lane()
+            self._slot.give_back()
             self.turn = None
         self._settled(turn)
 
@@ -268,15 +271,6 @@ class ChildRun:
         if self.finishing:
             raise OperationFailed(f"{self.key} ended before it connected: {self.record.error}")
 
-    def _lane_full(self) -> bool:
-        stats = self.sup.lane.statistics()
-        return stats["working"] >= stats["capacity"]
-
-    def _release_lane(self) -> None:
-        if self._holds_lane:
-            self._holds_lane = False
-            self.sup.lane.release()
-
     @contextlib.asynccontextmanager
     async def waiting_on_supervisor(self) -> AsyncIterator[None]:
         """The turn waits on the supervisor (a nested child): no lane slot, budgets paused.
@@ -285,25 +279,24 @@ class ChildRun:
         caller), and the wait is the parent's debt, like a pending question. The slot is taken
         back afterwards if the same turn is still running.
         """
-        turn, held = self.turn, self._holds_lane
-        self._release_lane()
+        turn, held = self.turn, self._slot.held
+        self._slot.give_back()
         self.watchdog.pause_for_question()
         try:
             yield
         finally:
             self.watchdog.resume_after_question()
         if held and not self.finishing:
-            await self.sup.lane.acquire()
-            self._holds_lane = True
+            await self._slot.take()
             if self.finishing or self.turn is not turn:
-                self._release_lane()
+                self._slot.give_back()
 
     def _settled(self, turn: Turn) -> None:
         result = turn.result
         record = self.record
         if result is None or self.finishing or self._timed_out:
             return
-        self.sup.cancel_questions(self.key)
+        self.host.cancel_questions(self.key)
         if result.text:
             record.report = result.text
         if not result.ok:
@@ -319,7 +312,7 @@ class ChildRun:
             record.touch("idle" if result.ok else f"turn failed: {result.error}")
         self.pausing = False
         if notify:
-            self.sup.notify(record, report=result.text, error=result.error)
+            self.host.notify(record, report=result.text, error=result.error)
 
     async def _request(self, message: ipc.Message) -> ipc.Message:
         if self.channel is None:
@@ -360,7 +353,7 @@ class ChildRun:
             return True
         self.pausing = True
         await self._request(ipc.Abort())
-        with trio.move_on_after(self.sup.config.pause_timeout):
+        with trio.move_on_after(self.host.config.pause_timeout):
             await turn.settled.wait()
             # _settled runs in the turn task right after the event; let it.
             await trio.lowlevel.checkpoint()
@@ -409,7 +402,7 @@ class ChildRun:
             self._prompts.clear()
             if self.channel is not None and not self.channel.closed:
                 if self.turn is not None or self.side_turn is not None:
-                    with trio.move_on_after(self.sup.config.pause_timeout):
+                    with trio.move_on_after(self.host.config.pause_timeout):
                         await self._quiet_request(ipc.Abort())
                         turn = self.turn or self.side_turn
                         if turn is not None:
@@ -425,15 +418,6 @@ class ChildRun:
             with contextlib.suppress(ipc.RequestError):
                 await self.channel.request(message)
 
-    async def _settle_worktree(self, state: State) -> None:
-        try:
-            fields = await self.sup.worktrees.settle(self.key, copy_back=state is State.STOPPED)
-        except FleetError as exc:
-            fields = {"error": f"copy-back failed: {exc}", "remaining": [str(exc)]}
-        apply_settlement(self.record, fields)
-        if fields.get("conflicts") or fields.get("error"):
-            self.log.write(f"worktree unresolved: {fields.get('error') or 'conflicts'}")
-
     async def finish(self, state: State, kind: FailureKind | str, error: str) -> None:
         """Reach the terminal *state* exactly once; later callers wait for the first."""
         if self.finishing:
@@ -448,29 +432,24 @@ class ChildRun:
                 if turn is not None and not turn.settled.is_set():
                     turn.settled.set()
             if self.launched is not None:
-                await self.launched.terminate(self.sup.config.kill_grace)
-                await self.launched.drain(self.sup.config.drain_timeout)
-            self.sup.cancel_questions(self.key)
-            self._release_lane()
+                await self.launched.terminate(self.host.config.kill_grace)
+                await self.launched.drain(self.host.config.drain_timeout)
+            self.host.cancel_questions(self.key)
+            self._slot.give_back()
             if record.mode == "worktree":
-                await self._settle_worktree(state)
+                await settle_worktree(
+                    self.host.worktrees, record, self.log, copy_back=state is State.STOPPED
+                )
             record.state = state
             record.queued = False
             if state is State.FAILED:
                 record.error = error
-                report = self.log.fail(cast("FailureKind", kind), error)
-                record.failure = {
-                    "kind": report.kind,
-                    "transport": report.transport,
-                    "log": str(report.log_path),
-                    "error": report.error,
-                    "tail": report.tail,
-                }
+                record.failure = self.log.fail(cast("FailureKind", kind), error).as_json()
                 record.touch(f"failed: {kind}")
             else:
                 self.log.flush()
                 record.touch("stopped")
-            await self.sup.release(self)
+            await self.host.release(self)
             if state is State.FAILED:
-                self.sup.notify(record, report=record.report, error=error, failure=True)
+                self.host.notify(record, report=record.report, error=error, failure=True)
         self.done.set()

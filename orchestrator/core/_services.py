@@ -1,6 +1,6 @@
 """What the supervisor offers a running child: questions, ownership, the paper, nested spawns.
 
-:class:`Services` is owned by the :class:`~orchestrator.core._supervisor.Supervisor`, which keeps
+:class:`Services` is owned by the supervisor, which keeps
 thin delegating methods for the runs that call these; the state only these services touch
 (question numbering, nested children's settle events) lives here.
 """
@@ -13,18 +13,18 @@ import attrs
 import trio
 
 import ipc
+from orchestrator._config import Config
 from orchestrator._errors import FleetError, PolicyError
-from orchestrator._records import State
+from orchestrator._records import SpawnRequest, State
 from orchestrator._sync import wait_first
-from orchestrator.coordination._paper import PaperError
-from orchestrator.core._plan import SpawnRequest
+from orchestrator.coordination._paper import Paper, PaperError
 from orchestrator.core._run import ChildRun, Question
-from orchestrator.governance._diagnostics import RejectKind
-from orchestrator.governance._ownership import LockConflict
+from orchestrator.governance._diagnostics import RejectKind, RejectLog
+from orchestrator.governance._ownership import LockConflict, LockTable
 from orchestrator.governance._policy import validate_nested
 
 if TYPE_CHECKING:
-    from orchestrator.core._supervisor import Supervisor
+    from orchestrator.core._host import ServiceHost
 
 __all__ = ["Services"]
 
@@ -33,14 +33,19 @@ __all__ = ["Services"]
 class Services:
     """The supervisor's services for running children."""
 
-    sup: "Supervisor"
+    fleet: "ServiceHost[ChildRun]"
+    config: Config
+    locks: LockTable
+    paper: Paper
+    questions: dict[str, Question]
+    rejects: RejectLog | None = None
     _question_ids: int = 0
     _nested_settled: dict[str, trio.Event] = attrs.Factory(dict)
 
     def reject(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:
         """Record a refused request in the opt-in reject log (config ``reject_log``)."""
-        if self.sup.rejects is not None:
-            self.sup.rejects.record(kind, owner, args)
+        if self.rejects is not None:
+            self.rejects.record(kind, owner, args)
 
     def nested_settled(self, key: str) -> None:
         """Wake the ``subagent`` call waiting on nested child *key*."""
@@ -49,14 +54,14 @@ class Services:
     def new_question(self, key: str, text: str) -> Question:
         self._question_ids += 1
         question = Question(id=f"q{self._question_ids}", key=key, text=text)
-        self.sup.questions[question.id] = question
+        self.questions[question.id] = question
         return question
 
     def drop_question(self, qid: str) -> None:
-        self.sup.questions.pop(qid, None)
+        self.questions.pop(qid, None)
 
     def cancel_questions(self, key: str) -> None:
-        questions = self.sup.questions
+        questions = self.questions
         for question in [q for q in questions.values() if q.key == key]:
             question.answered.set()
             questions.pop(question.id, None)
@@ -73,28 +78,28 @@ class Services:
         targets = [self._repo_path(run, path) for path in paths]
         try:
             if run.declared:
-                if run.key not in self.sup.locks.snapshot():
-                    self.sup.locks.acquire(run.key, run.declared, root=self.sup.config.workspace)
-                outside = [t for t in targets if not self.sup.locks.holds(run.key, Path(t))]
+                if run.key not in self.locks.snapshot():
+                    self.locks.acquire(run.key, run.declared, root=self.config.workspace)
+                outside = [t for t in targets if not self.locks.holds(run.key, Path(t))]
                 if outside:
                     specs = ", ".join(run.declared)
                     return ipc.Reply(
                         ok=False, error=f"{outside[0]} is outside {run.key}'s ownership ({specs})"
                     )
             else:
-                self.sup.locks.acquire(run.key, targets, root=self.sup.config.workspace)
+                self.locks.acquire(run.key, targets, root=self.config.workspace)
         except (LockConflict, ValueError) as exc:
             if isinstance(exc, LockConflict):
                 args = {"paths": list(paths), "holder": exc.holder, "error": str(exc)}
                 self.reject("lock-conflict", run.key, args)
             return ipc.Reply(ok=False, error=str(exc))
-        return ipc.Reply(ok=True, data={"held": list(self.sup.locks.snapshot().get(run.key, ()))})
+        return ipc.Reply(ok=True, data={"held": list(self.locks.snapshot().get(run.key, ()))})
 
     def _repo_path(self, run: ChildRun, path: str) -> str:
         workspace = Path(run.record.workspace)
         try:
             return str(
-                self.sup.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
+                self.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
             )
         except ValueError:
             return path
@@ -103,13 +108,11 @@ class Services:
         """A child's ``discuss`` tool call on the session's paper."""
         try:
             if body.op == "ask":
-                text = await self.sup.paper.ask(run.key, body.text, to=body.to)
+                text = await self.paper.ask(run.key, body.text, to=body.to)
             elif body.op == "answer":
-                text = await self.sup.paper.answer(run.key, body.question or "", body.text)
+                text = await self.paper.answer(run.key, body.question or "", body.text)
             else:
-                listed = await self.sup.paper.list(
-                    run.key, since=body.since, question=body.question
-                )
+                listed = await self.paper.list(run.key, since=body.since, question=body.question)
                 text = listed.text
         except PaperError as exc:
             return ipc.Reply(ok=False, error=str(exc))
@@ -117,7 +120,7 @@ class Services:
 
     async def nested_spawn(self, run: ChildRun, body: ipc.Spawn) -> ipc.Message:
         """A child's ``subagent`` call: checked, launched, awaited; only the report returns."""
-        definition = self.sup.agents().get(run.record.agent)
+        definition = self.fleet.agents().get(run.record.agent)
         allowlist = definition.subagent_agents if definition is not None else ()
         try:
             validate_nested(
@@ -131,22 +134,22 @@ class Services:
             self.reject("policy", run.key, {"subagent": body.agent, "error": str(exc)})
             return ipc.Reply(ok=False, error=str(exc))
         try:
-            [record] = await self.sup.spawn(
+            [record] = await self.fleet.spawn(
                 [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
                 parent=run,
             )
         except FleetError as exc:
             return ipc.Reply(ok=False, error=str(exc))
         settled = self._nested_settled.setdefault(record.key, trio.Event())
-        nested = self.sup.runs.get(record.key)
+        done = self.fleet.run_done(record.key)
         try:
             async with run.waiting_on_supervisor():
-                await wait_first(settled, *([] if nested is None else [nested.done]))
+                await wait_first(settled, *([] if done is None else [done]))
         finally:
             # Also when the caller ends first (its request is cancelled): nobody else would
             # ever collect the nested child, so it must not outlive the call.
             with trio.CancelScope(shield=True):
-                handoff = (await self.sup.stop([record.key]))[0]
+                handoff = (await self.fleet.stop([record.key]))[0]
             self._nested_settled.pop(record.key, None)
         if handoff["state"] == str(State.FAILED) and handoff.get("error"):
             return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")

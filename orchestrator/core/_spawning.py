@@ -20,8 +20,8 @@ import trio
 
 import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
-from orchestrator._records import ChildRecord
-from orchestrator.core._plan import SpawnRequest, plan_spawn
+from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator.core._plan import plan_spawn
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._cmux import CmuxLauncher
@@ -37,7 +37,7 @@ from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
 
 if TYPE_CHECKING:
-    from orchestrator.core._supervisor import Supervisor
+    from orchestrator.core._host import SpawnHost
 
 
 @attrs.frozen(kw_only=True)
@@ -60,7 +60,7 @@ class _PrepareError(Exception):
 class Spawning:
     """The supervisor's spawning: batches, their files, launchers and launches."""
 
-    sup: "Supervisor"
+    sup: "SpawnHost[ChildRun]"
     # One batch at a time: plans, names and reservations are checked against a settled fleet.
     _lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -142,7 +142,7 @@ class Spawning:
         event loop: a loadout's two fsyncs would otherwise stall every running child's I/O
         and make a batch start one child per fsync."""
         sup = self.sup
-        paths = sup.paths
+        paths = sup.config.paths
         for directory in (paths.loadouts, paths.logs, paths.scratch):
             ipc.ensure_private_dir(directory)
         if any(record.mode == "worktree" for record in records):
@@ -167,7 +167,7 @@ class Spawning:
             raise first from first.cause
         return [
             ChildRun(
-                sup=sup,
+                host=sup,
                 record=record,
                 token=prepared[record.key].token,
                 loadout=prepared[record.key].loadout,
@@ -181,7 +181,7 @@ class Spawning:
     def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
         sup = self.sup
-        paths = sup.paths
+        paths = sup.config.paths
         scratch = paths.scratch / record.key
         ipc.ensure_private_dir(scratch)
         if record.mode == "worktree":
@@ -221,7 +221,7 @@ class Spawning:
             keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
             if surface == "tmux":
                 launcher = TmuxLauncher.private(
-                    sup.paths.root, sup.config.session, base_env=os.environ, keep_failed=keep
+                    sup.config.paths.root, sup.config.session, base_env=os.environ, keep_failed=keep
                 )
             elif surface == "tmux:current":
                 launcher = TmuxLauncher.current(os.environ, keep_failed=keep)

@@ -12,7 +12,7 @@ Use it embedded::
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import attrs
 import trio
@@ -26,14 +26,15 @@ from orchestrator._errors import (
     TimedOut,
     UsageError,
 )
-from orchestrator._records import ChildRecord, Registry
+from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
-from orchestrator.coordination._paper import Paper
+from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._notes import Notes
-from orchestrator.core._plan import SpawnRequest
+from orchestrator.core._registry import Registry
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
@@ -46,9 +47,6 @@ from orchestrator.launch._launcher import Launched, Launcher, child_argv
 from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
-
-#: The parent's name on the discussion paper (children write under their keys, ``a1``...).
-PARENT: Final = "parent"
 
 
 @attrs.define(eq=False)
@@ -92,8 +90,15 @@ class Supervisor:
         self.worktrees = Worktrees(
             root=self.config.paths.worktrees, repo=self.config.workspace, review=self.review
         )
-        self.democracy = Democracy(sup=self)
-        self.services = Services(sup=self)
+        self.democracy = Democracy(fleet=self)
+        self.services = Services(
+            fleet=self,
+            config=self.config,
+            locks=self.locks,
+            paper=self.paper,
+            questions=self.questions,
+            rejects=self.rejects,
+        )
         self.spawning = Spawning(sup=self)
         self.agent_dirs = self.config.agent_dirs
         if self.config.fork_server:
@@ -217,6 +222,11 @@ class Supervisor:
                     nursery.start_soon(resolve_one, index, record)
         return handoffs
 
+    def run_done(self, key: str) -> trio.Event | None:
+        """The event set when *key*'s run has finished, or ``None`` if it has no run."""
+        run = self.runs.get(key)
+        return None if run is None else run.done
+
     async def stop_all(self) -> list[dict[str, Any]]:
         return await self.stop([r.key for r in self.registry.live()])
 
@@ -285,6 +295,28 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 text = path.read_text(encoding="utf-8", errors="replace")
         return {"key": record.key, "path": str(path), "tail": text[-tail:]}
+
+    async def brief(self) -> str:
+        """The moderator brief for this fleet now (``fleet brief``)."""
+        lane = self.lane.statistics()
+        facts = Facts(
+            mode=self.mode,
+            used=self.capacity.used,
+            cap=self.capacity.cap,
+            working=lane["working"],
+            lane=lane["capacity"],
+            queued=lane["queued"],
+            workspace=str(self.config.workspace),
+            children=tuple(self.registry.live()),
+            questions=tuple((q.id, q.key, q.text) for q in self.questions.values()),
+            unread=tuple(dict.fromkeys(note["key"] for note in self.notes.pending)),
+            unresolved=tuple(
+                r for r in self.registry.retired.values() if r.conflicts or r.remaining
+            ),
+            paper=await paper_line(self.paper),
+            voting=voting_line(self.democracy.current),
+        )
+        return render(facts)
 
     def set_mode(self, mode: str | None) -> str:
         if mode is not None:
@@ -385,18 +417,20 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.paths.root)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     listener = ipc.Listener(config.paths.ipc_socket)
+    session_key = ipc.new_session_key()
+    rejects = None
+    if config.reject_log:
+        rejects = RejectLog(config.paths.logs / "rejected.jsonl", secrets=[session_key])
     async with trio.open_nursery() as nursery:
         sup = Supervisor(
             config=config,
-            session_key=ipc.new_session_key(),
+            session_key=session_key,
             nursery=nursery,
             budgets=budgets,
+            rejects=rejects,
         )
         if warning:
             sup.warnings.append(warning)
-        if config.reject_log:
-            path = config.paths.logs / "rejected.jsonl"
-            sup.rejects = RejectLog(path, secrets=[sup.session_key])
         await nursery.start(listener.serve, sup.handle_connection)
         if sup.fork_server is not None and config.sandbox == "off":
             # Every process child will be a fork: have the server ready before the first.

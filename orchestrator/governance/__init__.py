@@ -1,1 +1,10 @@
-"""TODO"""
+"""Governance: the rules a fleet enforces, as pure parts the core wires in.
+
+Owns the workflow-mode and toolset policy (``_policy``), path ownership locks with the exact
+glob-overlap automaton (``_ownership``, ``_globmatch``), the watchdog budgets (``_watchdog``), and
+bounded, redacted diagnostics (``_diagnostics``: run logs, failure tails, the reject log). Next:
+usage budgets and the loop gate.
+
+Imports: the foundation (``orchestrator._errors``, ``_config``, ``_records``, ``_sync``) only —
+nothing of the core, the launchers or the CLI.
+"""

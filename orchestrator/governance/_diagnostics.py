@@ -244,6 +244,16 @@ class FailureReport:
     tail: str
     already_reported: bool = False
 
+    def as_json(self) -> dict[str, str]:
+        """The ``failure`` field of a record, ``peek`` and the handoff."""
+        return {
+            "kind": self.kind,
+            "transport": self.transport,
+            "log": str(self.log_path),
+            "error": self.error,
+            "tail": self.tail,
+        }
+
 
 @attrs.define(eq=False)
 class RunLog:

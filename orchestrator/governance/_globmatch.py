@@ -1,6 +1,6 @@
 """The automaton behind lock specs: which paths a spec owns, and whether two specs share one.
 
-A spec (grammar in :mod:`orchestrator.governance._ownership`) compiles to a nondeterministic automaton over
+A spec (grammar in :mod:`._ownership`) compiles to a nondeterministic automaton over
 code points whose edges carry sets of code points as sorted, disjoint ranges. :func:`owns` runs
 one automaton over a concrete path; :func:`witness_path` searches the product of two automata
 breadth first, so it finds a path both own exactly when one exists.

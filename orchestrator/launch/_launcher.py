@@ -12,6 +12,7 @@ at 10.0 s. Exit is awaited on a pidfd where the platform has one, else by pollin
 import functools
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -24,6 +25,21 @@ from orchestrator.launch._forkserver import ForkServer, ForkServerError
 from orchestrator.launch._kill import MARKER_ENV, kill_tree
 
 log = logging.getLogger("orchestrator")
+
+
+def exit_failure(code: int, *, sandboxed: bool) -> tuple[str, str]:
+    """The failure kind and one-line error for a child that exited by itself with *code*."""
+    if code > 128 and sandboxed:
+        # bwrap is the direct child: it reports a child killed by signal N as 128 + N.
+        code = 128 - code
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return "killed", f"child killed by {name}"
+    return "exited", f"child exited with code {code}"
+
 
 OutputSink = Callable[[str, bytes], None]
 

@@ -34,6 +34,16 @@ if TYPE_CHECKING:
     from orchestrator.workspace._worktree import Snapshot
 
 ChangeStatus = Literal["added", "modified", "deleted", "mode", "type"]
+
+
+@attrs.frozen(kw_only=True)
+class Conflict:
+    """A path that was not copied back (or not reverted), and why."""
+
+    path: str
+    reason: str
+
+
 _CHUNK = 1 << 20
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from orchestrator.workspace._copyback import ChangeStatus, Conflict
+from orchestrator.workspace._changes import ChangeStatus, Conflict
 from orchestrator.workspace._pathguard import open_dir
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import trio
 
 import sandbox
 from orchestrator._config import Config
-from orchestrator.core._plan import SpawnRequest
+from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 from tests.e2e.conftest import make_repo
 from tests.fakes._agent_clis import NPM_BIN

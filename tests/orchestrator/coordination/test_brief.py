@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator._config import Config
 from orchestrator._records import ChildRecord, State
-from orchestrator.coordination._brief import LIMIT, MODERATOR, Facts, brief, render
+from orchestrator.coordination._brief import LIMIT, MODERATOR, Facts, render
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
 
@@ -172,7 +172,7 @@ async def test_gather_reads_the_live_fleet_its_questions_and_the_papers_open_que
                 await sup.paper.ask("a1", "Anyone on docs/?")
                 answered = await sup.paper.ask("a1", "Old question?")
                 await sup.paper.answer("parent", answered, "yes")
-                text = await brief(sup)
+                text = await sup.brief()
                 sup.answer("q1", "postgres")
     finally:
         shutil.rmtree(home, ignore_errors=True)

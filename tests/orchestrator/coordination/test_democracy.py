@@ -21,8 +21,9 @@ import trio
 from orchestrator._config import Config
 from orchestrator._errors import CapacityError, NotFound, UsageError
 from orchestrator._records import State
+from orchestrator.cli._render import render_outcome
 from orchestrator.coordination._ballots import Ballot, RoundError
-from orchestrator.coordination._democracy import Leading, Outcome, render_outcome
+from orchestrator.coordination._democracy import Leading, Outcome
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
 GIT_ENV = {

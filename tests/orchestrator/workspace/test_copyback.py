@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.workspace import _copyback
-from orchestrator.workspace._changes import Change, changed_paths
-from orchestrator.workspace._copyback import Conflict, finalize
+from orchestrator.workspace import _apply
+from orchestrator.workspace._changes import Change, Conflict, changed_paths
+from orchestrator.workspace._copyback import finalize
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import WorktreeError, create_worktree
 from tests.orchestrator.workspace._gitutil import git, write
@@ -218,21 +218,21 @@ def five_changes(wt: Path) -> list[str]:
 
 
 def fail_at(monkeypatch, name: str, path: str) -> None:
-    real = getattr(_copyback, name)
+    real = getattr(_apply, name)
 
     def failing(snapshot, op):
         if op.delta.path == path:
             raise OSError(errno.EIO, "injected I/O error", path)
         real(snapshot, op)
 
-    monkeypatch.setattr(_copyback, name, failing)
+    monkeypatch.setattr(_apply, name, failing)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 4])
 def test_failure_at_file_k_of_n_restores_the_parent(repo, snap, review, monkeypatch, k):
     paths = five_changes(snap.worktree)
     before = tree(repo)
-    fail_at(monkeypatch, "_apply_op", paths[k])
+    fail_at(monkeypatch, "apply_op", paths[k])
     result = finalize(snap, review, "worker-1")
     assert tree(repo) == before  # no temp, backup or created directory left either
     assert result.applied == ()
@@ -245,8 +245,8 @@ def test_failure_at_file_k_of_n_restores_the_parent(repo, snap, review, monkeypa
 def test_rollback_failure_names_exactly_what_stayed_applied(repo, snap, review, monkeypatch):
     paths = five_changes(snap.worktree)
     original = (repo / "b.txt").read_bytes()
-    fail_at(monkeypatch, "_apply_op", paths[3])
-    fail_at(monkeypatch, "_restore_op", paths[1])
+    fail_at(monkeypatch, "apply_op", paths[3])
+    fail_at(monkeypatch, "restore_op", paths[1])
     result = finalize(snap, review, "worker-1")
     assert result.applied == ("b.txt",)
     assert result.restored == ("a.txt", "d.txt")
@@ -264,14 +264,14 @@ def test_rollback_failure_names_exactly_what_stayed_applied(repo, snap, review, 
 def test_a_failure_while_preparing_leaves_nothing_behind(repo, snap, review, monkeypatch):
     five_changes(snap.worktree)
     before = tree(repo)
-    real = _copyback._stage
+    real = _apply.stage
 
     def failing(snapshot, op, fd, new, algo):
         if op.delta.path == "fresh/c.txt":
             raise OSError(errno.ENOSPC, "No space left on device", ".fleet-new-0123")
         real(snapshot, op, fd, new, algo)
 
-    monkeypatch.setattr(_copyback, "_stage", failing)
+    monkeypatch.setattr(_apply, "stage", failing)
     result = finalize(snap, review, "worker-1")
     assert result.error == (
         f"copy back from {snap.worktree}: preparing fresh/c.txt failed (No space left on "
@@ -284,13 +284,13 @@ def test_a_failure_while_preparing_leaves_nothing_behind(repo, snap, review, mon
 def test_a_worktree_file_changing_during_copy_back_is_a_conflict(repo, snap, review, monkeypatch):
     five_changes(snap.worktree)
     before = tree(repo)
-    real = _copyback._prepare
+    real = _apply.prepare
 
     def edit_then_prepare(snapshot, ops, created, algo):
         write(snapshot.worktree / "b.txt", "the child was still writing\n")
         real(snapshot, ops, created, algo)
 
-    monkeypatch.setattr(_copyback, "_prepare", edit_then_prepare)
+    monkeypatch.setattr(_apply, "prepare", edit_then_prepare)
     result = finalize(snap, review, "worker-1")
     assert result.conflicts == (
         Conflict(path="b.txt", reason="changed in the worktree during copy-back; stop again"),
@@ -380,7 +380,7 @@ def test_a_symlink_swapped_in_at_apply_time_stops_the_write(
     write(outside / "only.py", "x = 1\n")
     write(snap.worktree / "a.txt", "first\n")
     write(snap.worktree / "pkg" / "only.py", "x = 2\n")
-    real = _copyback._apply_op
+    real = _apply.apply_op
 
     def swap_then_apply(snapshot, op):
         if op.delta.path == "pkg/only.py":
@@ -388,7 +388,7 @@ def test_a_symlink_swapped_in_at_apply_time_stops_the_write(
             (repo / "pkg").symlink_to(outside)
         real(snapshot, op)
 
-    monkeypatch.setattr(_copyback, "_apply_op", swap_then_apply)
+    monkeypatch.setattr(_apply, "apply_op", swap_then_apply)
     result = finalize(snap, review, "worker-1")
     assert result.restored == ("a.txt",)
     assert (outside / "only.py").read_text() == "x = 1\n"

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from orchestrator.workspace._copyback import Conflict
+from orchestrator.workspace._changes import Conflict
 from orchestrator.workspace._review import FileDiff, ReviewStore
 
 
