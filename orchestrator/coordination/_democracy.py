@@ -23,14 +23,14 @@ voting are paused. A majority is a recommendation; a round implements nothing.
 
 import collections
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, Protocol
+from collections.abc import Sequence
+from typing import Any, Final, Literal
 
 import attrs
 import trio
 
-from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
-from orchestrator._records import ChildRecord, SpawnRequest, State, clip
+from orchestrator._errors import FleetError, NotFound, UsageError
+from orchestrator._records import ChildRecord, SpawnRequest, clip
 from orchestrator._sync import wait_first
 from orchestrator.coordination._ballots import (
     MAX_REASON,
@@ -43,43 +43,17 @@ from orchestrator.coordination._ballots import (
     validate_request,
     voter_prompt,
 )
+from orchestrator.coordination._electorate import (
+    DEFAULT_VOTERS,
+    MIN_VOTERS,
+    REFUSED,
+    VOTABLE,
+    Electorate,
+    check_capacity,
+    nominees,
+    seat_count,
+)
 from orchestrator.coordination._outcome import Leading, Outcome
-
-
-class Slots(Protocol):
-    """The fleet's capacity as a round reads it: the cap and the live children it counts."""
-
-    @property
-    def cap(self) -> int: ...
-    @property
-    def used(self) -> int: ...
-
-
-class Records(Protocol):
-    """The fleet registry as a round reads it."""
-
-    @property
-    def records(self) -> Mapping[str, ChildRecord]: ...
-    def find(self, ref: str, *, include_retired: bool = True) -> ChildRecord: ...
-
-
-class Electorate(Protocol):
-    """The fleet operations a round uses, wired by the supervisor (the composition root)."""
-
-    @property
-    def nursery(self) -> trio.Nursery: ...
-    @property
-    def capacity(self) -> Slots: ...
-    @property
-    def registry(self) -> Records: ...
-    async def spawn(self, requests: Sequence[SpawnRequest]) -> list[ChildRecord]: ...
-    async def prompt(self, ref: str, text: str) -> ChildRecord: ...
-    async def pause(self, ref: str) -> object: ...
-    async def stop(self, refs: Sequence[str]) -> object: ...
-    async def discard(self, ref: str) -> str: ...
-    def run_done(self, key: str) -> trio.Event | None:
-        """The event set when *key*'s process is done, or ``None`` if it has no run."""
-
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -95,12 +69,8 @@ __all__ = [
 ]
 
 DEFAULT_DEADLINE: Final = 600.0
-DEFAULT_VOTERS: Final = 4
-MIN_VOTERS: Final = 2
 KEPT_ROUNDS: Final = 8
 VOTER_AGENT: Final = "scout"
-_REFUSED: Final = "democracy round refused"
-_VOTABLE: Final = frozenset({State.IDLE, State.PAUSED})
 
 
 @attrs.define(eq=False)
@@ -201,18 +171,18 @@ class Democracy:
         """
         if self.current is not None:
             raise RoundError(
-                f"{_REFUSED}: round {self.current.id} is still running "
+                f"{REFUSED}: round {self.current.id} is still running "
                 "(wait for its result, or invalidate it with fleet vote --abort)",
                 field="round",
             )
         checked = validate_request(request)
-        seats = self._seats(voters)
+        seats = seat_count(voters, self.fleet.capacity.cap)
         if isinstance(deadline, bool) or not isinstance(deadline, int | float):
             raise UsageError(f"vote: deadline {deadline!r} is not a number of seconds")
         if not (math.isfinite(deadline) and deadline > 0):
             raise UsageError(f"vote: deadline {deadline!r} must be a positive number of seconds")
-        nominated = self._electorate(agents, seats)
-        self._check_capacity(seats - len(nominated))
+        nominated = nominees(self.fleet.registry, agents, seats)
+        check_capacity(self.fleet.capacity, seats - len(nominated))
         self._ids += 1
         round_id = f"r{self._ids}"
         running = Round(
@@ -291,74 +261,6 @@ class Democracy:
                 seat.record(parse_ballot(record.key, report, running.nonce, ids))
         return True
 
-    # -- checks -----------------------------------------------------------------------------
-
-    def _seats(self, voters: int | None) -> int:
-        cap = self.fleet.capacity.cap
-        if voters is None:
-            return min(DEFAULT_VOTERS, cap)
-        if (
-            isinstance(voters, bool)
-            or not isinstance(voters, int)
-            or not MIN_VOTERS <= voters <= cap
-        ):
-            raise RoundError(
-                f"{_REFUSED}: voters {voters!r} is not {MIN_VOTERS}-{cap} (a strict majority "
-                f"needs {MIN_VOTERS} voters and a round never exceeds max_subagents {cap})",
-                field="voters",
-            )
-        return voters
-
-    def _electorate(self, agents: Sequence[str], seats: int) -> list[ChildRecord]:
-        if len(agents) > seats:
-            raise RoundError(
-                f"{_REFUSED}: {len(agents)} nominated voters for {seats} seats "
-                "(nominate at most --voters scouts)",
-                field="agents",
-            )
-        chosen: dict[str, str] = {}
-        records = []
-        for ref in agents:
-            try:
-                record = self.fleet.registry.find(ref, include_retired=False)
-            except FleetError as exc:
-                raise RoundError(
-                    f"{_REFUSED}: nominee {ref[:80]!r}: {exc}", field="agents"
-                ) from None
-            who = f"{record.key} ({record.name})"
-            if record.key in chosen:
-                raise RoundError(
-                    f"{_REFUSED}: {who} is nominated twice (as {chosen[record.key]!r} and "
-                    f"{ref!r}) (name each voter once)",
-                    field="agents",
-                )
-            if record.mode != "scout":
-                kind = {"fork": "a fork", "worktree": "a worker"}.get(record.mode, record.mode)
-                raise RoundError(
-                    f"{_REFUSED}: {who} is {kind}, not a scout (only read-only scouts vote; "
-                    "nominate a scout or leave the seat to a fresh one)",
-                    field="agents",
-                )
-            if record.state not in _VOTABLE or record.queued:
-                raise RoundError(
-                    f"{_REFUSED}: {who} is {record.state}, not idle or paused "
-                    "(wait for it to settle, pause it, or nominate another scout)",
-                    field="agents",
-                )
-            chosen[record.key] = ref
-            records.append(record)
-        return records
-
-    def _check_capacity(self, fresh: int) -> None:
-        capacity = self.fleet.capacity
-        free = max(0, capacity.cap - capacity.used)
-        if fresh > free:
-            raise CapacityError(
-                f"vote: {fresh} fresh voter(s) need free slots but max_subagents {capacity.cap} "
-                f"has {free} free ({capacity.used} live) (nominate idle scouts with --agents, "
-                "lower --voters, or stop children yourself; a round never stops one)"
-            )
-
     # -- the round --------------------------------------------------------------------------
 
     async def _launch(self, running: Round, model: str | None) -> None:
@@ -380,7 +282,7 @@ class Democracy:
             # Checked again with no await before the prompt: the spawn above yielded, and a
             # voter resumed meanwhile would settle the parent's turn first, not its ballot.
             record = self.fleet.registry.records.get(key)
-            if record is None or record.state not in _VOTABLE or record.queued:
+            if record is None or record.state not in VOTABLE or record.queued:
                 state = "gone" if record is None else str(record.state)
                 seat.record(_unheard(key, "failed", f"{state} when the round began"))
                 continue

@@ -11,7 +11,7 @@ import pytest
 from orchestrator._config import Config
 from orchestrator.control._doctor import run_checks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(tmp_path: Path, **overrides: object) -> Config:

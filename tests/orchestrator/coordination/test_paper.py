@@ -15,7 +15,7 @@ import trio
 from orchestrator._errors import Refused
 from orchestrator.coordination._paper import Paper, PaperError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CEILING = 10
 
 
