@@ -5,7 +5,7 @@
   settings, caches and session files there, never into the user's real home.
 - :func:`cli_environment`: the CLI's environment, built from scratch — the locale, ``PATH`` and a
   few harmless variables, plus only the secrets whose *names* the agent definition lists. Proxy
-  variables are never passed (the CLIs must talk to their endpoint directly).
+  variables are never passed on, except the sandbox's own egress relay (``child/_egress.py``).
 - :func:`probe_version`: ``<binary> --version``; a missing or too-old CLI is one-line
   :class:`CliError` that says what to install.
 """
@@ -21,6 +21,8 @@ from typing import Final
 
 import attrs
 import trio
+
+from child._egress import proxy_environment
 
 log = logging.getLogger("child")
 
@@ -129,7 +131,8 @@ def cli_environment(
         "FLEET_CHILD": "1",
     }
     env |= extra
-    return {k: v for k, v in env.items() if k.lower() not in _PROXY_NAMES}
+    kept = {k: v for k, v in env.items() if k.lower() not in _PROXY_NAMES}
+    return kept | proxy_environment(source)  # only the sandbox's own egress relay
 
 
 async def probe_version(

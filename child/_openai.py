@@ -27,6 +27,7 @@ import trio
 
 import ipc
 from child._cli_env import stall_seconds
+from child._egress import proxy_for
 from child._jsonl import LineSplitter, Oversize
 from child._model import ModelError, ModelStep, StepContext, ToolCall
 
@@ -180,8 +181,11 @@ class OpenAIModel:
             timeout = httpx.Timeout(
                 connect=min(30.0, self.stall), read=self.stall, write=60.0, pool=30.0
             )
-            # trust_env=False: proxies from the environment are never used (DESIGN: stripped).
-            self._client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+            # trust_env=False: proxies from the environment are never used (DESIGN: stripped);
+            # only the sandbox's own egress relay, for an endpoint off this machine.
+            self._client = httpx.AsyncClient(
+                timeout=timeout, trust_env=False, proxy=proxy_for(self.base_url)
+            )
         body = self._body(ctx)
         attempt = 0
         while True:

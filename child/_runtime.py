@@ -18,6 +18,7 @@ import trio
 
 import ipc
 from child._backend import Backend, TurnResult
+from child._egress import open_egress
 
 if TYPE_CHECKING:
     from child._view import ActivityView
@@ -244,7 +245,8 @@ async def run(loadout_path: str) -> int:
         hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
         request_timeout=loadout.request_timeout,
     )
-    return await Runtime(loadout=loadout, channel=channel).serve()
+    async with open_egress(loadout):
+        return await Runtime(loadout=loadout, channel=channel).serve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

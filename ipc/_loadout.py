@@ -80,6 +80,9 @@ class Loadout:
     #: Reasoning effort for backends that have one (Pi ``--thinking``, Codex); "" = theirs.
     effort: str = ""
     request_timeout: float = attrs.field(default=DEFAULT_TIMEOUT, validator=_deadline)
+    #: ``host:port`` pairs the supervisor's egress proxy lets this child reach (its model
+    #: endpoint and its definition's ``egress:``); nothing else leaves its sandbox.
+    egress: list[str] = attrs.Factory(list)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

@@ -73,6 +73,8 @@ class Config:
     fork_server: bool = True
     #: Claude Code / Pi agent directories to read (``claude``, ``pi`` or absolute paths).
     agent_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: ``host:port`` pairs every model-using child may reach besides its model (a gateway).
+    egress: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -199,6 +201,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("reject_log", "reject_log"),
         ("fork_server", "fork_server"),
         ("agent_dirs", "agent_dirs"),
+        ("egress", "egress"),
     ):
         if key in sub:
             settings[target] = sub[key]

@@ -5,7 +5,8 @@ Shape, in this order (bwrap applies mounts in argument order, so later binds win
     bwrap --die-with-parent --new-session --unshare-user --unshare-pid [--unshare-net]
           --unshare-ipc --unshare-uts --cap-drop ALL
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
-          --ro-bind V V ...  --bind SCRATCH SCRATCH  --bind W W ...  [--chdir CWD]
+          --ro-bind V V ...  --bind SCRATCH SCRATCH  --bind W W ...
+          [--ro-bind EGRESS_SOCKET EGRESS_SOCKET]  [--chdir CWD]
           -- COMMAND...
 
 Why each flag is there (traps verified on these machines, see docs/sandbox.md):
@@ -57,6 +58,9 @@ def bwrap_argv(
     argv += ["--bind", str(paths.scratch), str(paths.scratch)]
     for writable in paths.writable:
         argv += ["--bind", str(writable), str(writable)]
+    if paths.egress is not None:
+        # Last: the proxy socket stays reachable whatever the mounts above hide.
+        argv += ["--ro-bind", str(paths.egress), str(paths.egress)]
     if paths.cwd is not None:
         argv += ["--chdir", str(paths.cwd)]
     return (*argv, "--", *command)

@@ -29,6 +29,7 @@ class CanonicalPaths:
     writable: tuple[Path, ...]
     sockets: tuple[Path, ...]
     cwd: Path | None
+    egress: Path | None = None
 
     @property
     def exposed(self) -> tuple[Path, ...]:
@@ -77,6 +78,7 @@ def canonicalize(spec: SandboxSpec) -> CanonicalPaths:
         writable=_canonical_all(spec.writable, "writable"),
         sockets=_canonical_all(spec.sockets, "socket"),
         cwd=None if spec.cwd is None else canonical(spec.cwd, "cwd"),
+        egress=None if spec.egress is None else canonical(spec.egress, "egress"),
     )
     # $HOME need not exist (a service account); its would-be location is still protected.
     home = Path(os.path.realpath(Path.home()))

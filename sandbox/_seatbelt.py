@@ -94,12 +94,12 @@ def seatbelt_profile(paths: CanonicalPaths, *, network: bool) -> tuple[str, dict
     lines[-1] += ")\n"
     if network:
         lines.append(_NETWORK)
-    elif paths.sockets:
+    elif sockets := (*paths.sockets, *((paths.egress,) if paths.egress else ())):
         lines.append(
             "; no network but the supervisor's Unix sockets\n"
             "(allow system-socket (socket-domain AF_UNIX))\n(allow network-outbound"
         )
-        for index, socket in enumerate(paths.sockets):
+        for index, socket in enumerate(sockets):
             # A socket file is matched exactly; a directory admits the sockets inside it.
             match = "path-literal" if socket.is_socket() else "subpath"
             lines += [

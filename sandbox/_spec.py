@@ -48,6 +48,9 @@ class SandboxSpec:
       supervisor's IPC socket dir. Visible read-only like ``visible``; on macOS they are also the
       only network a network-denying policy allows. (On Linux every visible path socket is
       reachable; Seatbelt needs them named.)
+    - ``egress``: the supervisor's egress-proxy Unix socket for this child, bound into the sandbox
+      at the same path after every other mount (so no hidden or replaced tree covers it). It is
+      how a child without network reaches its model; on macOS it is allowed like ``sockets``.
     - ``network``: ``None`` takes the policy's default (``REVIEW`` allows, the others deny).
     - ``cwd``: the child's working directory, passed to bwrap as ``--chdir`` so a directory the
       sandbox cannot see fails the launch instead of silently starting in ``$HOME``. It must lie
@@ -62,6 +65,7 @@ class SandboxSpec:
     sockets: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     network: bool | None = None
     cwd: Path | None = None
+    egress: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     @writable.validator
     def _only_workers_write(self, _attribute: attrs.Attribute[object], value: object) -> None:

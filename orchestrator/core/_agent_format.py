@@ -46,6 +46,7 @@ CLAUDE_TOOLS: Final = {
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5}$")
 _FRONT_MATTER = re.compile(
     r"\A\ufeff?---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE
 )
@@ -74,6 +75,8 @@ class AgentDefinition:
     ownership: tuple[str, ...] = ()
     sandbox: str | None = None
     env: tuple[str, ...] = ()
+    #: ``host:port`` pairs its children may reach through the egress proxy, beyond the model.
+    egress: tuple[str, ...] = ()
     prompt: str
     source: str
     path: Path
@@ -186,6 +189,7 @@ class _Reader:
             ownership=self.ownership(),
             sandbox=self.choice("sandbox", SANDBOXES),
             env=self.names("env", _ENV_NAME, "environment variable name"),
+            egress=self.names("egress", _ENDPOINT, "host:port endpoint"),
             prompt=prompt,
             source=self.source,
             path=self.path,

@@ -17,7 +17,7 @@ from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
-from orchestrator.launch._sandboxing import policy_for
+from orchestrator.launch._sandboxing import egress_allowlist, policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
 SURFACES = ("process", "tmux", "tmux:current", "cmux")
@@ -152,5 +152,8 @@ def plan_spawn(
             "secret_env": list(definition.env),
             "effort": definition.effort or "",
             "sandbox": policy_for(mode, definition.sandbox),
+            "egress": egress_allowlist(
+                backend, model, named=definition.egress, gateways=config.egress
+            ),
         },
     )

@@ -25,6 +25,7 @@ from orchestrator.core._plan import plan_spawn
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._cmux import CmuxLauncher
+from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._kill import MARKER_ENV
 from orchestrator.launch._launcher import (
     Launched,
@@ -241,6 +242,7 @@ class Spawning:
             config=sup.config,
             loadout=loadout,
             scratch=Path(loadout.scratch),
+            egress=await self._open_egress(run, loadout, nursery),
         )
         run.record.sandboxed = placement.sandboxed
         if not placement.sandboxed:
@@ -260,6 +262,32 @@ class Spawning:
             loadout=None if placement.sandboxed else run.loadout,
         )
         return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+
+    async def _open_egress(
+        self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
+    ) -> Path | None:
+        """Start *run*'s egress proxy in its own nursery (so it ends with the run); its socket.
+
+        None when the child has no allowlist or will not be sandboxed (it then has the host's
+        network, and a relay would have nothing to do)."""
+        sup = self.sup
+        if not loadout.egress or sup.config.sandbox == "off" or loadout.sandbox == "none":
+            return None
+        directory = sup.config.paths.root / "egress"
+        ipc.ensure_private_dir(directory)
+
+        def refused(target: str, reason: str) -> None:
+            run.log.write(f"egress refused {target!r}: {reason}")
+            sup.reject("egress", run.key, {"target": target, "reason": reason})
+
+        proxy = EgressProxy(
+            path=directory / f"{run.key}.sock",
+            allowed=allowlist(loadout.egress),
+            on_refused=refused,
+        )
+        await nursery.start(proxy.serve)
+        run.log.write(f"egress allowed to {', '.join(loadout.egress)}")
+        return proxy.path
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

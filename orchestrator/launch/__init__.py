@@ -2,7 +2,8 @@
 
 Owns the launcher interface and the process launcher (``_launcher``), the fork server
 (``_forkserver``), the kill ladder (``_kill``), sandbox placement of the child command
-(``_sandboxing``), the tmux and cmux surfaces (``_tmux``, ``_cmux``, ``_foreign``). Next: ray.
+(``_sandboxing``), the per-child egress proxy (``_egress``), the tmux and cmux surfaces
+(``_tmux``, ``_cmux``, ``_foreign``). Next: ray.
 
 Imports: the foundation (``orchestrator._errors``, ``_config``, ``_records``, ``_sync``), ``ipc``
 and ``sandbox`` — nothing of the core, so a launcher never learns about the fleet.

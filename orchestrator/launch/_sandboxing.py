@@ -1,16 +1,20 @@
 """How the supervisor puts a child in an OS sandbox, and when it refuses to run one without.
 
 Scouts and forks run under ``read_only`` (or ``review`` when their definition asks), workers
-under ``worker`` with their worktree writable. A child that talks to a model over the network
-keeps the network; its filesystem stays confined. When no sandbox launcher works, a child whose
-*only* enforcement is the sandbox — one with a shell, or an external agent CLI — is refused
-unless the user allowed unsandboxed runs; a builtin child with read-only tools is still
-confined by its tools, so it runs unwrapped and ``peek`` and its handoff say so.
+under ``worker`` with their worktree writable. No sandboxed child has the network: one that
+talks to a model reaches the ``host:port`` pairs of its allowlist (:func:`egress_allowlist`)
+through its egress proxy (``_egress``), whose socket is bound into the sandbox. When no
+sandbox launcher works, a child whose *only* enforcement is the sandbox — one with a shell, or
+an external agent CLI — is refused unless the user allowed unsandboxed runs; a builtin child
+with read-only tools is still confined by its tools, so it runs unwrapped and ``peek`` and its
+handoff say so.
 """
 
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -20,6 +24,16 @@ from orchestrator._config import Config
 from orchestrator._errors import PolicyError, UsageError
 
 POLICIES = {p.value: p for p in sandbox.Policy}
+#: Where a CLI goes when its model names no base URL (Pi's provider is its own: name it in
+#: the definition's ``egress:``).
+DEFAULT_ENDPOINTS: Final = {
+    "claude": ("api.anthropic.com:443",),
+    "codex": ("api.openai.com:443", "chatgpt.com:443"),
+}
+#: The child's runtime starts its egress relay when this names the proxy socket (the same
+#: name as ``child._egress.SOCKET_ENV``; the orchestrator may not import ``child``).
+EGRESS_SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
+_SCHEME_PORTS: Final = {"http": 80, "https": 443}
 
 
 def policy_for(mode: str, requested: str | None) -> str:
@@ -54,16 +68,41 @@ def check_available(config: Config, backend: str, tools: Iterable[str], agent: s
         )
 
 
-def reaches_a_model(loadout: ipc.Loadout) -> bool:
-    """Whether the child talks to a model over the network (an agent CLI or ``openai``).
-
-    Such a child needs the network even under ``read_only``: the filesystem stays read-only,
-    but denying the network would cut it off from its model (a loopback endpoint included,
-    since ``--unshare-net`` gives the child its own loopback).
-    """
-    return loadout.backend in {"pi", "claude", "codex"} or (
-        loadout.backend == "builtin" and loadout.model.kind != "scripted"
+def reaches_a_model(backend: str, model: ipc.ModelSpec) -> bool:
+    """Whether the child talks to a model over the network (an agent CLI or ``openai``)."""
+    return backend in {"pi", "claude", "codex"} or (
+        backend == "builtin" and model.kind != "scripted"
     )
+
+
+def endpoint_of(url: str) -> str:
+    """``host:port`` of *url* (the scheme's port when it names none); ValueError if it has none."""
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEME_PORTS or not parts.hostname:
+        raise ValueError(f"model URL {url!r} has no http(s) host")
+    port = parts.port or _SCHEME_PORTS[parts.scheme]
+    host = parts.hostname
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def egress_allowlist(
+    backend: str, model: ipc.ModelSpec, *, named: Iterable[str], gateways: Iterable[str]
+) -> list[str]:
+    """Every ``host:port`` a child's egress proxy lets through: its model's endpoint (the base
+    URL, else the CLI's own default service), the config's *gateways* when it reaches a model,
+    and its definition's *named* endpoints. Empty: the child gets no network at all."""
+    allowed: list[str] = []
+    if reaches_a_model(backend, model):
+        if model.base_url:
+            try:
+                allowed.append(endpoint_of(model.base_url))
+            except ValueError as exc:
+                raise UsageError(f"spawn: {exc} (write http(s)://host[:port]/...)") from None
+        else:
+            allowed += DEFAULT_ENDPOINTS.get(backend, ())
+        allowed += gateways
+    allowed += named
+    return list(dict.fromkeys(allowed))
 
 
 @attrs.frozen(kw_only=True)
@@ -80,8 +119,13 @@ def place(
     config: Config,
     loadout: ipc.Loadout,
     scratch: Path,
+    egress: Path | None = None,
 ) -> Placement:
-    """Wrap *argv* for *loadout*'s policy (or explain why it runs unwrapped)."""
+    """Wrap *argv* for *loadout*'s policy (or explain why it runs unwrapped).
+
+    A sandboxed child never has the network; *egress*, the socket of its egress proxy, is bound
+    into the sandbox and named to the child in ``FLEET_EGRESS_SOCKET``.
+    """
     if config.sandbox == "off" or loadout.sandbox == "none":
         return Placement(argv=argv, env={}, sandboxed=False, reason="sandbox turned off")
     policy = POLICIES[loadout.sandbox]
@@ -99,7 +143,9 @@ def place(
         writable=(workspace,) if policy is sandbox.Policy.WORKER else (),
         sockets=(config.paths.root,),
         cwd=workspace,
-        network=True if reaches_a_model(loadout) else None,
+        # Egress: never the host's network, at most the proxy socket.
+        network=False,
+        egress=egress,
     )
     try:
         wrapped = sandbox.wrap(argv, spec)
@@ -107,4 +153,5 @@ def place(
         raise PolicyError(f"spawn {loadout.owner}: sandbox refused: {exc}") from None
     if not wrapped.wrapped:
         return Placement(argv=argv, env=wrapped.env, sandboxed=False, reason=wrapped.reason)
-    return Placement(argv=wrapped.argv, env=wrapped.env, sandboxed=True, reason="")
+    env = wrapped.env | ({EGRESS_SOCKET_ENV: str(egress)} if egress is not None else {})
+    return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="")

@@ -1,0 +1,192 @@
+"""Inside a sandbox with no network: the relay to the supervisor's egress proxy.
+
+A sandboxed child runs in its own network namespace, which has nothing but ``lo``. When the
+supervisor gives it an egress proxy it sets ``FLEET_EGRESS_SOCKET`` (a Unix socket bound into
+the sandbox), and the loadout's ``egress`` lists the ``host:port`` pairs the proxy will let
+through. :func:`open_egress` then serves, for the life of the child:
+
+- for each loopback pair (``127.0.0.1:PORT``, ``localhost:PORT``, ``[::1]:PORT``): a listener on
+  that same address inside the namespace, relaying each connection through the socket after a
+  ``CONNECT host:port`` — so a loopback base URL works unchanged;
+- when any pair is not loopback: one local proxy port, published as ``FLEET_EGRESS_PROXY``
+  (``http://127.0.0.1:PORT``), that passes the client's own ``CONNECT`` to the socket as is. The
+  agent CLIs get it as ``HTTPS_PROXY`` (see :func:`proxy_environment`), the builtin ``openai``
+  model as its client's proxy.
+
+The relay decides nothing: the supervisor's proxy holds the allowlist and refuses the rest.
+"""
+
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Mapping
+from typing import Final
+from urllib.parse import urlsplit
+
+import trio
+
+import ipc
+
+log = logging.getLogger("child")
+
+SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
+PROXY_ENV: Final = "FLEET_EGRESS_PROXY"
+_LOOPBACK_NAMES: Final = frozenset({"localhost"})
+_CHUNK: Final = 65536
+_MAX_HEAD: Final = 8192
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_target(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def proxy_environment(source: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``HTTPS_PROXY`` and friends for an agent CLI when the relay serves a proxy port."""
+    proxy = source.get(PROXY_ENV, "")
+    if not proxy:
+        return {}
+    no_proxy = "localhost,127.0.0.1,::1"
+    return {
+        "HTTPS_PROXY": proxy,
+        "https_proxy": proxy,
+        "HTTP_PROXY": proxy,
+        "http_proxy": proxy,
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
+
+
+def proxy_for(url: str, source: Mapping[str, str] = os.environ) -> str | None:
+    """The proxy a client reaching *url* must use (none for loopback or without a relay)."""
+    host = urlsplit(url).hostname or ""
+    proxy = source.get(PROXY_ENV, "")
+    return proxy if proxy and not is_loopback(host) else None
+
+
+async def _dial(path: str) -> trio.SocketStream:
+    return await trio.open_unix_socket(path)
+
+
+async def _pump(source: trio.abc.Stream, sink: trio.abc.HalfCloseableStream) -> None:
+    try:
+        while data := await source.receive_some(_CHUNK):
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await sink.send_eof()
+
+
+async def _splice(a: trio.SocketStream, b: trio.SocketStream) -> None:
+    async with a, b, trio.open_nursery() as nursery:
+        nursery.start_soon(_pump, a, b)
+        nursery.start_soon(_pump, b, a)
+
+
+async def _read_status(stream: trio.SocketStream) -> tuple[bytes, bytes]:
+    buffer = bytearray()
+    while (end := buffer.find(b"\r\n\r\n")) < 0:
+        if len(buffer) > _MAX_HEAD:
+            return b"", b""
+        data = await stream.receive_some(_CHUNK)
+        if not data:
+            return bytes(buffer), b""
+        buffer += data
+    return bytes(buffer[:end]), bytes(buffer[end + 4 :])
+
+
+async def _relay_fixed(client: trio.SocketStream, path: str, target: str) -> None:
+    """A connection to a loopback endpoint: CONNECT on its behalf, then splice."""
+    try:
+        upstream = await _dial(path)
+    except OSError as exc:
+        log.warning("egress: cannot reach the proxy socket: %s", exc)
+        await client.aclose()
+        return
+    try:
+        await upstream.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head, rest = await _read_status(upstream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        head, rest = b"", b""
+    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+        log.warning("egress: %s refused: %r", target, head.split(b"\r\n", 1)[0][:80])
+        await upstream.aclose()
+        await client.aclose()
+        return
+    if rest:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await client.send_all(rest)
+    await _splice(client, upstream)
+
+
+async def _relay_raw(client: trio.SocketStream, path: str) -> None:
+    """A connection to the proxy port: the client speaks CONNECT to the supervisor itself."""
+    try:
+        upstream = await _dial(path)
+    except OSError as exc:
+        log.warning("egress: cannot reach the proxy socket: %s", exc)
+        await client.aclose()
+        return
+    await _splice(client, upstream)
+
+
+async def _listen(host: str, port: int) -> trio.SocketListener:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    await sock.bind((host, port))
+    sock.listen(64)
+    return trio.SocketListener(sock)
+
+
+async def _serve(listener: trio.SocketListener, handler: object, *args: str) -> None:
+    async with listener, trio.open_nursery() as nursery:
+        while True:
+            stream = await listener.accept()
+            nursery.start_soon(handler, stream, *args)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def open_egress(loadout: ipc.Loadout) -> AsyncIterator[None]:
+    """Serve the relay (see the module docstring) while the body runs; nothing without one."""
+    path = os.environ.get(SOCKET_ENV, "")
+    if not path or not loadout.egress:
+        yield
+        return
+    async with trio.open_nursery() as nursery:
+        remote = False
+        for entry in loadout.egress:
+            host, port = split_target(entry)
+            if not is_loopback(host):
+                remote = True
+                continue
+            # localhost names both loopbacks: a client may try either first.
+            binds = ["127.0.0.1", "::1"] if host.lower() == "localhost" else [host]
+            for address in binds:
+                try:
+                    listener = await _listen(address, port)
+                except OSError as exc:
+                    log.warning("egress: cannot listen on %s:%s: %s", address, port, exc)
+                    continue
+                nursery.start_soon(_serve, listener, _relay_fixed, path, entry)
+        if remote:
+            listener = await _listen("127.0.0.1", 0)
+            port = listener.socket.getsockname()[1]
+            os.environ[PROXY_ENV] = f"http://127.0.0.1:{port}"
+            nursery.start_soon(_serve, listener, _relay_raw, path)
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
