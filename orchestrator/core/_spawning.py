@@ -237,12 +237,13 @@ class Spawning:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
         sup = self.sup
         loadout = ipc.Loadout.from_file(run.loadout)
+        proxy = await self._open_egress(run, loadout, nursery)
         placement = place(
             child_argv(sup.config.python, run.loadout),
             config=sup.config,
             loadout=loadout,
             scratch=Path(loadout.scratch),
-            egress=await self._open_egress(run, loadout, nursery),
+            egress=None if proxy is None else proxy.path,
         )
         run.record.sandboxed = placement.sandboxed
         if not placement.sandboxed:
@@ -261,12 +262,15 @@ class Spawning:
             # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
             loadout=None if placement.sandboxed else run.loadout,
         )
-        return await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+        launched = await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+        if proxy is not None:
+            proxy.admit(launched.pid)
+        return launched
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
-    ) -> Path | None:
-        """Start *run*'s egress proxy in its own nursery (so it ends with the run); its socket.
+    ) -> EgressProxy | None:
+        """Start *run*'s egress proxy in its own nursery (so it ends with the run).
 
         None when the child has no allowlist or will not be sandboxed (it then has the host's
         network, and a relay would have nothing to do)."""
@@ -287,7 +291,7 @@ class Spawning:
         )
         await nursery.start(proxy.serve)
         run.log.write(f"egress allowed to {', '.join(loadout.egress)}")
-        return proxy.path
+        return proxy
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

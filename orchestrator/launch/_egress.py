@@ -5,6 +5,8 @@ socket bound into its sandbox, served here by an :class:`EgressProxy` holding th
 allowlist of ``host:port`` pairs (its model endpoint plus the definition's ``egress:`` list).
 The child's runtime relays its connections through the socket (``child/_egress.py``).
 
+Only the launched child and its descendants may use the socket (``SO_PEERCRED`` pid, checked
+against the process tree): a sibling that finds the path gets a refusal, not the allowlist.
 One connection carries one HTTP ``CONNECT host:port HTTP/1.x`` request. The request head is
 bounded (:data:`MAX_HEAD_BYTES`) and must arrive within :data:`HEAD_TIMEOUT` seconds; the
 target must match an allowlisted pair exactly (host compared case-insensitively; nothing is
@@ -21,11 +23,14 @@ import errno
 import os
 import socket
 import stat
+import struct
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Final
 
 import attrs
+import psutil
 import trio
 
 MAX_HEAD_BYTES: Final = 8192
@@ -113,7 +118,15 @@ class EgressProxy:
     dial: Dial = trio.open_tcp_stream
     head_timeout: float = HEAD_TIMEOUT
     max_connections: int = MAX_CONNECTIONS
+    #: The launched process: only it and its descendants may use the proxy (see :meth:`admit`).
+    owner_pid: int | None = None
     _active: int = 0
+    _admitted: trio.Event = attrs.Factory(trio.Event)
+
+    def admit(self, pid: int) -> None:
+        """Serve the process tree of *pid* (the launched child); until then connections wait."""
+        self.owner_pid = pid
+        self._admitted.set()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen at ``path`` (0600, in a 0700 dir of ours) until cancelled, then unlink it."""
@@ -155,9 +168,28 @@ class EgressProxy:
                 return
             self._active += 1
             try:
+                pid = _peer_pid(client)
+                if not await self._in_tree(pid):
+                    reason = f"peer pid {pid} is not in this child's process tree"
+                    await self._refuse(client, _Refused("403 Forbidden", reason))
+                    return
                 await self._tunnel(client)
             finally:
                 self._active -= 1
+
+    async def _in_tree(self, pid: int | None) -> bool:
+        """Whether *pid* is the launched process or a descendant: a sibling that can see this
+        socket (a leaked path, a shared directory) gets nothing through it."""
+        with trio.move_on_after(self.head_timeout):
+            await self._admitted.wait()
+        if self.owner_pid is None:
+            return False
+        if pid is None or pid == self.owner_pid:
+            return pid is not None or sys.platform != "linux"
+        try:
+            return self.owner_pid in {parent.pid for parent in psutil.Process(pid).parents()}
+        except psutil.Error:
+            return False
 
     async def _tunnel(self, client: trio.abc.Stream) -> None:
         try:
@@ -204,6 +236,16 @@ class EgressProxy:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             with trio.move_on_after(1):
                 await client.send_all(response.encode())
+
+
+def _peer_pid(client: trio.abc.Stream) -> int | None:
+    """The connecting process's pid (``SO_PEERCRED``, Linux; in our pid namespace)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None or not isinstance(client, trio.SocketStream):
+        return None
+    creds = client.socket.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return int(pid) or None
 
 
 async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:

@@ -81,6 +81,7 @@ async def _proxy(
         head_timeout=head_timeout,
     )
     await nursery.start(proxy.serve)
+    proxy.admit(os.getpid())  # the test is the "child": its own connections are in the tree
     return proxy, refusals
 
 
@@ -197,6 +198,19 @@ async def test_an_unreachable_allowed_target_is_a_502(connect, nursery, sock_dir
         await stream.send_all(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
         assert await _status(stream) == b"HTTP/1.1 502 Bad Gateway"
     assert refusals[0][1].startswith("connect failed")
+
+
+async def test_a_process_outside_the_childs_tree_is_refused(connect, nursery, sock_dir, echo_port):
+    proxy, refusals = await _proxy(nursery, sock_dir, [f"127.0.0.1:{echo_port}"])
+    with trio.fail_after(10):
+        # A sibling: another process, of which the connecting one is no descendant.
+        sibling = await nursery.start(functools.partial(trio.run_process, ["sleep", "30"]))
+        proxy.admit(sibling.pid)
+        stream = await connect(proxy.path)
+        await stream.send_all(f"CONNECT 127.0.0.1:{echo_port} HTTP/1.1\r\n\r\n".encode())
+        assert await _status(stream) == b"HTTP/1.1 403 Forbidden"
+        sibling.kill()
+    assert refusals == [("", f"peer pid {os.getpid()} is not in this child's process tree")]
 
 
 async def test_the_socket_directory_must_be_private(connect, nursery, sock_dir):
