@@ -55,7 +55,13 @@ _TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall",
 
 
 def sandbox_mode(loadout: ipc.Loadout) -> str:
-    """``read-only`` for scouts and any child that may not write, else ``workspace-write``."""
+    """``read-only`` for scouts and any child that may not write, else ``workspace-write``.
+
+    Inside fleet's own sandbox (``FLEET_SANDBOXED``) Codex's nested bubblewrap cannot map its
+    uids (every command fails), and ours already confines the files and the network, so Codex
+    is told not to sandbox again."""
+    if os.environ.get("FLEET_SANDBOXED") == "1":
+        return "danger-full-access"
     if loadout.mode == "scout" or not _WRITING & set(loadout.tools):
         return "read-only"
     return "workspace-write"

@@ -153,5 +153,8 @@ def place(
         raise PolicyError(f"spawn {loadout.owner}: sandbox refused: {exc}") from None
     if not wrapped.wrapped:
         return Placement(argv=argv, env=wrapped.env, sandboxed=False, reason=wrapped.reason)
-    env = wrapped.env | ({EGRESS_SOCKET_ENV: str(egress)} if egress is not None else {})
+    # FLEET_SANDBOXED: a CLI with a sandbox of its own (Codex) need not nest one in ours.
+    env = wrapped.env | {"FLEET_SANDBOXED": "1"}
+    if egress is not None:
+        env[EGRESS_SOCKET_ENV] = str(egress)
     return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="")

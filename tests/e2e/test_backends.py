@@ -88,7 +88,8 @@ def use_cli(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
 
 @contextlib.asynccontextmanager
 async def fleet(repo: Path, home: Path) -> AsyncIterator[Supervisor]:
-    config = Config(home=home, session="t", workspace=repo, sandbox="off")
+    # Sandboxed (the default): every model is reached through the child's egress proxy.
+    config = Config(home=home, session="t", workspace=repo)
     async with open_supervisor(config) as sup:
         yield sup
 
