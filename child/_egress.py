@@ -189,4 +189,5 @@ async def open_egress(loadout: ipc.Loadout) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            os.environ.pop(PROXY_ENV, None)
             nursery.cancel_scope.cancel()
