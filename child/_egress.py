@@ -9,7 +9,8 @@ through. :func:`open_egress` then serves, for the life of the child:
   that same address inside the namespace, relaying each connection through the socket after a
   ``CONNECT host:port`` — so a loopback base URL works unchanged;
 - when any pair is not loopback: one local proxy port, published as ``FLEET_EGRESS_PROXY``
-  (``http://127.0.0.1:PORT``), that passes the client's own ``CONNECT`` to the socket as is. The
+  (``http://127.0.0.1:PORT``), that passes the client's own ``CONNECT`` to the socket as is (and
+  tunnels a plain-``http://`` request through a ``CONNECT`` to its host). The
   agent CLIs get it as ``HTTPS_PROXY`` (see :func:`proxy_environment`), the builtin ``openai``
   model as its client's proxy.
 
@@ -109,37 +110,65 @@ async def _read_status(stream: trio.SocketStream) -> tuple[bytes, bytes]:
 
 async def _relay_fixed(client: trio.SocketStream, path: str, target: str) -> None:
     """A connection to a loopback endpoint: CONNECT on its behalf, then splice."""
-    try:
-        upstream = await _dial(path)
-    except OSError as exc:
-        log.warning("egress: cannot reach the proxy socket: %s", exc)
-        await client.aclose()
-        return
-    try:
-        await upstream.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-        head, rest = await _read_status(upstream)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        head, rest = b"", b""
-    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
-        log.warning("egress: %s refused: %r", target, head.split(b"\r\n", 1)[0][:80])
-        await upstream.aclose()
-        await client.aclose()
-        return
-    if rest:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await client.send_all(rest)
-    await _splice(client, upstream)
+    async with client:
+        await _tunnel(client, path, target, b"")
 
 
 async def _relay_raw(client: trio.SocketStream, path: str) -> None:
-    """A connection to the proxy port: the client speaks CONNECT to the supervisor itself."""
+    """A connection to the proxy port. A ``CONNECT`` goes to the supervisor as is; a plain-HTTP
+    request in absolute form (``POST http://host:port/...``, how clients send ``http://`` URLs
+    to a proxy) gets a ``CONNECT`` to its host first, then goes through unchanged (servers must
+    accept the absolute form)."""
+    async with client:
+        head = bytearray()
+        with trio.move_on_after(10):
+            while b"\r\n" not in head and len(head) <= _MAX_HEAD:
+                data = await client.receive_some(_CHUNK)
+                if not data:
+                    break
+                head += data
+        target = _absolute_target(bytes(head).split(b"\r\n", 1)[0])
+        await _tunnel(client, path, target, bytes(head))
+
+
+async def _tunnel(client: trio.SocketStream, path: str, target: str | None, head: bytes) -> None:
+    """Open the proxy socket, CONNECT to *target* unless the client does it itself (None),
+    send *head*, then splice; a refusal is passed back to the client as the proxy gave it."""
     try:
         upstream = await _dial(path)
     except OSError as exc:
         log.warning("egress: cannot reach the proxy socket: %s", exc)
-        await client.aclose()
         return
-    await _splice(client, upstream)
+    async with upstream:
+        try:
+            if target is not None:
+                connect = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"
+                await upstream.send_all(connect.encode())
+                status, rest = await _read_status(upstream)
+                if not status.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+                    log.warning("egress: %s refused: %r", target, status[:80])
+                    if head:  # a client that spoke HTTP to us gets the proxy's answer
+                        await client.send_all(status + b"\r\n\r\n" + rest)
+                    return
+                if rest:
+                    await client.send_all(rest)
+            if head:
+                await upstream.send_all(head)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        await _splice(client, upstream)
+
+
+def _absolute_target(line: bytes) -> str | None:
+    """``host:port`` of an absolute-form ``http://`` request line; None for anything else."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] == b"CONNECT" or not parts[1].startswith(b"http://"):
+        return None
+    url = urlsplit(parts[1].decode("ascii", "replace"))
+    if not url.hostname:
+        return None
+    port = url.port or 80
+    return f"[{url.hostname}]:{port}" if ":" in url.hostname else f"{url.hostname}:{port}"
 
 
 async def _listen(host: str, port: int) -> trio.SocketListener:

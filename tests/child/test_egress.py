@@ -69,7 +69,7 @@ async def test_the_relay_carries_loopback_and_proxied_endpoints_and_nothing_else
     echo = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
     echo_port = echo[0].socket.getsockname()[1]
     loopback = f"127.0.0.3:{_free_port('127.0.0.3')}"
-    entries = [loopback, "api.example.test:443"]
+    entries = [loopback, "api.example.test:443", "lan.example.test:8000"]
     refused: list[tuple[str, str]] = []
 
     async def to_echo(_host: str, _port: int) -> trio.abc.Stream:
@@ -104,7 +104,20 @@ async def test_the_relay_carries_loopback_and_proxied_endpoints_and_nothing_else
                     await via.send_all(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
                     answer = await _receive(via, status)
                     assert answer.startswith(status)
-    assert refused == [("evil.example.test:443", "not in the egress allowlist")]
+            # A plain-http endpoint off this machine: the client sends an absolute-form request.
+            request = b"POST http://lan.example.test:8000/v1/x HTTP/1.1\r\nHost: lan\r\n\r\n"
+            for request_line, answer in (
+                (request, b"echo:" + request),
+                (request.replace(b"lan.", b"other."), b"HTTP/1.1 403 Forbidden"),
+            ):
+                via = await trio.open_tcp_stream("127.0.0.1", proxy_port)
+                async with via:
+                    await via.send_all(request_line)
+                    assert (await _receive(via, answer)).startswith(answer)
+    assert refused == [
+        ("evil.example.test:443", "not in the egress allowlist"),
+        ("other.example.test:8000", "not in the egress allowlist"),
+    ]
     assert _egress.PROXY_ENV not in os.environ  # the relay's proxy ended with it
     assert _egress.proxy_for("https://api.example.test/v1", relayed) == proxy_url
     assert _egress.proxy_for(f"http://{loopback}/v1", relayed) is None
