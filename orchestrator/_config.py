@@ -37,6 +37,14 @@ def _check_lane(_: object, __: object, value: int) -> None:
         raise UsageError(f"lane capacity {value} is outside 1..64")
 
 
+def _endpoints(value: object) -> tuple[str, ...]:
+    """``egress`` as a list or a comma-separated string (each entry is checked at spawn)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise UsageError(f"egress {value!r} must be a list of host:port endpoints")
+    return tuple(item.strip() for item in items if item.strip())
+
+
 def default_home() -> Path:
     """``$FLEET_HOME``, else the platform's user state directory."""
     env = os.environ.get("FLEET_HOME")
@@ -74,7 +82,7 @@ class Config:
     #: Claude Code / Pi agent directories to read (``claude``, ``pi`` or absolute paths).
     agent_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: ``host:port`` pairs every model-using child may reach besides its model (a gateway).
-    egress: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    egress: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
 
     @property
     def paths(self) -> "SessionPaths":

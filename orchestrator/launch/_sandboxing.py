@@ -22,6 +22,7 @@ import ipc
 import sandbox
 from orchestrator._config import Config
 from orchestrator._errors import PolicyError, UsageError
+from orchestrator.launch._egress import EgressError, allowlist
 
 POLICIES = {p.value: p for p in sandbox.Policy}
 #: Where a CLI goes when its model names no base URL (Pi's provider is its own: name it in
@@ -102,6 +103,10 @@ def egress_allowlist(
             allowed += DEFAULT_ENDPOINTS.get(backend, ())
         allowed += gateways
     allowed += named
+    try:
+        allowlist(allowed)
+    except EgressError as exc:
+        raise UsageError(f"spawn: {exc}") from None
     return list(dict.fromkeys(allowed))
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
+import ipc
+from orchestrator._errors import UsageError
 from orchestrator.launch._egress import (
     MAX_HEAD_BYTES,
     EgressError,
@@ -17,6 +19,7 @@ from orchestrator.launch._egress import (
     allowlist,
     parse_target,
 )
+from orchestrator.launch._sandboxing import egress_allowlist
 
 
 @pytest.fixture
@@ -227,3 +230,28 @@ def test_targets_parse_exactly():
             parse_target(bad)
     with pytest.raises(EgressError, match="write host:port"):
         allowlist(["ok:1", "bad"])
+
+
+def test_the_allowlist_is_the_model_endpoint_plus_what_config_and_definition_name():
+    openai = ipc.ModelSpec(kind="openai", name="m", base_url="http://127.0.0.1:8123/c/x/v1")
+    assert egress_allowlist("builtin", openai, named=(), gateways=("gw:8080",)) == [
+        "127.0.0.1:8123",
+        "gw:8080",
+    ]
+    hosted = ipc.ModelSpec(kind="openai", name="m", base_url="https://API.example.com/v1")
+    assert egress_allowlist("pi", hosted, named=("docs:443",), gateways=()) == [
+        "api.example.com:443",
+        "docs:443",
+    ]
+    native = ipc.ModelSpec(kind="native")
+    assert egress_allowlist("claude", native, named=(), gateways=()) == ["api.anthropic.com:443"]
+    # No model: no gateway either, only what the definition names; nothing at all by default.
+    scripted = ipc.ModelSpec(kind="scripted", script="/s")
+    assert egress_allowlist("builtin", scripted, named=(), gateways=("gw:1",)) == []
+    assert egress_allowlist("command", ipc.ModelSpec(), named=("x:1",), gateways=()) == ["x:1"]
+    with pytest.raises(UsageError, match="write host:port"):
+        egress_allowlist("command", ipc.ModelSpec(), named=("nope",), gateways=())
+    with pytest.raises(UsageError, match="has no http"):
+        egress_allowlist(
+            "builtin", ipc.ModelSpec(kind="openai", base_url="ftp://x"), named=(), gateways=()
+        )
