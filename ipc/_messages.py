@@ -54,13 +54,24 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct; a repeated key is refused, not last-wins
+    (two parsers could otherwise read one frame two ways)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {repeated!r}")
+    return obj
+
+
 def _not_json(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} is not JSON")
 
 
 # Built once: json.dumps/json.loads with options construct a new coder on every call.
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=unique_object)
 _TEXT_CHECK: Final = json.JSONEncoder(ensure_ascii=False)
 
 # The C encoder _ENCODER.encode builds anew on every call (a third of its cost), built once

@@ -262,3 +262,21 @@ def test_envelope_keys_in_another_order_still_decode():
     obj = json.loads(encode_envelope(envelope_for(ipc.Steer(text="x"))))
     reordered = json.dumps(dict(reversed(list(obj.items())))).encode()
     assert decode_envelope(reordered) == envelope_for(ipc.Steer(text="x"))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # in the body: the fast path's shape, one key twice (last-wins would read "b")
+        raw("steer", {"text": "a"})[:-2] + b', "text": "b"}}',
+        # in the envelope: a second token
+        raw("steer", {"text": "a"})[:-1] + b', "token": "other"}',
+        # nested, with whitespace around the object (the full decoder's path)
+        b" " + raw("ask", {"text": "q"}).replace(b'"text": "q"', b'"text": "q", "text": "r"'),
+    ],
+    ids=["body", "envelope", "padded"],
+)
+def test_a_repeated_key_is_refused_not_last_wins(data):
+    error = schema_error(data)
+    assert error.reason == "json"
+    assert "duplicate key" in str(error)
