@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,14 +27,38 @@ from orchestrator.control._client import WAIT_SLICE, call_async, read_token
 from orchestrator.control._daemon_client import ensure_daemon
 
 
+class _ArgumentError(Exception):
+    """A command line argparse refused; :func:`main` reports it like any usage error."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if " " in self.prog:
             verb = self.prog.split()[-1]
-            print(f"fleet {verb}: {message} (see fleet {verb} --help)", file=sys.stderr)
-        else:
-            print(f"fleet: {message} (see fleet --help)", file=sys.stderr)
-        sys.exit(2)
+            raise _ArgumentError(f"{verb}: {message} (see fleet {verb} --help)")
+        raise _ArgumentError(f"{message} (see fleet --help)")
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    """Whether *argv* asks for ``--json`` (before any ``--``), even if it does not parse."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse *argv*; a bad command line is one stderr line (and the JSON error), exit 2."""
+    try:
+        return parser.parse_args(argv)
+    except _ArgumentError as exc:
+        message = str(exc)
+        if _wants_json(sys.argv[1:] if argv is None else argv):
+            print(json.dumps({"error": {"kind": UsageError.kind, "message": message}}))
+        print(f"fleet {message}", file=sys.stderr)
+        sys.exit(UsageError.exit_code)
 
 
 def cmd_spawn(args: argparse.Namespace) -> int:
@@ -134,8 +158,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise UsageError("name at least one agent, or pass --all")
     data = call(args, "stop", {"agents": list(args.agents), "all": args.all})
     out(args, data, lambda d: _render.handoff_text(d["handoffs"]) or "no live children")
-    failed = any(h["state"] == "failed" or h.get("conflicts") for h in data["handoffs"])
-    return 1 if failed else 0
+    return 1 if any(stop_failed(h) for h in data["handoffs"]) else 0
+
+
+def stop_failed(handoff: Mapping[str, Any]) -> bool:
+    """Whether a stop's handoff is a failure: the child failed, or its worktree was not
+    resolved (conflicts, or a copy-back that failed and applied nothing)."""
+    return bool(
+        handoff["state"] == "failed"
+        or handoff.get("conflicts")
+        or (handoff.get("error") and handoff.get("remaining"))
+    )
 
 
 def cmd_discard(args: argparse.Namespace) -> int:
@@ -379,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
         code = args.func(args)
     except FleetError as exc:
