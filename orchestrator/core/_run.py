@@ -91,6 +91,16 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
+        """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
+        counted in the channel's drops and in the reject log."""
+        self.log.write(f"ignored a late settled frame for turn {body.turn}")
+        if self.channel is not None:
+            self.channel.drops["late-settled"] += 1
+        self.host.reject(
+            "dropped-frame", self.key, {"settled": body.turn, "side": body.side, "reason": reason}
+        )
+
     # -- life -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

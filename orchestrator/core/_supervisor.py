@@ -404,6 +404,8 @@ class Supervisor:
             return
         run = self.runs.get(channel.owner)
         if run is None:
+            # Its record has ended (or been evicted) meanwhile: whatever it sends is dropped.
+            self.reject("dropped-frame", channel.owner, {"reason": "the owner's run has ended"})
             await channel.aclose("unknown owner")
             return
         await run.attach(channel, hello)

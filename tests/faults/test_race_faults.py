@@ -103,7 +103,7 @@ async def test_invalid_frames_close_the_connection_and_are_logged_as_rejected(fa
 
 
 async def test_late_settled_frames_are_ignored_and_a_dead_owner_cannot_come_back(faults) -> None:
-    config = faults.rogue_config()
+    config = faults.rogue_config(reject_log=True)
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-late")])
@@ -115,6 +115,15 @@ async def test_late_settled_frames_are_ignored_and_a_dead_owner_cannot_come_back
             await trio.sleep(0.3)
             assert [n for n in sup.notes.pending if n["key"] == record.key] == []
             assert record.state is State.IDLE
+            # Dropped, but counted: in the channel's drops and the reject log, one each.
+            run = sup.runs[record.key]
+            assert run.channel is not None
+            assert run.channel.drops["late-settled"] == 3
+            rejected = (sup.paths.logs / "rejected.jsonl").read_text().splitlines()
+            late = [json.loads(line) for line in rejected]
+            assert [(e["kind"], e["owner"], "settled" in e["args"]) for e in late] == [
+                ("dropped-frame", record.key, True)
+            ] * 3
             pids = faults.tree(record.pid)
             await sup.discard(record.key)
             with pytest.raises(NotFound):
