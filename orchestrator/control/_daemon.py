@@ -70,6 +70,7 @@ async def serve(
         stale = load_stale(paths)
         try:
             async with open_supervisor(config) as sup:
+                sup.secrets.add(token)
                 if stale is not None:
                     adopt_stale(sup, stale)
                 server = ControlServer(sup=sup, token=token)

@@ -294,8 +294,11 @@ class ControlServer:
             return ipc.Reply(
                 ok=False, error=f"unknown control op {body.op!r}", data={"kind": "usage"}
             )
+        # Every reply is scrubbed of every secret the supervisor holds: a child's report, log
+        # tail or failure may quote a sibling's token or the control token.
+        scrub = self.sup.secrets.scrub_value
         try:
             data = await op(self.sup, body.args)
         except FleetError as exc:
-            return ipc.Reply(ok=False, error=str(exc), data={"kind": exc.kind})
-        return ipc.Reply(ok=True, data=data)
+            return ipc.Reply(ok=False, error=scrub(str(exc)), data={"kind": exc.kind})
+        return ipc.Reply(ok=True, data=scrub(data))

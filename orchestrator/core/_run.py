@@ -307,10 +307,14 @@ class ChildRun:
         if result is None or self.finishing or self._timed_out:
             return
         self.host.cancel_questions(self.key)
-        if result.text:
-            record.report = result.text
+        # Scrubbed before it is stored: a report may quote a sibling's token or the control
+        # token, and the record feeds peek, wait, handoffs and the registry snapshot.
+        scrub = self.log.secrets.scrub
+        report, error = scrub(result.text), scrub(result.error)
+        if report:
+            record.report = report
         if not result.ok:
-            record.error = result.error
+            record.error = error
         notify = not (result.aborted and (self.pausing or self.stopping))
         if self.pausing or result.aborted:
             record.state = State.PAUSED
@@ -319,10 +323,10 @@ class ChildRun:
             record.state = State.WORKING
         else:
             record.state = State.IDLE
-            record.touch("idle" if result.ok else f"turn failed: {result.error}")
+            record.touch("idle" if result.ok else f"turn failed: {error}")
         self.pausing = False
         if notify:
-            self.host.notify(record, report=result.text, error=result.error)
+            self.host.notify(record, report=report, error=error)
 
     async def _request(self, message: ipc.Message) -> ipc.Message:
         if self.channel is None:
@@ -453,6 +457,7 @@ class ChildRun:
             record.state = state
             record.queued = False
             if state is State.FAILED:
+                error = self.log.secrets.scrub(error)
                 record.error = error
                 record.failure = self.log.fail(cast("FailureKind", kind), error).as_json()
                 record.touch(f"failed: {kind}")

@@ -188,6 +188,7 @@ class Spawning:
         if record.mode == "worktree":
             record.workspace = str(sup.worktrees.path_for(record.key))
         token = ipc.derive_token(sup.session_key, record.key)
+        sup.secrets.add(token)  # before it is written anywhere: every log redacts it from now
         loadout = ipc.Loadout(
             session=sup.config.session,
             owner=record.key,
@@ -207,7 +208,7 @@ class Spawning:
         ipc.write_loadout(loadout_path, loadout)
         log = RunLog(
             paths.logs / f"{record.key}.log",
-            secrets=[token, sup.session_key],
+            secrets=sup.secrets,
             record_output=sup.config.record_output,
             transport=sup.launchers[record.surface].name,
         )

@@ -38,7 +38,7 @@ from orchestrator.core._registry import Registry
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
-from orchestrator.governance._diagnostics import RejectKind, RejectLog
+from orchestrator.governance._diagnostics import RejectKind, RejectLog, SecretSet
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
 from orchestrator.governance._watchdog import BudgetPolicy, resolve_policy
@@ -67,6 +67,9 @@ class Supervisor:
     capacity: Capacity = attrs.field(init=False)
     lane: Lane = attrs.field(init=False)
     rejects: RejectLog | None = None
+    #: Every secret held (session key, control token, every child token ever issued); each
+    #: run log, the reject log and every control reply redact them.
+    secrets: SecretSet = attrs.Factory(SecretSet)
     #: Children a previous supervisor of the session left when it ended (see ``_daemon``).
     stale: list[dict[str, Any]] = attrs.Factory(list)
     launchers: dict[str, Launcher] = attrs.Factory(dict)
@@ -420,9 +423,10 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
+    secrets = SecretSet([session_key])
     rejects = None
     if config.reject_log:
-        rejects = RejectLog(config.paths.logs / "rejected.jsonl", secrets=[session_key])
+        rejects = RejectLog(config.paths.logs / "rejected.jsonl", secrets=secrets)
     async with trio.open_nursery() as nursery:
         sup = Supervisor(
             config=config,
@@ -430,6 +434,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
             nursery=nursery,
             budgets=budgets,
             rejects=rejects,
+            secrets=secrets,
         )
         if warning:
             sup.warnings.append(warning)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from pathlib import Path
 
 FailureKind = Literal[
@@ -79,23 +79,95 @@ def _secret_forms(secrets: Sequence[str | bytes]) -> tuple[bytes, ...]:
     return tuple(sorted(forms, key=len, reverse=True))  # the longest wins at one position
 
 
+class SecretSet:
+    """Every secret the supervisor holds, shared by all its logs and growing as it runs.
+
+    Each child's token is added before it is written anywhere, so a log or tail made earlier
+    redacts a later child's token too: every :class:`RunLog` and :class:`RejectLog` of a
+    supervisor consults the one set. Secrets are never removed (a retired child's token stays
+    secret). :meth:`scrub` and :meth:`scrub_value` redact text and JSON-shaped values.
+    """
+
+    def __init__(self, secrets: Iterable[str | bytes] = ()) -> None:
+        self._secrets: list[str | bytes] = []
+        self.version = 0
+        self._forms: tuple[bytes, ...] = ()
+        self._pattern: re.Pattern[bytes] | None = None
+        for secret in secrets:
+            self.add(secret)
+
+    def add(self, secret: str | bytes) -> None:
+        """Redact *secret* (a str as is; bytes raw and as hex) everywhere from now on."""
+        if not secret or secret in self._secrets:
+            return
+        self._secrets.append(secret)
+        self._forms = _secret_forms(self._secrets)
+        self._pattern = re.compile(b"|".join(map(re.escape, self._forms)))
+        self.version += 1
+
+    @property
+    def forms(self) -> tuple[bytes, ...]:
+        """Every byte form to replace, longest first."""
+        return self._forms
+
+    @property
+    def pattern(self) -> re.Pattern[bytes] | None:
+        return self._pattern
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        return data if self._pattern is None else self._pattern.sub(REDACTED, data)
+
+    def scrub(self, text: str) -> str:
+        if self._pattern is None or not text:
+            return text
+        raw = text.encode("utf-8", "surrogatepass")
+        scrubbed = self._pattern.sub(REDACTED, raw)
+        return text if scrubbed == raw else scrubbed.decode("utf-8", "surrogatepass")
+
+    def scrub_value(self, value: Any) -> Any:
+        """*value* with every string in it (keys too) scrubbed; other leaves kept as they are."""
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, Mapping):
+            return {self.scrub_value(k): self.scrub_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_value(item) for item in value]
+        return value
+
+
+def _as_secret_set(secrets: SecretSet | Sequence[str | bytes]) -> SecretSet:
+    return secrets if isinstance(secrets, SecretSet) else SecretSet(secrets)
+
+
 class _Redactor:
     """Replaces every secret in a byte stream that arrives in arbitrary chunks.
 
     Up to ``longest - 1`` bytes are held back after each chunk: they may be the start of a
-    secret whose end is still to come.
+    secret whose end is still to come. The secrets are those of a shared :class:`SecretSet`,
+    re-read whenever it has grown.
     """
 
-    def __init__(self, forms: tuple[bytes, ...]) -> None:
-        self._forms = forms
-        self._pattern = re.compile(b"|".join(map(re.escape, forms))) if forms else None
-        self._longest = len(forms[0]) if forms else 0
+    def __init__(self, secrets: SecretSet) -> None:
+        self._secrets = secrets
+        self._version = -1
+        self._forms: tuple[bytes, ...] = ()
+        self._pattern: re.Pattern[bytes] | None = None
+        self._longest = 0
         self._pending = b""
 
+    def _refresh(self) -> None:
+        if self._version != self._secrets.version:
+            self._version = self._secrets.version
+            self._forms = self._secrets.forms
+            self._pattern = self._secrets.pattern
+            self._longest = len(self._forms[0]) if self._forms else 0
+
     def once(self, data: bytes) -> bytes:
+        self._refresh()
         return data if self._pattern is None else self._pattern.sub(REDACTED, data)
 
     def feed(self, data: bytes) -> bytes:
+        self._refresh()
         if self._pattern is None:
             return data
         buffer = self._pending + data
@@ -260,12 +332,11 @@ class RunLog:
     """One run's diagnostics log and recent-output tail; see the module docstring."""
 
     path: Path
-    secrets: Sequence[str | bytes] = attrs.field(kw_only=True, repr=False)
+    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=_as_secret_set)
     transport: str = attrs.field(kw_only=True)
     record_output: bool = attrs.field(default=False, kw_only=True)
     cap: int = attrs.field(default=DEFAULT_CAP, kw_only=True)
     tail_cap: int = attrs.field(default=DEFAULT_TAIL_CAP, kw_only=True)
-    _forms: tuple[bytes, ...] = attrs.field(init=False, repr=False)
     _scrubber: _Redactor = attrs.field(init=False, repr=False)
     _file: _CappedFile = attrs.field(init=False, repr=False)
     _redactors: dict[str, _Redactor] = attrs.field(factory=dict, init=False, repr=False)
@@ -273,8 +344,7 @@ class RunLog:
     _report: FailureReport | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._forms = _secret_forms(self.secrets)
-        self._scrubber = _Redactor(self._forms)
+        self._scrubber = _Redactor(self.secrets)
         self._file = _CappedFile(self.path, self.cap, _dropped_line)
 
     @property
@@ -284,7 +354,8 @@ class RunLog:
         It includes output still held back in case it begins a secret, up to where it could.
         """
         pending = b"".join(redactor.preview() for redactor in self._redactors.values())
-        data = (bytes(self._tail) + pending)[-self.tail_cap :]
+        # Scrubbed again: a secret the set learnt after this output arrived is hidden too.
+        data = self.secrets.scrub_bytes(bytes(self._tail) + pending)[-self.tail_cap :]
         start = 0
         while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
             start += 1  # skip a UTF-8 sequence the cap cut in half
@@ -297,7 +368,9 @@ class RunLog:
 
     def output(self, stream: str, data: bytes) -> None:
         """Take a chunk of the child's ``stream``: into the tail, and the file when recording."""
-        redactor = self._redactors.setdefault(stream, _Redactor(self._forms))
+        redactor = self._redactors.get(stream)
+        if redactor is None:
+            redactor = self._redactors[stream] = _Redactor(self.secrets)
         self._keep(redactor.feed(data))
 
     def flush(self) -> None:
@@ -322,7 +395,7 @@ class RunLog:
         redacted = self._scrubber.once(error.encode()).decode(errors="replace")
         self.write(f"failed ({kind}) over {self.transport}: {redacted}")
         if not self.record_output:
-            output = bytes(self._tail) or b"(no output)"
+            output = self.secrets.scrub_bytes(bytes(self._tail)) or b"(no output)"
             self._file.append(
                 b"--- recent output ---\n" + output.rstrip(b"\n") + b"\n--- end of output ---\n"
             )
@@ -354,13 +427,13 @@ class RejectLog:
     """Opt-in JSONL log of refused requests: one redacted, size-bounded record per line."""
 
     path: Path
-    secrets: Sequence[str | bytes] = attrs.field(kw_only=True, repr=False)
+    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=_as_secret_set)
     cap: int = attrs.field(default=DEFAULT_CAP, kw_only=True)
     _redactor: _Redactor = attrs.field(init=False, repr=False)
     _file: _CappedFile = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._redactor = _Redactor(_secret_forms(self.secrets))
+        self._redactor = _Redactor(self.secrets)
         self._file = _CappedFile(self.path, self.cap, _dropped_record)
 
     def record(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:

@@ -14,8 +14,8 @@ from orchestrator.governance._diagnostics import (
     LogPathError,
     RejectLog,
     RunLog,
+    SecretSet,
     _Redactor,
-    _secret_forms,
 )
 
 TOKEN = "3f" * 32  # 64 hex characters, the shape of a real per-child token
@@ -162,7 +162,7 @@ def test_redaction_does_not_depend_on_how_the_stream_is_chunked(
 ) -> None:
     stream = b"".join(filler.encode() + secret for filler, secret in pieces) + end.encode()
     expected = b"".join(filler.encode() + REDACTED for filler, _ in pieces) + end.encode()
-    redactor = _Redactor(_secret_forms([TOKEN, SESSION_KEY]))
+    redactor = _Redactor(SecretSet([TOKEN, SESSION_KEY]))
     bounds = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
     out = b"".join(redactor.feed(stream[a:b]) for a, b in itertools.pairwise(bounds))
     assert out + redactor.flush() == expected
@@ -334,3 +334,39 @@ def test_reject_log_refuses_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "rejects.jsonl").symlink_to(tmp_path / "target")
     with pytest.raises(LogPathError):
         RejectLog(tmp_path / "rejects.jsonl", secrets=[])
+
+
+def test_a_secret_added_later_is_redacted_in_every_existing_log_and_tail(tmp_path: Path) -> None:
+    shared = SecretSet([SESSION_KEY])
+    first = RunLog(tmp_path / "a1.log", secrets=shared, transport="process", record_output=True)
+    other = RejectLog(tmp_path / "rejected.jsonl", secrets=shared)
+    sibling = "9c" * 32
+    first.output("stdout", f"early {sibling}\n".encode())  # not yet a secret: kept in the file
+    shared.add(sibling)  # a new child's token is issued
+    assert sibling not in first.tail  # the tail is scrubbed again on every read
+    first.output("stdout", f"late {sibling} {SESSION_KEY.hex()}\n".encode())
+    first.write(f"line {sibling}")
+    first.flush()
+    text = first.path.read_text()
+    assert text.count(sibling) == 1
+    assert "late [redacted] [redacted]" in text
+    assert " line [redacted]" in text
+    other.record("policy", "a1", {"why": f"quoted {sibling}"})
+    assert sibling not in other.path.read_text()
+    report = first.fail("exited", f"exit 1 after printing {sibling}")
+    assert sibling not in report.error
+    assert sibling not in report.tail
+
+
+def test_the_secret_set_scrubs_nested_values_and_keeps_other_leaves() -> None:
+    shared = SecretSet([TOKEN, SESSION_KEY])
+    value = {"a": [TOKEN, {TOKEN: 1, "n": None, "ok": True}], "hex": SESSION_KEY.hex().upper()}
+    assert shared.scrub_value(value) == {
+        "a": ["[redacted]", {"[redacted]": 1, "n": None, "ok": True}],
+        "hex": "[redacted]",
+    }
+    assert shared.scrub("nothing here") == "nothing here"
+    before = shared.version
+    shared.add(TOKEN)
+    shared.add("")
+    assert shared.version == before  # adding a known or empty secret changes nothing
