@@ -6,7 +6,10 @@ carries ``data.kind`` so the client can raise the same :class:`FleetError` subcl
 :mod:`orchestrator.control._client` is the client side used by every CLI verb.
 """
 
+import logging
 import os
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -23,7 +26,10 @@ from orchestrator.control._review import review_accept, review_diff, review_reve
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
 from orchestrator.coordination._paper import PARENT
 from orchestrator.core._supervisor import Supervisor
+from orchestrator.launch._kill import in_child_tree
 from orchestrator.launch._tmux import TmuxLauncher, TmuxPane
+
+log = logging.getLogger(__name__)
 
 Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -269,10 +275,43 @@ class ControlServer:
     shutdown: trio.Event = attrs.Factory(trio.Event)
     extra_ops: dict[str, Op] = attrs.Factory(dict)
 
+    #: Control connections refused because their peer is inside a child's process tree.
+    refused: int = 0
+
     def _lookup(self, owner: str) -> str | None:
         return self.token if owner == CONTROL_OWNER else None
 
+    async def _from_a_child(self, stream: trio.SocketStream) -> str | None:
+        """Why the peer of *stream* is one of our children (or inside one's tree), or None.
+
+        The socket serves the parent only: a child holding the control token (read from
+        disk by an unsandboxed child, or leaked) must not spawn, stop or shut down anything.
+        """
+        so_peercred = getattr(socket, "SO_PEERCRED", None)
+        if so_peercred is None:
+            return None  # macOS: the Seatbelt profile keeps children off the socket
+        try:
+            creds = stream.socket.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
+        except OSError as exc:
+            return f"its peer credentials are unreadable ({exc.strerror})"
+        pid = struct.unpack("3i", creds)[0]
+        if pid <= 0:
+            return "its peer has no pid in our pid namespace"
+        children = {run.launched.pid for run in self.sup.runs.values() if run.launched}
+        children.update(r.pid for r in self.sup.registry.live() if r.pid)
+        children.discard(None)
+        return await trio.to_thread.run_sync(
+            in_child_tree, pid, frozenset(children), self.sup.config.session
+        )
+
     async def handle_connection(self, stream: trio.SocketStream) -> None:
+        reason = await self._from_a_child(stream)
+        if reason is not None:
+            self.refused += 1
+            log.warning("refused a control connection: %s (%d so far)", reason, self.refused)
+            self.sup.reject("control-refused", CONTROL_OWNER, {"reason": reason})
+            await stream.aclose()
+            return
         try:
             channel, hello = await ipc.accept_hello(stream, self._lookup)
         except ipc.HandshakeError:
@@ -301,4 +340,6 @@ class ControlServer:
             data = await op(self.sup, body.args)
         except FleetError as exc:
             return ipc.Reply(ok=False, error=scrub(str(exc)), data={"kind": exc.kind})
+        if body.op in {"peek", "ping"}:
+            data = {**data, "control": {"refused": self.refused}}
         return ipc.Reply(ok=True, data=scrub(data))

@@ -26,7 +26,7 @@ from orchestrator.core._run import ChildRun
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
-from orchestrator.launch._kill import MARKER_ENV
+from orchestrator.launch._kill import MARKER_ENV, run_marker
 from orchestrator.launch._launcher import (
     Launched,
     Launcher,
@@ -258,7 +258,7 @@ class Spawning:
                 **child_environment(os.environ),
                 **placement.env,
                 # Unique to this run: the kill ladder finds every process that inherited it.
-                MARKER_ENV: f"{sup.config.session}/{run.key}/{os.getpid()}",
+                MARKER_ENV: run_marker(sup.config.session, run.key),
             },
             # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
             loadout=None if placement.sandboxed else run.loadout,

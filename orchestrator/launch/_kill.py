@@ -11,6 +11,7 @@ so its exit code is kept.
 import contextlib
 import os
 import signal
+from collections.abc import Collection
 from typing import Final
 
 import attrs
@@ -19,6 +20,71 @@ import trio
 
 #: Set in a child's environment to a value unique to its run; descendants inherit it.
 MARKER_ENV: Final = "FLEET_RUN"
+#: How far up the parent chain :func:`in_child_tree` looks (a tree is never this deep).
+_MAX_ANCESTRY: Final = 1024
+
+
+def run_marker(session: str, key: str) -> str:
+    """The :data:`MARKER_ENV` value of *key*'s run under this supervisor process."""
+    return f"{session}/{key}/{os.getpid()}"
+
+
+def _is_our_marker(value: str, session: str) -> bool:
+    """Whether *value* marks a run of *session* under this supervisor process (any key)."""
+    return value.startswith(f"{session}/") and value.endswith(f"/{os.getpid()}")
+
+
+def _parent_and_marker(pid: int) -> tuple[int, str | None]:
+    """*pid*'s parent and run marker from ``/proc`` (``(0, None)`` once it is unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        parent = int(stat[stat.rindex(b")") + 2 :].split(None, 2)[1])
+    except (OSError, ValueError, IndexError):
+        return 0, None
+    return parent, _marker_of(pid)
+
+
+def _marker_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            block = handle.read()
+    except OSError:
+        return None
+    entry = MARKER_ENV.encode() + b"="
+    for item in block.split(b"\0"):
+        if item.startswith(entry):
+            return item[len(entry) :].decode(errors="replace")
+    return None
+
+
+def in_child_tree(pid: int, children: Collection[int], session: str) -> str | None:
+    """Why *pid* belongs to a child of ours, or ``None`` when it does not.
+
+    It does when *pid* or any ancestor is one of *children* (the launched pids), or carries
+    the run marker of one of this supervisor's runs of *session* (every process a child starts
+    inherits it; a process that dropped it is still found by its ancestry). A few ``/proc``
+    reads: run it off the event loop. Without ``/proc`` only the marker via psutil is checked.
+    """
+    if not os.path.isdir("/proc/self"):
+        try:
+            value = psutil.Process(pid).environ().get(MARKER_ENV)
+        except psutil.Error:
+            return None
+        return (
+            f"pid {pid} carries run marker {value}"
+            if value and _is_our_marker(value, session)
+            else None
+        )
+    current, seen = pid, 0
+    while current > 1 and seen < _MAX_ANCESTRY:
+        if current in children:
+            return f"pid {pid} descends from child pid {current}"
+        parent, marker = _parent_and_marker(current)
+        if marker is not None and _is_our_marker(marker, session):
+            return f"pid {current} carries run marker {marker}"
+        current, seen = parent, seen + 1
+    return None
 
 
 @attrs.frozen
