@@ -1,0 +1,108 @@
+"""Every secret the supervisor holds is redacted on every surface (containment issue, item 6).
+
+Hostile ``command`` children are handed a sibling's token and the control token (the test reads
+them and puts them in a file in the workspace) and print them everywhere they can: the report
+(stdout), the turn's error (stderr of a failing command), the run's stderr and thus its failure
+tail (they write straight to the child process's stderr, then kill it). Neither secret may
+reach ``wait``, ``peek``, ``logs``, ``stop``'s handoffs, any run log, the reject log or the
+registry snapshot — sandboxed or not — and the fleet keeps serving an honest child.
+"""
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.security._control_util import (
+    control_token,
+    hand_over,
+    honest_child_works,
+    hostile_fleet,
+    session_root,
+    spawn_payload,
+)
+
+__all__ = ["hostile_fleet"]
+
+pytestmark = pytest.mark.slow
+
+LEAK = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    handed = json.loads(Path({handed!r}).read_text())
+    line = "sibling=" + handed["sibling"] + " control=" + handed["control"]
+    # Split across writes, so a redactor that only looks at whole chunks misses it.
+    for piece in (line[:40], line[40:90], line[90:]):
+        sys.stdout.write(piece); sys.stdout.flush(); time.sleep(0.05)
+    print(); sys.stdout.flush()
+    sys.stderr.write(line + "\\n"); sys.stderr.flush()
+    mode = {mode!r}
+    if mode == "fail":
+        raise SystemExit(3)  # the turn's error quotes stderr's last line
+    if mode == "crash":
+        # Straight into the child process's own stderr (the supervisor's pipe), then kill it:
+        # the run fails and its failure tail is what it printed last.
+        with open(f"/proc/{{os.getppid()}}/fd/2", "w") as err:
+            err.write(line + "\\n")
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+    """
+)
+
+
+def _sibling_token(fleet, key: str) -> str:
+    """The sibling's token, as a hostile child that read its loadout would have it."""
+    path = session_root(fleet) / "loadouts" / f"{key}.json"
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return str(json.loads(path.read_text())["token"])
+
+
+def _files_under(root: Path) -> dict[str, str]:
+    """Every file a person or the parent reads: logs, the reject log, the registry snapshot
+    (not the loadouts or the control token, which must hold the secrets)."""
+    found = {}
+    for path in root.rglob("*"):
+        if path.is_file() and path.parent.name != "loadouts" and path.name != "control.token":
+            found[str(path)] = path.read_bytes().decode(errors="replace")
+    return found
+
+
+def test_no_surface_shows_a_siblings_token_or_the_control_token(hostile_fleet):
+    fleet = hostile_fleet
+    sibling = spawn_payload(fleet, "import time; time.sleep(120)", task="stay")
+    secrets = {"sibling": _sibling_token(fleet, sibling), "control": control_token(fleet)}
+    assert all(len(value) == 64 for value in secrets.values())
+    surfaces: dict[str, str] = {}
+    keys = {}
+    for mode in ("ok", "fail", "crash"):
+        handed = hand_over(fleet, f"leak-{mode}", secrets)
+        keys[mode] = spawn_payload(fleet, LEAK.format(handed=str(handed), mode=mode))
+    for mode, key in keys.items():
+        result = fleet.run("wait", key, "--timeout", "60", "--json")
+        assert result.returncode == (1 if mode == "crash" else 0), result
+        surfaces[f"wait {mode}"] = result.stdout
+        [note] = json.loads(result.stdout)["settled"]
+        shown = {"ok": note["report"], "fail": note["error"]}.get(mode)
+        if shown is None:
+            shown = note["failure"]["tail"]
+        assert "sibling=[redacted] control=[redacted]" in shown, note
+    surfaces["peek"] = json.dumps(fleet.json("peek", *keys.values()))
+    for mode, key in keys.items():
+        logs = fleet.json("logs", key)
+        surfaces[f"logs {mode}"] = json.dumps(logs)
+    assert fleet.json("peek", keys["crash"])["agents"][0]["state"] == "failed"
+    surfaces["stop"] = json.dumps(fleet.json("stop", keys["ok"], keys["fail"], code=0))
+    surfaces["stop crash"] = fleet.run("stop", keys["crash"], "--json").stdout
+    time.sleep(0.6)  # the registry snapshot is rewritten within 0.25 s of a change
+    surfaces.update(_files_under(session_root(fleet)))
+    for where, text in surfaces.items():
+        for name, secret in secrets.items():
+            assert secret not in text, f"the {name} token leaked through {where}"
+    fleet.json("stop", sibling)
+    honest_child_works(fleet)
