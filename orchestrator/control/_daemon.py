@@ -15,6 +15,7 @@ numbering after theirs, and adopts each kept worktree so ``fleet stop`` can copy
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import signal
@@ -32,6 +33,8 @@ from orchestrator._records import ChildRecord, State, clip
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 from orchestrator.workspace._worktree import Snapshot
+
+log = logging.getLogger(__name__)
 
 #: The registry snapshot is rewritten at most this often (seconds), and only when it changed.
 SNAPSHOT_INTERVAL: Final = 0.25
@@ -133,13 +136,29 @@ def registry_snapshot(sup: Supervisor, *, clean: bool = False) -> dict[str, Any]
 
 
 async def keep_registry(sup: Supervisor) -> None:
-    """Rewrite the registry snapshot whenever it changed, at most every SNAPSHOT_INTERVAL."""
+    """Rewrite the registry snapshot whenever it changed, at most every SNAPSHOT_INTERVAL.
+
+    A write that fails (a full disk) is retried on every tick until it succeeds, so the file
+    never stays behind the fleet once space returns; the supervisor goes on meanwhile, and
+    warns once per outage.
+    """
     written = b""
+    failing = False
     while True:
         data = json.dumps(registry_snapshot(sup), sort_keys=True).encode()
         if data != written:
-            ipc.write_private(sup.paths.registry, data)
-            written = data
+            try:
+                ipc.write_private(sup.paths.registry, data)
+            except OSError as exc:
+                if not failing:
+                    log.warning(
+                        "registry snapshot %s not written (%s); retrying",
+                        sup.paths.registry,
+                        exc.strerror or exc,
+                    )
+                failing = True
+            else:
+                written, failing = data, False
         await trio.sleep(SNAPSHOT_INTERVAL)
 
 

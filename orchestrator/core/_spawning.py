@@ -10,6 +10,7 @@ and hands it to the surface's launcher; an unwrapped ``process`` child is forked
 server.
 """
 
+import errno
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,10 @@ from orchestrator.launch._tmux import TmuxLauncher
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
+
+
+#: The errors of a full filesystem (out of blocks or inodes, or over quota).
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @attrs.frozen(kw_only=True)
@@ -123,6 +128,11 @@ class Spawning:
                     raise
                 failed = getattr(exc, "key", records[0].key)
                 cause = exc.__cause__ or exc
+                if isinstance(cause, OSError) and cause.errno in NO_SPACE:
+                    raise OperationFailed(
+                        f"spawn {failed}: the state directory {sup.config.home} has no space "
+                        f"left ({cause.strerror}); free some space there and spawn again"
+                    ) from exc
                 raise OperationFailed(
                     f"spawn {failed}: could not prepare its launch: {cause} "
                     "(fix the cause and spawn again)"

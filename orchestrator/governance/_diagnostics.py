@@ -57,6 +57,8 @@ _MIN_FRAGMENT = 8
 # Compaction starts the kept part at a line boundary when one is this close.
 _LINE_SLACK = 16384
 _MAX_RECORD_ARGS = 8192
+# A full filesystem: out of blocks or inodes, or over quota.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class LogPathError(Exception):
@@ -259,8 +261,23 @@ class _CappedFile:
         self._marker = marker
         self._dropped = 0
         self._marker_size = 0  # our marker at the head of the file, if we compacted it
+        #: Bytes a full disk kept out of the file (said in the file once space returns).
+        self.unwritten = 0
 
     def append(self, data: bytes) -> None:
+        """Append *data*; on a full disk it is counted, not raised (the run goes on)."""
+        try:
+            if self.unwritten:
+                note = f"[… {self.unwritten} bytes not written: the disk was full …]\n"
+                self._append(note.encode())
+                self.unwritten = 0
+            self._append(data)
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            self.unwritten += len(data)
+
+    def _append(self, data: bytes) -> None:
         fd = _open_private(self.path, os.O_RDWR | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size

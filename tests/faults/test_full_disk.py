@@ -1,0 +1,133 @@
+"""A full state directory costs an operation, never the fleet (containment issue, item 7).
+
+``FLEET_HOME`` is a small tmpfs the test mounts and then fills. A spawn, which needs space for
+its loadout, log and scratch, is refused with one line naming the directory; the supervisor and
+its running child keep serving; and once space returns the registry snapshot describes the
+fleet as it is now, not as it was when the disk filled.
+"""
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import GIT_ENV, Fleet, fleet_processes, make_repo
+
+pytestmark = pytest.mark.slow
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the filesystem of *directory* to the last byte."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 16, 1 << 10, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.fixture
+def tmpfs_fleet(tmp_path: Path) -> Iterator[Fleet]:
+    home = Path(tempfile.mkdtemp(prefix="flf-full-", dir="/tmp"))
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(home)], check=True
+    )
+    env = {**os.environ, **GIT_ENV, "FLEET_HOME": str(home), "FLEET_SESSION": "t"}
+    env.pop("FLEET_MODEL", None)
+    env["FLEET_SANDBOX"] = "off"  # this is about space, not confinement: keep it quick
+    env["FLEET_ALLOW_UNSANDBOXED"] = "1"
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=env)
+    try:
+        yield fleet
+    finally:
+        (home / "filler").unlink(missing_ok=True)
+        fleet.run("serve", "--stop", timeout=90)
+        deadline = time.monotonic() + 15
+        while fleet_processes(home) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftovers = fleet_processes(home)
+        for process in leftovers:
+            process.kill()
+        subprocess.run(["umount", "-l", str(home)], check=False)
+        with contextlib.suppress(OSError):
+            home.rmdir()
+        assert not leftovers, f"fleet processes survived the test: {leftovers}"
+
+
+def _registry(fleet: Fleet) -> dict[str, Any]:
+    return dict(json.loads((fleet.home / "sessions" / "t" / "registry.json").read_text()))
+
+
+def _registry_pid(fleet: Fleet, key: str) -> int:
+    [child] = [c for c in _registry(fleet)["children"] if c["key"] == key]
+    return int(child["pid"])
+
+
+def _until(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_full_state_directory_refuses_a_spawn_and_the_fleet_keeps_serving(tmpfs_fleet):
+    fleet = tmpfs_fleet
+    echo = shlex.join([sys.executable, "-c", "print('echo ' + input())"])
+    spawn = ["spawn", "--backend", "command", "--command", echo, "--allow-unsandboxed"]
+    [child] = fleet.json(*spawn, "first")["agents"]
+    key = child["key"]
+    [note] = fleet.json("wait", key, "--timeout", "60")["settled"]
+    assert note["report"].strip() == "echo first"
+    sleeper = shlex.join([sys.executable, "-c", "import time; time.sleep(120)"])
+    [doomed] = fleet.json(*spawn[:4], sleeper, *spawn[5:], "doomed")["agents"]
+    _until(lambda: [c["state"] for c in _registry(fleet)["children"]] == ["idle", "working"])
+
+    filler = _fill(fleet.home)
+    refused = fleet.run(*spawn, "second", "--json")
+    assert refused.returncode == 1, refused
+    [line] = refused.stderr.splitlines()
+    assert str(fleet.home) in line, line
+    assert "no space left" in line.lower(), line
+    error = json.loads(refused.stdout)["error"]
+    assert error["kind"] != "internal", error
+    # A child that fails now has its failure logged where it can be (the log file cannot
+    # grow): the run ends as failed, the supervisor goes on.
+    os.kill(_registry_pid(fleet, doomed["key"]), signal.SIGKILL)
+    result = fleet.run("wait", doomed["key"], "--timeout", "60", "--json")
+    [note] = json.loads(result.stdout)["settled"]
+    assert note["state"] == "failed", note
+    assert note["failure"]["kind"] == "killed", note
+    # The supervisor and the running child keep serving while the disk is full.
+    assert [a["key"] for a in fleet.json("peek")["agents"]] == [key]
+    fleet.json("resume", key, "again")
+    [note] = fleet.json("wait", key, "--timeout", "60")["settled"]
+    assert note["report"].strip() == "echo again"
+    # A change the snapshot cannot record while the disk is full: the child is stopped.
+    [handoff] = fleet.json("stop", key)["handoffs"]
+    assert handoff["state"] == "stopped"
+    time.sleep(0.6)
+    # The snapshot still describes the fleet as the disk filled, for now.
+    assert [c["key"] for c in _registry(fleet)["children"]] == [key, doomed["key"]]
+
+    filler.unlink()  # space returns: the snapshot catches up without another change
+    _until(lambda: _registry(fleet)["children"] == [])
+    [again] = fleet.json(*spawn, "third")["agents"]
+    [note] = fleet.json("wait", again["key"], "--timeout", "60")["settled"]
+    assert note["report"].strip() == "echo third"
+    _until(lambda: [c["key"] for c in _registry(fleet)["children"]] == [again["key"]])
