@@ -110,3 +110,24 @@ async def test_kill_tree_ends_a_group_and_an_escaped_marked_process(processes) -
             await kill_tree(leader.pid, exited=exited, grace=1.0, marker=marker)
     assert leader.returncode == -15
     assert escaped.wait(timeout=CEILING) in {-15, -9}
+
+
+def test_in_child_tree_finds_descendants_and_our_markers_only(processes) -> None:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin")}
+    ours = _kill.run_marker("s", "a1")
+    # A child, and its grandchild with the marker dropped: found by ancestry.
+    child = _start(processes, ["sh", "-c", "env -i sleep 30 & wait"], base)
+    _wait_for(lambda: len(read_table().descendants(child.pid)) == 1, "the grandchild")
+    [grandchild] = read_table().descendants(child.pid)
+    assert "child pid" in (_kill.in_child_tree(grandchild, {child.pid}, "s") or "")
+    assert _kill.in_child_tree(grandchild, set(), "s") is None
+    # Out of the tree (its own session, another parent) but with our marker: found by it.
+    marked = _start(processes, ["sleep", "30"], {**base, MARKER_ENV: ours})
+    assert "marker" in (_kill.in_child_tree(marked.pid, set(), "s") or "")
+    # Another session's run, or another supervisor's (another pid), is not ours.
+    other = _start(processes, ["sleep", "30"], {**base, MARKER_ENV: "s/a1/1"})
+    foreign = _start(processes, ["sleep", "30"], {**base, MARKER_ENV: ours.replace("s/", "x/")})
+    assert _kill.in_child_tree(other.pid, set(), "s") is None
+    assert _kill.in_child_tree(foreign.pid, set(), "s") is None
+    # The test process itself (the parent's position) is never inside a child's tree.
+    assert _kill.in_child_tree(os.getpid(), {child.pid}, "s") is None
