@@ -46,7 +46,7 @@ FailureKind = Literal[
     "auth-rejected",
     "surface-creation-failed",
 ]
-RejectKind = Literal["policy", "lock-conflict", "dropped-frame", "egress"]
+RejectKind = Literal["policy", "lock-conflict", "dropped-frame", "egress", "hello-refused"]
 
 REDACTED = b"[redacted]"
 DEFAULT_CAP = 1 << 20
