@@ -115,11 +115,6 @@ class Faults:
         model = self.script("unused", "turns: []\n")
         return self.config(python=self.rogue(), sandbox="off", model=model, **overrides)
 
-    def loadout(self, key: str) -> dict[str, Any]:
-        path = self.home / "sessions" / "t" / "loadouts" / f"{key}.json"
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-
     def processes(self) -> list[psutil.Process]:
         return fleet_processes(self.home)
 
