@@ -29,7 +29,7 @@ import ipc
 def become_real_child() -> None:
     # Same pid, same argv (and inherited descriptors) as the supervisor started: from here on
     # it is the real child.
-    args = sys.argv[1:]
+    args = sys.argv[sys.argv.index("child") + 1 :]  # what followed ``-I -m child``
     os.execv(sys.executable, [sys.executable, "-I", "-m", "child", *args])  # noqa: S606
 
 

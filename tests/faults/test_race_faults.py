@@ -72,9 +72,12 @@ async def test_a_dropped_connection_fails_the_child_and_releases_its_locks_once(
     config = faults.rogue_config()
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
-            sup.locks = locks
+            sup.locks = sup.services.locks = locks  # the services hold the table they were given
             [record] = await sup.spawn([SpawnRequest(task="t", agent="rw", name="rogue-drop")])
-            await faults.until(lambda: record.key in locks.snapshot())
+            # The drop follows the grant at once: the lock may already be given back.
+            await faults.until(
+                lambda: record.key in locks.snapshot() or record.key in locks.released
+            )
             pids = faults.tree(record.pid)
             note = await faults.ended(
                 sup, record.key, state=State.FAILED, kind="protocol", pids=pids
