@@ -285,7 +285,8 @@ async def run_inherited(connection_fd: int, loadout_fd: int) -> int:
         hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
         request_timeout=loadout.request_timeout,
     )
-    return await Runtime(loadout=loadout, channel=channel).serve()
+    async with open_egress(loadout):
+        return await Runtime(loadout=loadout, channel=channel).serve()
 
 
 USAGE: Final = "usage: python -m child <loadout> | python -m child --fd N --loadout-fd M"
