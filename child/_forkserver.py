@@ -10,8 +10,9 @@ start this way (bubblewrap must ``exec`` it) and neither can a child in a tmux o
 The server is single-threaded, never starts trio, and speaks JSON messages, one per packet:
 
 * server → supervisor ``{"ready": pid}`` once the imports are done;
-* supervisor → server ``{"spawn": id, "loadout": path, "cwd": dir, "env": {...},
-  "name": title}`` with two descriptors attached (the child's stdout and stderr);
+* supervisor → server ``{"spawn": id, "cwd": dir, "env": {...}, "name": title}`` with four
+  descriptors attached: the child's stdout and stderr, its end of the socket pair that is its
+  connection, and its sealed loadout (the child runs as ``--fd N --loadout-fd M``);
 * server → supervisor ``{"spawned": id, "pid": pid}`` with the child's pidfd attached (opened
   before the child can be reaped, so it names exactly that process), or ``{"spawned": id,
   "error": "..."}``;
@@ -65,7 +66,7 @@ def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = 
         sock.send(data)
 
 
-def _become_child(request: Mapping[str, Any], stdout: int, stderr: int) -> NoReturn:
+def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
     """In the forked process: take the child's stdio, session, directory and environment,
     then run it. Never returns into the server's loop."""
     code = 70
@@ -77,11 +78,13 @@ def _become_child(request: Mapping[str, Any], stdout: int, stderr: int) -> NoRet
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        stdout, stderr, connection, loadout = fds
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
         # Nothing of the server's may leak into the child: the supervisor's socket, the
-        # wake-up pipe, the descriptors that carried this request.
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        # wake-up pipe, the stdio descriptors that carried this request. The child keeps only
+        # its own connection and loadout.
+        _close_all_but({connection, loadout})
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -90,7 +93,7 @@ def _become_child(request: Mapping[str, Any], stdout: int, stderr: int) -> NoRet
             comm.write(str(request.get("name", "fleet-child"))[:15])
         from child._runtime import main  # noqa: PLC0415 - preloaded: already in sys.modules
 
-        code = main([request["loadout"]])
+        code = main(["--fd", str(connection), "--loadout-fd", str(loadout)])
     except BaseException as exc:
         with contextlib.suppress(Exception):
             print(f"child: fork server could not start the child: {exc!r}", file=sys.stderr)
@@ -101,9 +104,21 @@ def _become_child(request: Mapping[str, Any], stdout: int, stderr: int) -> NoRet
         os._exit(code)
 
 
-def _check_stdio(fds: Sequence[int]) -> None:
-    if len(fds) != 2:
-        raise ValueError(f"expected 2 descriptors (stdout, stderr), got {len(fds)}")
+def _close_all_but(keep: set[int]) -> None:
+    """Close every descriptor from 3 up except *keep*."""
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _check_fds(fds: Sequence[int]) -> None:
+    if len(fds) != 4 or min(fds) < 3:
+        raise ValueError(
+            f"expected 4 descriptors (stdout, stderr, connection, loadout), got {len(fds)}"
+        )
 
 
 def _spawn(sock: socket.socket, data: bytes, fds: list[int]) -> None:
@@ -111,12 +126,12 @@ def _spawn(sock: socket.socket, data: bytes, fds: list[int]) -> None:
     try:
         request = json.loads(data)
         request_id = request["spawn"]
-        _check_stdio(fds)
+        _check_fds(fds)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _become_child(request, fds[0], fds[1])
+            _become_child(request, fds)
         pidfd = os.pidfd_open(pid)
         try:
             _send(sock, {"spawned": request_id, "pid": pid}, [pidfd])

@@ -1,5 +1,8 @@
 """The child's runtime: read the loadout, connect, hello, serve commands, run the backend.
 
+A local child inherits its connection and loadout as descriptors (``--fd N --loadout-fd M``); a
+pane's child reads a loadout file and connects to the supervisor's socket.
+
 One turn runs at a time. Activity events are coalesced and sent at most every
 :data:`EVENT_INTERVAL` seconds (tool start/end are never dropped; streamed-text updates are);
 the buffer is flushed before a turn's ``settled`` so the parent sees events in order. The
@@ -9,6 +12,7 @@ process exits when the IPC connection ends.
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
@@ -234,8 +238,14 @@ def _in_pane(loadout: ipc.Loadout) -> bool:
 
 
 async def run(loadout_path: str) -> int:
-    """Run a child for the loadout at *loadout_path*; the process's exit code."""
+    """Run a child for the loadout file at *loadout_path* (a pane's child): the exit code.
+
+    The file is unlinked as soon as it is read: its token is good for this launch only, and
+    nobody else needs to find it (the supervisor unlinks it too, once the hello arrives).
+    """
     loadout = ipc.Loadout.from_file(loadout_path)
+    with contextlib.suppress(OSError):
+        os.unlink(loadout_path)
     with contextlib.suppress(OSError):
         os.chdir(loadout.workspace)  # tools resolve relative paths against the workspace
     channel, _ = await ipc.open_client(
@@ -249,14 +259,59 @@ async def run(loadout_path: str) -> int:
         return await Runtime(loadout=loadout, channel=channel).serve()
 
 
+async def run_inherited(connection_fd: int, loadout_fd: int) -> int:
+    """Run a child whose connection and loadout are inherited descriptors: the exit code.
+
+    *connection_fd* is this child's end of a socket pair the supervisor made for it alone;
+    *loadout_fd* a sealed memfd or a pipe (closed once read).
+    """
+    loadout = ipc.Loadout.from_fd(loadout_fd)
+    try:
+        sock = socket.socket(fileno=connection_fd)
+    except OSError as exc:
+        raise ipc.HandshakeError(f"connection fd {connection_fd}: {exc}", reason="fd") from None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.detach()
+        raise ipc.HandshakeError(
+            f"connection fd {connection_fd}: not a Unix stream socket", reason="fd"
+        )
+    sock.set_inheritable(False)  # never handed on to a backend's processes
+    with contextlib.suppress(OSError):
+        os.chdir(loadout.workspace)
+    channel, _ = await ipc.hello_on(
+        trio.SocketStream(trio.socket.from_stdlib_socket(sock)),
+        owner=loadout.owner,
+        token=loadout.token,
+        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
+        request_timeout=loadout.request_timeout,
+    )
+    async with open_egress(loadout):
+        return await Runtime(loadout=loadout, channel=channel).serve()
+
+
+USAGE: Final = "usage: python -m child <loadout> | python -m child --fd N --loadout-fd M"
+
+
+def _inherited(args: Sequence[str]) -> tuple[int, int] | None:
+    """``--fd N --loadout-fd M`` as ``(N, M)``; ``None`` for any other argv."""
+    if len(args) != 4 or args[0] != "--fd" or args[2] != "--loadout-fd":
+        return None
+    if not (args[1].isdigit() and args[3].isdigit()):
+        return None
+    return int(args[1]), int(args[3])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m child <loadout>", file=sys.stderr)
+    fds = _inherited(args)
+    if fds is None and (len(args) != 1 or args[0].startswith("-")):
+        print(USAGE, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="child %(levelname)s %(message)s")
     os.environ["FLEET_CHILD"] = "1"
     try:
+        if fds is not None:
+            return trio.run(run_inherited, *fds)
         return trio.run(run, args[0])
     except ipc.IpcError as exc:
         print(f"child: {exc}", file=sys.stderr)

@@ -23,9 +23,9 @@ from ipc._errors import (
     SchemaError,
 )
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
-from ipc._handshake import HELLO_TIMEOUT, accept_hello, open_client
+from ipc._handshake import HELLO_TIMEOUT, accept_hello, hello_on, open_client
 from ipc._listener import Listener, ensure_private_dir
-from ipc._loadout import Loadout, ModelSpec, write_loadout, write_private
+from ipc._loadout import Loadout, ModelSpec, sealed_loadout, write_loadout, write_private
 from ipc._messages import decode_envelope, encode_envelope, prepare_codecs
 from ipc._types import (
     MESSAGE_TYPES,
@@ -101,10 +101,12 @@ __all__ = [
     "encode_envelope",
     "encode_frame",
     "ensure_private_dir",
+    "hello_on",
     "new_session_key",
     "open_client",
     "peer_uid",
     "prepare_codecs",
+    "sealed_loadout",
     "tokens_match",
     "valid_identifier",
     "write_loadout",

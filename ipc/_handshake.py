@@ -109,6 +109,29 @@ async def open_client(
     closes the connection instead (it never says why).
     """
     stream = await trio.open_unix_socket(os.fspath(Path(path)))
+    return await hello_on(
+        stream,
+        owner=owner,
+        token=token,
+        hello=hello,
+        max_frame=max_frame,
+        request_timeout=request_timeout,
+        where=os.fspath(path),
+    )
+
+
+async def hello_on(
+    stream: trio.SocketStream,
+    *,
+    owner: str,
+    token: str,
+    hello: Hello,
+    max_frame: int = MAX_FRAME,
+    request_timeout: float = DEFAULT_TIMEOUT,
+    where: str = "the inherited connection",
+) -> tuple[Channel, Reply]:
+    """Send the hello on an already-connected *stream* (an inherited socketpair end, or one
+    :func:`open_client` connected) and read the reply, as :func:`open_client` describes."""
     channel = Channel(
         stream=stream,
         owner=owner,
@@ -130,7 +153,7 @@ async def open_client(
     except (trio.TooSlowError, FrameError, ChannelClosed, trio.BrokenResourceError) as exc:
         with trio.CancelScope(shield=True):
             await stream.aclose()
-        raise HandshakeError(f"hello to {path} failed: {exc!r}", reason="hello") from None
+        raise HandshakeError(f"hello to {where} failed: {exc!r}", reason="hello") from None
     if not frames:
         with trio.CancelScope(shield=True):
             await stream.aclose()

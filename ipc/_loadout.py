@@ -1,12 +1,16 @@
 """The loadout: a child's whole capability, written by the supervisor, read by the child.
 
-It is the only place a child learns its token. The file is written atomically with mode 0600
-into a 0700 directory, and read only if it is a regular file (not a symlink) that we own with
-mode exactly 0600; otherwise :class:`LoadoutError` says which check failed.
+It is the only place a child learns its token. A local child gets it through an inherited
+descriptor (:func:`sealed_loadout`, read with :meth:`Loadout.from_fd`): a memfd sealed against
+every change, or a pipe where there is no memfd, so no file exists that a sibling could read or
+race for. Where a file is unavoidable (a pane that tmux or cmux starts) it is written atomically
+with mode 0600 into a 0700 directory, and read only if it is a regular file (not a symlink) that
+we own with mode exactly 0600. Either way :class:`LoadoutError` says which check failed.
 """
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -22,6 +26,13 @@ from ipc._messages import converter, render_error
 
 LOADOUT_VERSION: Final = 1
 MAX_LOADOUT_BYTES: Final = 4 << 20
+#: The seals a loadout memfd carries: nothing can change it, and no seal can be undone.
+LOADOUT_SEALS: Final = (
+    getattr(fcntl, "F_SEAL_WRITE", 0)
+    | getattr(fcntl, "F_SEAL_GROW", 0)
+    | getattr(fcntl, "F_SEAL_SHRINK", 0)
+    | getattr(fcntl, "F_SEAL_SEAL", 0)
+)
 
 
 def _identifier(_: object, attribute: "attrs.Attribute[str]", value: str) -> None:
@@ -113,6 +124,30 @@ class Loadout:
         return cls.from_json(data, where=where)
 
     @classmethod
+    def from_fd(cls, fd: int) -> "Loadout":
+        """Read and validate a loadout from an inherited descriptor, then close it.
+
+        The descriptor must be a memfd carrying every seal of :data:`LOADOUT_SEALS` (so its
+        bytes are exactly what the supervisor wrote) or an anonymous pipe (read to EOF).
+        """
+        where = f"fd {fd}"
+        try:
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                raise LoadoutError(f"loadout {where}: not open: {exc.strerror}") from None
+            if stat.S_ISREG(st.st_mode):
+                data = _read_sealed(fd, st.st_size, where)
+            elif stat.S_ISFIFO(st.st_mode) and _is_anonymous_pipe(fd):
+                data = _read_pipe(fd, where)
+            else:
+                raise LoadoutError(f"loadout {where}: not a sealed memfd or a pipe")
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return cls.from_json(data, where=where)
+
+    @classmethod
     def from_json(cls, data: bytes, *, where: str = "<loadout>") -> "Loadout":
         """Parse loadout JSON; schema errors name the field."""
         try:
@@ -131,6 +166,85 @@ class Loadout:
     def to_json(self) -> bytes:
         """Serialize for :func:`write_loadout`."""
         return json.dumps(converter.unstructure(self), indent=1).encode()
+
+
+def _read_sealed(fd: int, size: int, where: str) -> bytes:
+    try:
+        seals = fcntl.fcntl(fd, getattr(fcntl, "F_GET_SEALS", 1034))
+    except OSError:
+        raise LoadoutError(f"loadout {where}: a regular file, not a sealed memfd") from None
+    if not LOADOUT_SEALS or seals & LOADOUT_SEALS != LOADOUT_SEALS:
+        raise LoadoutError(f"loadout {where}: memfd is not sealed (seals {seals:#x})")
+    if size > MAX_LOADOUT_BYTES:
+        raise LoadoutError(f"loadout {where}: {size} bytes is too large")
+    return os.pread(fd, size, 0)
+
+
+def _is_anonymous_pipe(fd: int) -> bool:
+    """Whether *fd* is a pipe (``pipe:[N]``), not a FIFO someone planted on a path."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        # No /proc (macOS): a FIFO opened by path is indistinguishable; the descriptor came
+        # from our parent, which only ever hands us a pipe.
+        return True
+
+
+def _read_pipe(fd: int, where: str) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > MAX_LOADOUT_BYTES:
+            raise LoadoutError(f"loadout {where}: more than {MAX_LOADOUT_BYTES} bytes")
+    return b"".join(chunks)
+
+
+def sealed_loadout(loadout: Loadout) -> int:
+    """A descriptor holding *loadout* for a child to inherit (see :meth:`Loadout.from_fd`).
+
+    A sealed memfd where the platform has one, else the read end of a pipe already holding
+    every byte (its capacity raised to fit where it can be). The caller passes it to exactly
+    one child and closes its own copy; the descriptor is not inheritable until then.
+    """
+    data = loadout.to_json()
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        try:
+            fd: int = memfd_create("fleet-loadout", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", 1033), LOADOUT_SEALS)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+    read, write = os.pipe()
+    try:
+        if len(data) > 65536 and hasattr(fcntl, "F_SETPIPE_SZ"):
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, len(data))
+        os.set_blocking(write, False)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write, view) :]
+        except BlockingIOError:
+            raise LoadoutError(
+                f"loadout {loadout.owner}: {len(data)} bytes do not fit in a pipe"
+            ) from None
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return read
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -37,13 +37,18 @@ class ChildRun:
     host: "RunHost[ChildRun]"
     record: ChildRecord
     token: str
+    #: The loadout file of a pane's child; ``""`` for a child that inherits it (:attr:`card`).
     loadout: str
     log: RunLog
     budgets: BudgetPolicy
     declared: tuple[str, ...] = ()
     watchdog: Watchdog = attrs.field(init=False)
     requests: ChildRequests = attrs.field(init=False)
+    #: The loadout itself, as the child gets it.
+    card: ipc.Loadout | None = None
     launched: Launched | None = None
+    #: Set once :attr:`launched` is known (a pane's hello is checked against its pid).
+    started: trio.Event = attrs.Factory(trio.Event)
     channel: ipc.Channel | None = None
     connected: trio.Event = attrs.Factory(trio.Event)
     done: trio.Event = attrs.Factory(trio.Event)
@@ -117,6 +122,7 @@ class ChildRun:
                 kind = getattr(exc, "failure", "launch")
                 await self.finish(State.FAILED, kind=kind, error=str(exc))
                 return
+            self.started.set()
             self.record.pid = self.launched.pid
             self.log.write(f"launched {self.launched.describe()}")
             nursery.start_soon(self._watch_exit)

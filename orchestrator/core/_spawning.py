@@ -8,10 +8,16 @@ child's I/O, one child after another), and a failure there refuses the whole bat
 started. The batch then launches together. A launch places the child command in its sandbox
 and hands it to the surface's launcher; an unwrapped ``process`` child is forked from the fork
 server.
+
+A ``process`` child's loadout is never a file: it inherits a sealed memfd holding it and its
+end of a socket pair that is its connection, and the hello on our end may name only that child
+(:mod:`orchestrator.core._admission`). Only a pane's child (tmux, cmux), which the terminal
+starts and so cannot inherit from us, gets a 0600 loadout file and connects to the listener.
 """
 
 import errno
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +28,7 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._plan import plan_spawn
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._diagnostics import RunLog
@@ -34,6 +41,7 @@ from orchestrator.launch._launcher import (
     LaunchSpec,
     ProcessLauncher,
     child_argv,
+    inherited_child_argv,
 )
 from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
@@ -49,8 +57,16 @@ NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 @attrs.frozen(kw_only=True)
 class _Prepared:
     token: str
+    card: ipc.Loadout
+    #: Its file, for a pane's child; ``""`` when the child inherits it.
     loadout: str
     log: RunLog
+
+
+def inherits(surface: str) -> bool:
+    """Whether a child on *surface* inherits its connection and loadout from us: it does
+    unless a terminal (tmux, cmux) starts it."""
+    return surface == "process"
 
 
 class _PrepareError(Exception):
@@ -181,6 +197,7 @@ class Spawning:
                 host=sup,
                 record=record,
                 token=prepared[record.key].token,
+                card=prepared[record.key].card,
                 loadout=prepared[record.key].loadout,
                 log=prepared[record.key].log,
                 budgets=sup.budgets,
@@ -205,7 +222,8 @@ class Spawning:
             name=record.name,
             agent=record.agent,
             token=token,
-            socket=str(paths.ipc_socket),
+            # An inheriting child has no socket to find: its connection is a descriptor.
+            socket="" if inherits(record.surface) else str(paths.ipc_socket),
             workspace=record.workspace,
             depth=record.depth,
             paper=str(paths.paper),
@@ -214,15 +232,17 @@ class Spawning:
             request_timeout=sup.config.request_timeout,
             **fields,
         )
-        loadout_path = paths.loadouts / f"{record.key}.json"
-        ipc.write_loadout(loadout_path, loadout)
+        loadout_path = ""
+        if not inherits(record.surface):
+            loadout_path = str(paths.loadouts / f"{record.key}.json")
+            ipc.write_loadout(Path(loadout_path), loadout)
         log = RunLog(
             paths.logs / f"{record.key}.log",
             secrets=sup.secrets,
             record_output=sup.config.record_output,
             transport=sup.launchers[record.surface].name,
         )
-        return _Prepared(token=token, loadout=str(loadout_path), log=log)
+        return _Prepared(token=token, card=loadout, loadout=loadout_path, log=log)
 
     def launcher_for(self, surface: str) -> Launcher:
         """The launcher for a validated *surface*, created on first use and then shared."""
@@ -247,35 +267,59 @@ class Spawning:
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
         sup = self.sup
-        loadout = ipc.Loadout.from_file(run.loadout)
+        loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
+        launcher = self.launcher_for(run.record.surface)
         proxy = await self._open_egress(run, loadout, nursery)
-        placement = place(
-            child_argv(sup.config.python, run.loadout),
-            config=sup.config,
-            loadout=loadout,
-            scratch=Path(loadout.scratch),
-            egress=None if proxy is None else proxy.path,
-        )
-        run.record.sandboxed = placement.sandboxed
-        if not placement.sandboxed:
-            run.log.write(f"running unsandboxed: {placement.reason}")
-        spec = LaunchSpec(
-            key=run.key,
-            name=run.record.name,
-            argv=placement.argv,
-            cwd=run.record.workspace,
-            env={
-                **child_environment(os.environ),
-                **placement.env,
-                # Unique to this run: the kill ladder finds every process that inherited it.
-                MARKER_ENV: run_marker(sup.config.session, run.key),
-            },
-            # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
-            loadout=None if placement.sandboxed else run.loadout,
-        )
-        launched = await self.launcher_for(run.record.surface).launch(spec, run.log.output, nursery)
+        pair: tuple[socket.socket, socket.socket] | None = None
+        sealed = -1
+        if inherits(run.record.surface):
+            pair = inherited_pair()
+            sealed = ipc.sealed_loadout(loadout)
+            argv = inherited_child_argv(sup.config.python, pair[1].fileno(), sealed)
+        else:
+            argv = child_argv(sup.config.python, run.loadout)
+        try:
+            placement = place(
+                argv,
+                config=sup.config,
+                loadout=loadout,
+                scratch=Path(loadout.scratch),
+                egress=None if proxy is None else proxy.path,
+            )
+            run.record.sandboxed = placement.sandboxed
+            if not placement.sandboxed:
+                run.log.write(f"running unsandboxed: {placement.reason}")
+            spec = LaunchSpec(
+                key=run.key,
+                name=run.record.name,
+                argv=placement.argv,
+                cwd=run.record.workspace,
+                env={
+                    **child_environment(os.environ),
+                    **placement.env,
+                    # Unique to this run: the kill ladder finds every process that inherited it.
+                    MARKER_ENV: run_marker(sup.config.session, run.key),
+                },
+                inherit=None if pair is None else (pair[1].fileno(), sealed),
+                # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
+                plain=not placement.sandboxed,
+            )
+            launched = await launcher.launch(spec, run.log.output, nursery)
+        except BaseException:
+            if pair is not None:
+                pair[0].close()
+            raise
+        finally:
+            # The child holds its own copies now (or never will): ours would keep the pair
+            # open past the child's death and the loadout readable.
+            if pair is not None:
+                pair[1].close()
+            if sealed >= 0:
+                os.close(sealed)
         if proxy is not None:
             proxy.admit(launched.pid)
+        if pair is not None:
+            sup.nursery.start_soon(self._serve_inherited, run, pair[0])
         return launched
 
     async def _open_egress(
@@ -303,6 +347,26 @@ class Spawning:
         await nursery.start(proxy.serve)
         run.log.write(f"egress allowed to {', '.join(loadout.egress)}")
         return proxy
+
+    async def _serve_inherited(self, run: ChildRun, ours: socket.socket) -> None:
+        """The hello on our end of *run*'s socket pair, then the run's channel until it ends."""
+        sup = self.sup
+
+        def token() -> str | None:
+            return None if run.finishing or run.connected.is_set() else run.token
+
+        try:
+            channel, hello = await accept_own(
+                ours,
+                run.key,
+                token,
+                timeout=sup.config.hello_timeout,
+                request_timeout=sup.config.request_timeout,
+            )
+        except ipc.HandshakeError as exc:
+            sup.refuse_hello(exc.reason, run.key, via="pair")
+            return
+        await run.attach(channel, hello)
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

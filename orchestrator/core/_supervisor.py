@@ -27,9 +27,11 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._sync import wait_first
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
+from orchestrator.core._admission import Refusals, descends_from, peer_pid, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
@@ -84,6 +86,8 @@ class Supervisor:
     democracy: Democracy = attrs.field(init=False)
     services: Services = attrs.field(init=False)
     spawning: Spawning = attrs.field(init=False)
+    #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
+    refusals: Refusals = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -103,6 +107,7 @@ class Supervisor:
             rejects=self.rejects,
         )
         self.spawning = Spawning(sup=self)
+        self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
         self.agent_dirs = self.config.agent_dirs
         if self.config.fork_server:
             self.fork_server = ForkServer(
@@ -381,6 +386,7 @@ class Supervisor:
 
     async def release(self, run: ChildRun) -> None:
         """Give back everything a finished run held (called once, by the run)."""
+        unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.locks.release(run.key)
         self.capacity.release()
         self.registry.retire(run.key, pinned=self.worktrees.unresolved())
@@ -389,13 +395,22 @@ class Supervisor:
 
     # -- connections ----------------------------------------------------------------------
 
+    def refuse_hello(self, reason: str, owner: str, **evidence: Any) -> None:
+        """Count (and reject-log) a refused hello; the peer is never told why."""
+        self.refusals.refuse(reason, owner, **evidence)
+
     def token_for(self, owner: str) -> str | None:
+        """The token a hello on the listener must carry for *owner*: only a pane's child's,
+        only until it connects (a token is good for one pending launch)."""
         run = self.runs.get(owner)
-        if run is None or run.finishing or run.connected.is_set():
+        if run is None or run.finishing or run.connected.is_set() or not run.loadout:
+            # A child that inherits its connection never uses the listener: no hello there
+            # may speak for it, whatever token it carries.
             return None
         return run.token
 
     async def handle_connection(self, stream: trio.SocketStream) -> None:
+        """A connection to the listener: a pane's child, once, from the launched process."""
         try:
             channel, hello = await ipc.accept_hello(
                 stream,
@@ -403,15 +418,32 @@ class Supervisor:
                 timeout=self.config.hello_timeout,
                 request_timeout=self.config.request_timeout,
             )
-        except ipc.HandshakeError:
+        except ipc.HandshakeError as exc:
+            self.refuse_hello(exc.reason, "", via="listener")
             return
         run = self.runs.get(channel.owner)
         if run is None:
-            # Its record has ended (or been evicted) meanwhile: whatever it sends is dropped.
-            self.reject("dropped-frame", channel.owner, {"reason": "the owner's run has ended"})
+            self.refuse_hello("owner", channel.owner, via="listener")
             await channel.aclose("unknown owner")
             return
+        pid = peer_pid(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
+        if not await self._launched_by(run, pid):
+            self.refuse_hello("peer-pid", run.key, via="listener", pid=pid)
+            await channel.aclose("not the launched process")
+            return
+        unlink_quietly(run.loadout)  # the child unlinks it first; a sandboxed one may not
         await run.attach(channel, hello)
+
+    async def _launched_by(self, run: ChildRun, pid: int | None) -> bool:
+        """Whether *pid* is *run*'s launched process or one of its descendants."""
+        if pid is None:
+            return False
+        # The hello can beat the launcher's answer (cmux reads the pid off the screen).
+        with trio.move_on_after(self.config.hello_timeout):
+            await wait_first(run.started, run.done)
+        if run.launched is None:
+            return False
+        return await trio.to_thread.run_sync(descends_from, pid, run.launched.pid)
 
 
 @contextlib.asynccontextmanager

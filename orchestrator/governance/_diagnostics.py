@@ -46,7 +46,9 @@ FailureKind = Literal[
     "auth-rejected",
     "surface-creation-failed",
 ]
-RejectKind = Literal["policy", "lock-conflict", "dropped-frame", "egress", "control-refused"]
+RejectKind = Literal[
+    "policy", "lock-conflict", "dropped-frame", "egress", "control-refused", "hello-refused"
+]
 
 REDACTED = b"[redacted]"
 DEFAULT_CAP = 1 << 20

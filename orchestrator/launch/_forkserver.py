@@ -115,24 +115,31 @@ class ForkServer:
         return self.failure is None
 
     async def spawn(
-        self, *, loadout: str, cwd: str, env: Mapping[str, str], name: str, stdio: tuple[int, int]
+        self,
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        name: str,
+        stdio: tuple[int, int],
+        inherit: tuple[int, int],
     ) -> tuple[int, int]:
-        """Fork a child for *loadout*; its pid and a pidfd for it (the caller closes it).
+        """Fork a child; its pid and a pidfd for it (the caller closes it).
 
-        *stdio* are the child's stdout and stderr; the server keeps no copy of them.
+        *stdio* are the child's stdout and stderr, *inherit* its connection (a socket pair
+        end) and its sealed loadout; the server keeps no copy of any of them.
         """
         if not await self.ready():
             raise ForkServerError(f"fork server unavailable: {self.failure}")
         assert self._sock is not None  # noqa: S101 - set when ready
         request_id = next(self._ids)
         reply = self._replies[request_id] = _Reply()
-        message = {"spawn": request_id, "loadout": loadout, "cwd": cwd, "env": dict(env)}
+        message = {"spawn": request_id, "cwd": cwd, "env": dict(env)}
         message["name"] = name
         try:
             try:
                 await self._sock.sendmsg(
                     [json.dumps(message).encode()],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *inherit)))],
                 )
             except OSError as exc:
                 self._fail(f"request failed: {exc}")

@@ -1,8 +1,9 @@
-"""Launchers start ``python -m child <loadout>`` somewhere and watch it.
+"""Launchers start ``python -m child`` somewhere and watch it.
 
 :class:`ProcessLauncher` (the default) runs the child as a process in its own session: a
 fork of the preloaded fork server (:mod:`orchestrator.launch._forkserver`) when the command is the
-plain, unsandboxed child and the server works, else a direct subprocess.
+plain, unsandboxed child and the server works, else a direct subprocess. Either way the child
+inherits its connection and loadout as descriptors (:attr:`LaunchSpec.inherit`).
 ``subprocess.Popen`` is called on the trio thread itself: trio's own ``open_process`` forks
 from a worker thread, and ``PR_SET_PDEATHSIG`` (bubblewrap's ``--die-with-parent``) fires when
 *that thread* exits — trio retires idle threads after 10 s, which would kill a sandboxed child
@@ -53,9 +54,13 @@ class LaunchSpec:
     argv: tuple[str, ...]
     cwd: str
     env: Mapping[str, str]
-    #: Set when *argv* is exactly the plain child command for this loadout (no sandbox
-    #: wrapper): a launcher may then start the child from a preloaded fork server instead.
-    loadout: str | None = None
+    #: The child's connection (its socket pair end) and sealed loadout, which *argv* names
+    #: (``--fd N --loadout-fd M``): the child inherits them at those numbers. Only a launcher
+    #: that starts the child as its own descendant can take them (``process``).
+    inherit: tuple[int, int] | None = None
+    #: *argv* is exactly the plain child command for *inherit* (no sandbox wrapper): a
+    #: launcher may then start the child from a preloaded fork server instead.
+    plain: bool = False
 
 
 class Launched(Protocol):
@@ -176,12 +181,13 @@ class ProcessLauncher:
         fds: list[int] = []
         if (
             self.forks is not None
-            and spec.loadout is not None
+            and spec.plain
+            and spec.inherit is not None
             and spec.argv[0] == self.forks.python
         ):
             launched, fds = await self._fork(self.forks, spec)
         if launched is None:
-            popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env)
+            popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env, pass_fds=spec.inherit or ())
             reap = functools.partial(_wait_exit, popen)
             launched = LaunchedProcess(pid=popen.pid, reap=reap, marker=spec.env.get(MARKER_ENV))
             for pipe in (popen.stdout, popen.stderr):
@@ -204,17 +210,17 @@ class ProcessLauncher:
         self, forks: ForkServer, spec: LaunchSpec
     ) -> tuple[LaunchedProcess | None, list[int]]:
         """Start *spec* as a fork of the server; ``None`` when the server cannot."""
-        assert spec.loadout is not None  # noqa: S101 - checked by the caller
+        assert spec.inherit is not None  # noqa: S101 - checked by the caller
         forks.start()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
             pid, pidfd = await forks.spawn(
-                loadout=spec.loadout,
                 cwd=spec.cwd,
                 env=spec.env,
                 name=f"fleet {spec.key}",
                 stdio=(out_w, err_w),
+                inherit=spec.inherit,
             )
         except BaseException as exc:
             for fd in (out_r, err_r):
@@ -232,9 +238,12 @@ class ProcessLauncher:
 
 
 def spawn_popen(
-    argv: Sequence[str], *, cwd: str, env: Mapping[str, str]
+    argv: Sequence[str], *, cwd: str, env: Mapping[str, str], pass_fds: Sequence[int] = ()
 ) -> subprocess.Popen[bytes]:
-    """Start *argv* on the calling (trio) thread, in a new session, stdin from /dev/null."""
+    """Start *argv* on the calling (trio) thread, in a new session, stdin from /dev/null.
+
+    The child inherits no descriptor but its stdio and *pass_fds* (at the same numbers).
+    """
     return subprocess.Popen(
         list(argv),
         cwd=cwd,
@@ -244,6 +253,19 @@ def spawn_popen(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
+def inherited_child_argv(python: str, connection: int, loadout: int) -> tuple[str, ...]:
+    """``python -I -m child --fd N --loadout-fd M``: a child that inherits its connection
+    and loadout as descriptors (see :func:`child_argv` for the interpreter path and ``-I``)."""
+    return (
+        *child_argv(python, "")[:-1],
+        "--fd",
+        str(connection),
+        "--loadout-fd",
+        str(loadout),
     )
 
 

@@ -8,8 +8,9 @@ closed: never a session, never a server. The private server exits by itself when
 window closes.
 
 Nothing secret crosses tmux. The pane runs ``python -I -m child <loadout>`` from an argv list
-(tmux execs it directly: no shell, no typed line), the token stays in the 0600 loadout, and the
-only variable we add to a pane's environment is ``FLEET_CHILD=1``. The private server is started
+(tmux execs it directly: no shell, no typed line), the token stays in the 0600 loadout (which the
+child unlinks once read; the supervisor admits its hello only from the pane's process tree), and
+the only variable we add to a pane's environment is ``FLEET_CHILD=1``. The private server is started
 with the child environment the supervisor computed, minus ``FLEET_CHILD`` (so a shell the user
 opens there is not mistaken for a child).
 

@@ -80,14 +80,14 @@ def test_a_bad_request_gets_an_error_and_the_server_goes_on(server: Server) -> N
     assert reply["error"].startswith("JSONDecodeError")
     out_r, out_w = os.pipe()
     try:
-        server.send({"spawn": 5, "loadout": "x", "cwd": "/", "env": {}}, [out_w])
+        server.send({"spawn": 5, "cwd": "/", "env": {}}, [out_w])
         reply, fds = server.receive()
     finally:
         for fd in (out_r, out_w):
             os.close(fd)
     assert reply == {
         "spawned": 5,
-        "error": "ValueError: expected 2 descriptors (stdout, stderr), got 1",
+        "error": "ValueError: expected 4 descriptors (stdout, stderr, connection, loadout), got 1",
     }
     assert fds == []
     assert server.process.poll() is None
@@ -97,31 +97,36 @@ def test_a_fork_gets_our_stdio_and_its_exit_is_reported(server: Server, tmp_path
     server.receive()  # ready
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    missing = tmp_path / "missing.json"
+    ours, theirs = socket.socketpair()
+    # A forged loadout: a memfd that anyone holding it could still rewrite.
+    forged = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+    os.write(forged, b"{}")
     request = {
         "spawn": 1,
-        "loadout": str(missing),
         "cwd": str(tmp_path),
         "env": {"PATH": os.environ.get("PATH", "/usr/bin"), "ONLY": "this"},
         "name": "fleet t1",
     }
     try:
-        server.send(request, [out_w, err_w])
+        server.send(request, [out_w, err_w, theirs.fileno(), forged])
     finally:
         os.close(out_w)
         os.close(err_w)
+        os.close(forged)
+        theirs.close()
     reply, fds = server.receive()
     assert set(reply) == {"spawned", "pid"}
     assert reply["spawned"] == 1
     [pidfd] = fds
     pid = reply["pid"]
     try:
-        # A child without a readable loadout says why on its stderr and exits with code 3.
+        # A child whose loadout is not sealed says why on its stderr and exits with code 3.
         exit_report, _ = server.receive()
         assert exit_report == {"exit": pid, "status": 3}
         with os.fdopen(err_r, "rb") as stderr:
             text = stderr.read().decode()
-        assert f"loadout {missing}" in text
+        assert "memfd is not sealed" in text
+        assert ours.recv(1) == b""  # its connection ended with it
         assert text.startswith("child: ")
         # The pidfd names exactly the child: readable once it has ended.
         poller = select.poll()
@@ -132,3 +137,4 @@ def test_a_fork_gets_our_stdio_and_its_exit_is_reported(server: Server, tmp_path
     finally:
         os.close(pidfd)
         os.close(out_r)
+        ours.close()

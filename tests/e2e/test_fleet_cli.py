@@ -32,9 +32,15 @@ def _until_working(fleet, key: str) -> None:
 
 
 def _child_pid(fleet, key: str) -> int:
-    loadout = str(fleet.home / "sessions" / "t" / "loadouts" / f"{key}.json")
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        if loadout in (process.info["cmdline"] or []):
+    # Known by its run marker (its loadout and connection are inherited descriptors).
+    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+        environ = process.info["environ"] or {}
+        cmdline = process.info["cmdline"] or []
+        if (
+            environ.get("FLEET_HOME") == str(fleet.home)
+            and environ.get("FLEET_RUN", "").startswith(f"t/{key}/")
+            and cmdline[2:4] in (["-m", "child"], ["-m", "child._forkserver"])
+        ):
             return process.pid
     raise AssertionError(f"no process for {key}")
 

@@ -6,12 +6,14 @@ directory, so nothing can reach the real user's default server, and a test can c
 default server was started either. cmux (macOS-only) is the loopback fake.
 """
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,6 +82,36 @@ def server_gone(socket: Path) -> bool:
     return tmux(socket, "list-sessions", check=False) == ""
 
 
+def kept_loadout(fleet: "Fleet", key: str) -> Path:
+    return fleet.scripts / f"{key}.loadout.json"
+
+
+@contextlib.contextmanager
+def keeping_loadout(fleet: "Fleet", key: str) -> Iterator[Path]:
+    """Hard-link *key*'s loadout the moment the supervisor writes it (a pane's child unlinks
+    it once read, the supervisor once the hello arrives), so a test can know the token; the
+    copy is outside the state directory, where the child can read it too."""
+    source = fleet.home / "sessions" / "t" / "loadouts" / f"{key}.json"
+    kept = kept_loadout(fleet, key)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                os.link(source, kept)
+                return
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield kept
+        until(kept.exists, f"{key}'s loadout, kept")
+    finally:
+        done.set()
+        watcher.join(5)
+
+
 @attrs.define
 class Surfaces:
     """The fleet plus what these tests need around it."""
@@ -92,9 +124,14 @@ class Surfaces:
     def private(self) -> Path:
         return self.fleet.home / "sessions" / "t" / "tmux.sock"
 
+    def kept(self, key: str) -> Path:
+        return kept_loadout(self.fleet, key)
+
+    def keeping_loadout(self, key: str) -> contextlib.AbstractContextManager[Path]:
+        return keeping_loadout(self.fleet, key)
+
     def token(self, key: str) -> str:
-        loadout = self.fleet.home / "sessions" / "t" / "loadouts" / f"{key}.json"
-        return str(json.loads(loadout.read_text())["token"])
+        return str(json.loads(self.kept(key).read_text())["token"])
 
     def pane(self, window: str) -> tuple[str, int]:
         out = tmux(
@@ -145,9 +182,10 @@ def test_a_tmux_child_completes_its_task_in_a_pane_that_shows_its_activity(fleet
     user_pid = surfaces.start_user_server()
     user_windows = tmux(surfaces.user_socket, "list-windows", "-a")
     model = fleet.script("work", WORK.replace("WAIT", "3"))
-    [agent] = fleet.json("spawn", "--surface", "tmux", "--model", model, "find the answer")[
-        "agents"
-    ]
+    with surfaces.keeping_loadout("a1"):
+        [agent] = fleet.json("spawn", "--surface", "tmux", "--model", model, "find the answer")[
+            "agents"
+        ]
     assert agent["key"] == "a1"
     until(lambda: not server_gone(surfaces.private), "the private tmux server")
     assert tmux(surfaces.private, "list-windows", "-a", "-F", "#{session_name} #{window_name}") == (
@@ -297,7 +335,7 @@ def test_attach_refuses_a_process_child_in_one_line(fleet, surfaces):
 
 
 def test_a_killed_pane_is_a_classified_failure_with_its_screen_redacted(fleet, surfaces):
-    loadout = fleet.home / "sessions" / "t" / "loadouts" / "a1.json"
+    loadout = surfaces.kept("a1")
     model = fleet.script(
         "leak",
         f"""
@@ -309,7 +347,8 @@ def test_a_killed_pane_is_a_classified_failure_with_its_screen_redacted(fleet, s
               - hang: true
         """,
     )
-    fleet.json("spawn", "--surface", "tmux", "--max-subagents", "2", "--model", model, "leak")
+    with surfaces.keeping_loadout("a1"):
+        fleet.json("spawn", "--surface", "tmux", "--max-subagents", "2", "--model", model, "leak")
     token = surfaces.token("a1")
     pane_id, pane_pid = surfaces.pane("a1-scout-1")
     until(lambda: token in surfaces.screen(pane_id), "the token on the pane's screen")
@@ -458,10 +497,12 @@ def cmux(fleet, tmp_path) -> Iterator[CmuxFake]:
 
 def test_a_cmux_child_completes_its_task_and_its_surface_closes(fleet, cmux):
     model = fleet.script("work", WORK.replace("WAIT", "0"))
-    fleet.json("spawn", "--surface", "cmux", "--model", model, "find it")
+    with keeping_loadout(fleet, "a1") as kept:
+        fleet.json("spawn", "--surface", "cmux", "--model", model, "find it")
     [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
     assert "The answer is 42." in note["report"]
-    token = (fleet.home / "sessions" / "t" / "loadouts" / "a1.json").read_text()
+    assert not (fleet.home / "sessions" / "t" / "loadouts" / "a1.json").exists()
+    token = kept.read_text()
     [typed] = cmux.typed()
     assert "FLEET_CHILD=1 sh -c" in typed
     assert json.loads(token)["token"] not in typed

@@ -1,4 +1,5 @@
-"""A misbehaving child for the fault suite, started where ``python -I -m child LOADOUT`` would be.
+"""A misbehaving child for the fault suite, started where ``python -I -m child ...`` would be
+(``--fd N --loadout-fd M`` for a process child: it reads the sealed loadout without consuming it).
 
 The act is the part of the child's name after ``rogue-``; any other child becomes the real one
 (``exec``, same pid). Each act speaks the real protocol with the loadout's real token, then
@@ -16,6 +17,7 @@ does one wrong thing:
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -24,9 +26,19 @@ import trio
 import ipc
 
 
-def become_real_child(loadout: str) -> None:
-    # Same pid, same argv as the supervisor started: from here on it is the real child.
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "child", loadout])  # noqa: S606
+def become_real_child() -> None:
+    # Same pid, same argv (and inherited descriptors) as the supervisor started: from here on
+    # it is the real child.
+    args = sys.argv[sys.argv.index("child") + 1 :]  # what followed ``-I -m child``
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "child", *args])  # noqa: S606
+
+
+def inherited() -> tuple[int, int] | None:
+    """The connection and loadout descriptors of an ``--fd N --loadout-fd M`` child."""
+    args = sys.argv[1:]
+    if "--loadout-fd" not in args:
+        return None
+    return int(args[args.index("--fd") + 1]), int(args[args.index("--loadout-fd") + 1])
 
 
 def flood(token: str) -> None:
@@ -44,13 +56,25 @@ def flood(token: str) -> None:
 
 
 async def act(name: str, loadout: ipc.Loadout) -> None:
-    channel, _ = await ipc.open_client(
-        loadout.socket,
-        owner=loadout.owner,
-        token=loadout.token,
-        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
-        request_timeout=loadout.request_timeout,
-    )
+    fds = inherited()
+    hello = ipc.Hello(pid=os.getpid(), backend=loadout.backend)
+    if fds is None:
+        channel, _ = await ipc.open_client(
+            loadout.socket,
+            owner=loadout.owner,
+            token=loadout.token,
+            hello=hello,
+            request_timeout=loadout.request_timeout,
+        )
+    else:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fds[0])))
+        channel, _ = await ipc.hello_on(
+            stream,
+            owner=loadout.owner,
+            token=loadout.token,
+            hello=hello,
+            request_timeout=loadout.request_timeout,
+        )
     async with trio.open_nursery() as nursery:
 
         async def handle(envelope: ipc.Envelope) -> ipc.Message:
@@ -101,16 +125,20 @@ async def act(name: str, loadout: ipc.Loadout) -> None:
 
 
 def main() -> None:
-    path = sys.argv[-1]
-    with open(path, encoding="utf-8") as file:
-        name = json.load(file)["name"]
+    fds = inherited()
+    if fds is None:
+        with open(sys.argv[-1], "rb") as file:
+            data = file.read()
+    else:
+        data = os.pread(fds[1], 4 << 20, 0)  # the real child must still find it whole
+    name = json.loads(data)["name"]
     if not name.startswith("rogue-"):
-        become_real_child(path)
-    loadout = ipc.Loadout.from_file(path)
+        become_real_child()
+    loadout = ipc.Loadout.from_json(data)
     act_name = name.removeprefix("rogue-")
     if act_name == "flood":
         flood(loadout.token)
-        become_real_child(path)
+        become_real_child()
     try:
         trio.run(act, act_name, loadout)
     except (ipc.IpcError, ExceptionGroup) as exc:

@@ -115,21 +115,21 @@ class Faults:
         model = self.script("unused", "turns: []\n")
         return self.config(python=self.rogue(), sandbox="off", model=model, **overrides)
 
-    def loadout(self, key: str) -> dict[str, Any]:
-        path = self.home / "sessions" / "t" / "loadouts" / f"{key}.json"
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-
     def processes(self) -> list[psutil.Process]:
         return fleet_processes(self.home)
 
     def child_process(self, key: str) -> psutil.Process:
-        """The ``python -m child`` process of *key* (inside bwrap when it is sandboxed); a
-        fork of the fork server carries the server's command line and is known by its name."""
-        loadout = str(self.home / "sessions" / "t" / "loadouts" / f"{key}.json")
+        """The ``python -m child`` process of *key* (inside bwrap when it is sandboxed), known
+        by its run marker; a fork of the fork server carries the server's command line and is
+        known by its name."""
         for process in self.processes():
             cmdline = process.info["cmdline"] or []
-            if loadout in cmdline and os.path.basename(cmdline[0]) != "bwrap":
+            marker = (process.info["environ"] or {}).get("FLEET_RUN", "")
+            if (
+                marker.startswith(f"t/{key}/")
+                and cmdline[1:4] == ["-I", "-m", "child"]
+                and os.path.basename(cmdline[0]) != "bwrap"
+            ):
                 return process
             with contextlib.suppress(psutil.Error):
                 if "child._forkserver" in cmdline and process.name() == f"fleet {key}"[:15]:

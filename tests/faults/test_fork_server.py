@@ -130,9 +130,11 @@ async def test_when_the_server_dies_children_go_on_and_new_ones_start_fresh(faul
             [fresh] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
             [note] = await sup.wait([fresh.key])
             assert note["report"] == "done in 1"
-            assert (
-                str(sup.paths.loadouts / f"{fresh.key}.json") in psutil.Process(fresh.pid).cmdline()
-            )
+            # A fresh interpreter, inheriting its connection and loadout as descriptors.
+            fresh_cmdline = psutil.Process(fresh.pid).cmdline()
+            assert "child._forkserver" not in fresh_cmdline
+            assert fresh_cmdline[-4::2] == ["--fd", "--loadout-fd"]
+            assert not (sup.paths.loadouts / f"{fresh.key}.json").exists()
             pids = faults.tree(forked.pid) + faults.tree(fresh.pid)
             handoffs = await sup.stop([forked.key, fresh.key])
             assert [h["state"] for h in handoffs] == ["stopped", "stopped"]
@@ -179,8 +181,9 @@ async def test_without_the_fork_server_a_child_runs_its_own_interpreter(faults) 
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
             await sup.wait([record.key])
             cmdline = faults.child_process(record.key).cmdline()
-            assert cmdline[-3:-1] == ["-m", "child"]
-            assert str(sup.paths.loadouts / f"{record.key}.json") == cmdline[-1]
+            assert cmdline[-6:-4] == ["-m", "child"]
+            assert cmdline[-4::2] == ["--fd", "--loadout-fd"]
+            assert not (sup.paths.loadouts / f"{record.key}.json").exists()
             await sup.stop([record.key])
 
 

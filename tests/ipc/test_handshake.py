@@ -229,3 +229,27 @@ async def test_a_peer_of_another_uid_is_closed_before_any_frame_is_read(wire):
         assert outcome == b"R", f"peer saw {outcome!r}, expected a reset ({errno.ECONNRESET})"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_hello_on_an_inherited_socketpair_binds_the_owner(wire, nursery):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server_stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    client_stream = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+    accepted: list[tuple[ipc.Channel, ipc.Envelope]] = []
+
+    async def accept() -> None:
+        server, hello = await ipc.accept_hello(server_stream, wire.lookup)
+        accepted.append((server, hello))
+        await server.reply(hello.corr, ipc.Reply(ok=True))
+
+    with trio.fail_after(10):
+        nursery.start_soon(accept)
+        client, reply = await ipc.hello_on(
+            client_stream, owner="a1", token=wire.token("a1"), hello=ipc.Hello(pid=7)
+        )
+    assert reply.ok
+    assert client.owner == "a1"
+    [(server, hello)] = accepted
+    assert (server.owner, hello.body) == ("a1", ipc.Hello(pid=7))
+    await client.aclose("done")
+    await server.aclose("done")

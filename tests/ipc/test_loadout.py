@@ -230,3 +230,84 @@ def test_identifiers_outside_the_rule_are_refused(value):
 def test_the_loadout_is_frozen():
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         sample().owner = "a2"  # type: ignore[misc]
+
+
+# -- inherited descriptors ------------------------------------------------------------------
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_sealed_memfd_round_trips_and_is_closed_once_read():
+    fd = ipc.sealed_loadout(sample())
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:fleet-loadout")
+    assert not os.get_inheritable(fd)
+    assert Loadout.from_fd(fd) == sample()
+    assert not _open(fd)
+
+
+def test_a_sealed_memfd_cannot_be_changed_by_whoever_holds_it():
+    fd = ipc.sealed_loadout(sample())
+    try:
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"{}", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def test_an_unsealed_memfd_is_refused():
+    fd = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+    os.write(fd, sample().to_json())
+    with pytest.raises(LoadoutError, match="not sealed"):
+        Loadout.from_fd(fd)
+    assert not _open(fd)
+
+
+def test_a_regular_file_descriptor_is_refused(private_dir):
+    path = private_dir / "a1.json"
+    write_loadout(path, sample())
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(LoadoutError, match="not a sealed memfd"):
+        Loadout.from_fd(fd)
+
+
+def test_a_pipe_is_read_to_its_end():
+    read, write = os.pipe()
+    os.write(write, sample().to_json())
+    os.close(write)
+    assert Loadout.from_fd(read) == sample()
+    assert not _open(read)
+
+
+def test_a_fifo_opened_by_path_is_refused(tmp_path):
+    fifo = tmp_path / "planted"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    with pytest.raises(LoadoutError, match="not a sealed memfd or a pipe"):
+        Loadout.from_fd(fd)
+
+
+def test_a_socket_or_a_closed_descriptor_is_refused():
+    import socket  # noqa: PLC0415 - only this test needs it
+
+    ours, theirs = socket.socketpair()
+    with pytest.raises(LoadoutError, match="not a sealed memfd or a pipe"):
+        Loadout.from_fd(theirs.detach())
+    ours.close()
+    with pytest.raises(LoadoutError, match="not open"):
+        Loadout.from_fd(theirs.fileno() if theirs.fileno() >= 0 else 999_999)
+
+
+def test_without_memfd_the_loadout_travels_in_a_pipe(monkeypatch):
+    monkeypatch.delattr(os, "memfd_create")
+    big = sample(system_prompt="x" * 200_000)  # beyond a default pipe's 64 KiB
+    fd = ipc.sealed_loadout(big)
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    assert Loadout.from_fd(fd) == big

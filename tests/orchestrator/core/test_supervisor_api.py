@@ -366,10 +366,10 @@ async def test_a_failed_nested_launch_releases_everything_it_reserved(env: Env) 
     env.agent("lead", tools=["read"], mode="fork", subagent_agents=["scout"])
     with trio.fail_after(CEILING):
         async with open_supervisor(env.config(model=env.script("s", REPLY_LAST))) as sup:
-            # The grandchild will be a2: a directory where its loadout goes makes the launch
-            # fail after its slot was reserved and its record created.
-            sup.paths.loadouts.mkdir(mode=0o700, parents=True, exist_ok=True)
-            (sup.paths.loadouts / "a2.json").mkdir()
+            # The grandchild will be a2: a file where its scratch directory goes makes the
+            # launch fail after its slot was reserved and its record created.
+            sup.paths.scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (sup.paths.scratch / "a2").write_text("in the way")
             [lead] = await sup.spawn(
                 [SpawnRequest(task="t", agent="lead", model=env.script("lead", LEAD))]
             )
