@@ -113,7 +113,9 @@ class Faults:
     def rogue_config(self, **overrides: Any) -> Config:
         """Rogues speak the wire themselves: no sandbox, and a model nobody will run."""
         model = self.script("unused", "turns: []\n")
-        return self.config(python=self.rogue(), sandbox="off", allow_unsandboxed=True, model=model, **overrides)
+        return self.config(
+            python=self.rogue(), sandbox="off", allow_unsandboxed=True, model=model, **overrides
+        )
 
     def loadout(self, key: str) -> dict[str, Any]:
         path = self.home / "sessions" / "t" / "loadouts" / f"{key}.json"

@@ -1,7 +1,8 @@
 """Unsandboxed ``process`` children start as forks of the fork server, and survive its faults.
 
-Each scenario runs a real supervisor with ``sandbox="off", allow_unsandboxed=True``: the children are real forks of a
-real ``python -I -m child._forkserver``, and every ending goes through ``faults.ended``.
+Each scenario runs a real supervisor with ``sandbox="off"`` (and ``allow_unsandboxed``): the
+children are real forks of a real ``python -I -m child._forkserver``, and every ending goes
+through ``faults.ended``.
 """
 
 import os
@@ -152,7 +153,9 @@ async def test_a_server_that_cannot_start_leaves_children_to_fresh_interpreters(
     )
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))) as sup:
+        async with open_supervisor(
+            faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))
+        ) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
             [note] = await sup.wait([record.key])
             assert note["report"] == "done in 1"
