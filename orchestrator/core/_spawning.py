@@ -247,6 +247,7 @@ class Spawning:
             loadout_file=Path(run.loadout),
         )
         run.record.sandboxed = placement.sandboxed
+        run.record.unsandboxed_reason = placement.reason
         if not placement.sandboxed:
             run.log.write(f"running unsandboxed: {placement.reason}")
         spec = LaunchSpec(

@@ -122,6 +122,7 @@ async def _hostile_run(
                 assert hostile.sandboxed is True
                 [peeked] = sup.peek([hostile.key])["agents"]
                 assert peeked["sandboxed"] is True
+                assert peeked["unsandboxed_reason"] == ""
                 # The fleet still serves the honest.
                 [second] = await sup.spawn([world.honest("honest-2")])
                 assert "honest:" in (await _settle(sup, second.key))["report"]
@@ -243,8 +244,12 @@ async def test_an_unsandboxed_scripted_scouts_read_of_another_sessions_token_is_
                 assert "inside the fleet state directory" in report, report
                 assert record.sandboxed is False
             assert "honest:" in notes[records[-1].key]["report"]
+            [peeked] = sup.peek([records[0].key])["agents"]
+            assert peeked["sandboxed"] is False
+            assert "--allow-unsandboxed" in peeked["unsandboxed_reason"]
             [handoff] = await sup.stop([records[0].key])
             assert handoff["sandboxed"] is False
+            assert "--allow-unsandboxed" in handoff["unsandboxed_reason"]
 
 
 async def test_without_a_working_sandbox_every_spawn_fails_closed(world, monkeypatch) -> None:
