@@ -178,7 +178,8 @@ def place(
     policy = POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY)
     workspace = Path(loadout.workspace)
     source_root = Path(ipc.__file__).resolve().parents[1]
-    visible = {workspace, source_root, Path(sys.prefix), Path(sys.base_prefix)}
+    # The session's repository stays readable (a worker's git finds its objects there).
+    visible = {workspace, config.workspace, source_root, Path(sys.prefix), Path(sys.base_prefix)}
     visible.update(loadout_file_view(loadout_file))
     if loadout.model.script:
         visible.add(Path(loadout.model.script).parent)
