@@ -15,6 +15,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,20 @@ async def test_without_a_working_sandbox_every_spawn_fails_closed(world, monkeyp
         monkeypatch.undo()
         sandbox.probe(refresh=True)
     assert shutil.which("bwrap") is not None
+
+
+def test_fleet_demo_says_in_one_line_that_its_scripted_scouts_run_unsandboxed(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "demo", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("FLEET_")},
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "unsandboxed" in data["note"]
+    assert "\n" not in data["note"]
+    assert all(report["state"] == "stopped" for report in data["reports"])
