@@ -21,6 +21,16 @@ if TYPE_CHECKING:
 
 SHELL = "/bin/sh"
 SECCOMP_FD = 3
+_SECCOMP_EXEC = f'exec "$@" {SECCOMP_FD}<"$0"'
+
+
+def exec_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """What a wrapped ``argv`` runs once its seccomp shell has exec'd bwrap (else ``argv``)."""
+    if tuple(argv[:3]) == (SHELL, "-c", _SECCOMP_EXEC):
+        return tuple(argv[4:])
+    return tuple(argv)
+
+
 _LAUNCHERS = {"linux": "bwrap", "darwin": "sandbox-exec"}
 
 
@@ -119,5 +129,5 @@ def wrap(
         # bwrap reads the filter from a descriptor: the shell opens it and execs bwrap, so
         # bwrap keeps the launched pid and every launcher (tmux, cmux) can run the argv.
         inner = bwrap_argv(bwrap, paths, command, network=network, seccomp_fd=SECCOMP_FD)
-        argv_out = (SHELL, "-c", f'exec "$@" {SECCOMP_FD}<"$0"', str(seccomp), *inner)
+        argv_out = (SHELL, "-c", _SECCOMP_EXEC, str(seccomp), *inner)
     return Wrapped(argv=argv_out, env=env, wrapped=True, launcher="bwrap", reason="")
