@@ -121,7 +121,8 @@ def _hidden_rules(params: dict[str, str], paths: CanonicalPaths) -> list[str]:
     for index, path in enumerate(paths.hidden):
         hidden += _bind(params, f"HIDDEN_{index}", path)
     shown: list[str] = []
-    for index, path in enumerate(p for p in paths.exposed if _below(p, paths.hidden)):
+    named = (*paths.exposed, *((paths.egress,) if paths.egress else ()))
+    for index, path in enumerate(p for p in named if _below(p, paths.hidden)):
         shown += _bind(params, f"SHOWN_{index}", path)
     lines = [
         (

@@ -15,7 +15,7 @@ get one, unless the user passed ``--allow-unsandboxed``; then the child runs unw
 """
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
