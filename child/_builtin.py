@@ -6,6 +6,7 @@ joins the conversation before the next model step. An abort cancels the turn whe
 """
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,14 @@ class BuiltinBackend:
         def on_progress(progress: Progress) -> None:
             host.emit(ipc.Event(activity="todo", progress=_to_ipc(progress)))
 
-        ctx = ToolContext(workspace=workspace, may_write=may_write, on_progress=on_progress)
+        state_dir = loadout.state_dir or os.environ.get("FLEET_HOME")
+        ctx = ToolContext(
+            workspace=workspace,
+            may_write=may_write,
+            on_progress=on_progress,
+            state_dir=Path(state_dir) if state_dir else None,
+            own=(loadout.scratch,) if loadout.scratch else (),
+        )
         names = set(loadout.tools)
         tools: dict[str, Tool] = dict(build_tools(sorted(names - HOST_TOOLS), ctx))
         tools.update(build_host_tools(names & HOST_TOOLS, host))

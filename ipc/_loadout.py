@@ -82,6 +82,8 @@ class Loadout:
     ownership: list[str] = attrs.Factory(list)
     sandbox: str = "none"
     scratch: str = ""
+    #: The fleet state directory (``$FLEET_HOME``): the builtin tools refuse every path in it.
+    state_dir: str = ""
     paper: str = ""
     surface: str = "process"
     env: dict[str, str] = attrs.Factory(dict)

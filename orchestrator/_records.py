@@ -65,6 +65,8 @@ class ChildRecord:
     error: str = ""
     failure: dict[str, Any] | None = None
     sandboxed: bool | None = None
+    #: Why the child runs unsandboxed (``--allow-unsandboxed`` and the cause); "" when it is not.
+    unsandboxed_reason: str = ""
     pid: int | None = None
     question: str | None = None
     changed: list[str] = attrs.Factory(list)
@@ -92,6 +94,7 @@ class ChildRecord:
             "last_event_age_s": round(time.monotonic() - self.last_event_at, 3),
             "surface": self.surface,
             "sandboxed": self.sandboxed,
+            "unsandboxed_reason": self.unsandboxed_reason,
             "usage": {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
         }
@@ -117,6 +120,7 @@ class ChildRecord:
             "last": self.report,
             "error": self.error,
             "sandboxed": self.sandboxed,
+            "unsandboxed_reason": self.unsandboxed_reason,
             "failure": self.failure,
         }
 

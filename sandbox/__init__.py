@@ -12,7 +12,7 @@ be sandboxed safely. See ``docs/sandbox.md``.
 from sandbox._errors import SandboxError
 from sandbox._probe import ProbeResult, probe
 from sandbox._spec import Policy, SandboxSpec, Wrapped
-from sandbox._wrap import wrap
+from sandbox._wrap import exec_argv, wrap
 
 __all__ = [
     "Policy",
@@ -20,6 +20,7 @@ __all__ = [
     "SandboxError",
     "SandboxSpec",
     "Wrapped",
+    "exec_argv",
     "probe",
     "wrap",
 ]

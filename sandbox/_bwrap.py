@@ -5,8 +5,11 @@ Shape, in this order (bwrap applies mounts in argument order, so later binds win
     bwrap --die-with-parent --new-session --unshare-user --unshare-pid [--unshare-net]
           --unshare-ipc --unshare-uts --cap-drop ALL
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
-          --ro-bind V V ...  --bind SCRATCH SCRATCH  --bind W W ...
-          [--ro-bind EGRESS_SOCKET EGRESS_SOCKET]  [--chdir CWD]
+          --ro-bind V V ...            (visible paths not below a hidden one)
+          --tmpfs H ...                (hidden dirs; a hidden file gets /dev/null)
+          --ro-bind V V ...  --ro-bind S S ...  (visible paths below a hidden one; sockets)
+          --bind SCRATCH SCRATCH  --bind W W ...  [--ro-bind EGRESS_SOCKET EGRESS_SOCKET]
+          [--seccomp FD] [--chdir CWD]
           -- COMMAND...
 
 Why each flag is there (traps verified on these machines, see docs/sandbox.md):
@@ -18,6 +21,12 @@ Why each flag is there (traps verified on these machines, see docs/sandbox.md):
 - ``--die-with-parent``: PR_SET_PDEATHSIG, which fires when the spawning *thread* exits — the
   caller must spawn from a long-lived thread (the trio thread), never a worker-pool thread.
 - ``--new-session``: the child cannot push keystrokes into the caller's terminal (TIOCSTI).
+- ``--proc /proc`` after ``--unshare-pid``: a fresh procfs of the child's own pid namespace, so
+  no ``/proc/<pid>/environ|cmdline|cwd|root`` of the supervisor or a sibling exists inside.
+- ``--tmpfs H`` for each hidden path (the fleet state directory): every session's tokens,
+  sockets, loadouts and logs vanish; what the child needs below it is bound back afterwards.
+- ``--seccomp FD``: :mod:`sandbox._seccomp`'s filter, so a child running as root cannot leave a
+  setuid or setgid file on the host.
 - ``--tmpfs /tmp`` hides the host's /tmp, so every named path is bound again after it.
 """
 
@@ -25,8 +34,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sandbox._paths import is_within
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     from sandbox._paths import CanonicalPaths
 
@@ -44,23 +56,50 @@ HIDDEN_ROOTS = ("/tmp", "/dev", "/proc")  # noqa: S108
 
 
 def bwrap_argv(
-    bwrap: str, paths: CanonicalPaths, command: Sequence[str], *, network: bool
+    bwrap: str,
+    paths: CanonicalPaths,
+    command: Sequence[str],
+    *,
+    network: bool,
+    seccomp_fd: int | None = None,
 ) -> tuple[str, ...]:
-    """The full bwrap argv running ``command`` (already absolute) inside ``paths``."""
+    """The full bwrap argv running ``command`` (already absolute) inside ``paths``.
+
+    ``seccomp_fd``: a descriptor the caller opens on the compiled filter for bwrap to load.
+    """
     argv = [bwrap, *ISOLATION_FLAGS]
     if not network:
         argv.append("--unshare-net")
     argv += [*NAMESPACE_FLAGS, *BASE_MOUNTS]
     # Every visible path is bound again, not only those under /tmp: /dev/shm and friends are
-    # hidden too, and a bind of an already visible path costs one mount.
-    for kept in (*paths.visible, *paths.sockets):
+    # hidden too, and a bind of an already visible path costs one mount. A visible tree that
+    # holds a hidden path is bound before the hiding tmpfs, what lies below one after it.
+    below = [p for p in (*paths.visible, *paths.sockets) if _under_hidden(p, paths.hidden)]
+    for kept in paths.visible:
+        if kept not in below:
+            argv += ["--ro-bind", str(kept), str(kept)]
+    for hidden in paths.hidden:
+        if hidden.is_dir():
+            argv += ["--tmpfs", str(hidden)]
+        else:
+            argv += ["--ro-bind", "/dev/null", str(hidden)]
+    for kept in below:
         argv += ["--ro-bind", str(kept), str(kept)]
+    for socket in paths.sockets:
+        if socket not in below:
+            argv += ["--ro-bind", str(socket), str(socket)]
     argv += ["--bind", str(paths.scratch), str(paths.scratch)]
     for writable in paths.writable:
         argv += ["--bind", str(writable), str(writable)]
     if paths.egress is not None:
         # Last: the proxy socket stays reachable whatever the mounts above hide.
         argv += ["--ro-bind", str(paths.egress), str(paths.egress)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if paths.cwd is not None:
         argv += ["--chdir", str(paths.cwd)]
     return (*argv, "--", *command)
+
+
+def _under_hidden(path: Path, hidden: Sequence[Path]) -> bool:
+    return any(is_within(path, root) for root in hidden)

@@ -30,6 +30,7 @@ class CanonicalPaths:
     sockets: tuple[Path, ...]
     cwd: Path | None
     egress: Path | None = None
+    hidden: tuple[Path, ...] = ()
 
     @property
     def exposed(self) -> tuple[Path, ...]:
@@ -79,6 +80,11 @@ def canonicalize(spec: SandboxSpec) -> CanonicalPaths:
         sockets=_canonical_all(spec.sockets, "socket"),
         cwd=None if spec.cwd is None else canonical(spec.cwd, "cwd"),
         egress=None if spec.egress is None else canonical(spec.egress, "egress"),
+        hidden=tuple(
+            dict.fromkeys(
+                Path(os.path.realpath(path)) for path in spec.hidden if os.path.lexists(path)
+            )
+        ),
     )
     # $HOME need not exist (a service account); its would-be location is still protected.
     home = Path(os.path.realpath(Path.home()))

@@ -86,17 +86,20 @@ def _bind(params: dict[str, str], name: str, path: Path) -> list[str]:
 def seatbelt_profile(paths: CanonicalPaths, *, network: bool) -> tuple[str, dict[str, str]]:
     """The profile text and the ``-D`` parameters it refers to, in a stable order."""
     params: dict[str, str] = {}
+    # Later rules win: hide first, then allow back reads, writes and sockets that are named.
+    lines = [_BASE, *_hidden_rules(params, paths)]
     writes = _bind(params, "SCRATCH", paths.scratch)
     for index, writable in enumerate(paths.writable):
         writes += _bind(params, f"WORKTREE_{index}", writable)
-    lines = [_BASE, "; writes: scratch and the worker's worktrees only\n(allow file-write*"]
+    lines.append("; writes: scratch and the worker's worktrees only\n(allow file-write*")
     lines += [f'  (subpath (param "{name}"))' for name in writes]
     lines[-1] += ")\n"
     if network:
         lines.append(_NETWORK)
-    elif sockets := (*paths.sockets, *((paths.egress,) if paths.egress else ())):
+    sockets = (*paths.sockets, *((paths.egress,) if paths.egress else ()))
+    if sockets and (not network or paths.hidden):
         lines.append(
-            "; no network but the supervisor's Unix sockets\n"
+            "; the supervisor's Unix sockets (the only network when the policy denies it)\n"
             "(allow system-socket (socket-domain AF_UNIX))\n(allow network-outbound"
         )
         for index, socket in enumerate(sockets):
@@ -108,6 +111,40 @@ def seatbelt_profile(paths: CanonicalPaths, *, network: bool) -> tuple[str, dict
             ]
         lines[-1] += ")\n"
     return "\n".join(lines), params
+
+
+def _hidden_rules(params: dict[str, str], paths: CanonicalPaths) -> list[str]:
+    """Deny reading, writing and connecting below each hidden path; allow back named reads."""
+    if not paths.hidden:
+        return []
+    hidden: list[str] = []
+    for index, path in enumerate(paths.hidden):
+        hidden += _bind(params, f"HIDDEN_{index}", path)
+    shown: list[str] = []
+    named = (*paths.exposed, *((paths.egress,) if paths.egress else ()))
+    for index, path in enumerate(p for p in named if _below(p, paths.hidden)):
+        shown += _bind(params, f"SHOWN_{index}", path)
+    lines = [
+        (
+            "; hidden: the fleet state directory, unreadable and unreachable but for what is "
+            "named\n(deny file-read* file-write*"
+        ),
+        *(f'  (subpath (param "{name}"))' for name in hidden),
+    ]
+    lines[-1] += ")"
+    lines.append("(deny network-outbound")
+    lines += [f'  (remote unix-socket (subpath (param "{name}")))' for name in hidden]
+    lines[-1] += ")"
+    if shown:
+        lines.append("(allow file-read*")
+        lines += [f'  (subpath (param "{name}"))' for name in shown]
+        lines[-1] += ")"
+    lines[-1] += "\n"
+    return lines
+
+
+def _below(path: Path, roots: Sequence[Path]) -> bool:
+    return any(is_within(path, root) for root in roots)
 
 
 def seatbelt_argv(

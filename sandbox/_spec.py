@@ -51,6 +51,11 @@ class SandboxSpec:
     - ``egress``: the supervisor's egress-proxy Unix socket for this child, bound into the sandbox
       at the same path after every other mount (so no hidden or replaced tree covers it). It is
       how a child without network reaches its model; on macOS it is allowed like ``sockets``.
+    - ``hidden``: directories the child must not see at all, though they lie under a visible
+      tree (the fleet state directory, every session's tokens, sockets and loadouts). bwrap
+      mounts an empty tmpfs over each; Seatbelt denies reads below them. A scratch, writable,
+      socket or visible path inside a hidden one is bound back on top and stays reachable —
+      and nothing else below it. A hidden path that does not exist is skipped.
     - ``network``: ``None`` takes the policy's default (``REVIEW`` allows, the others deny).
     - ``cwd``: the child's working directory, passed to bwrap as ``--chdir`` so a directory the
       sandbox cannot see fails the launch instead of silently starting in ``$HOME``. It must lie
@@ -63,6 +68,7 @@ class SandboxSpec:
     visible: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     writable: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     sockets: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
+    hidden: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     network: bool | None = None
     cwd: Path | None = None
     egress: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))

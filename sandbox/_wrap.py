@@ -13,10 +13,23 @@ from sandbox._errors import SandboxError
 from sandbox._paths import CanonicalPaths, canonicalize, is_within
 from sandbox._probe import ProbeResult, probe, probe_platform
 from sandbox._seatbelt import seatbelt_argv
+from sandbox._seccomp import filter_file
 from sandbox._spec import SandboxSpec, Wrapped
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+SHELL = "/bin/sh"
+SECCOMP_FD = 3
+_SECCOMP_EXEC = f'exec "$@" {SECCOMP_FD}<"$0"'
+
+
+def exec_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """What a wrapped ``argv`` runs once its seccomp shell has exec'd bwrap (else ``argv``)."""
+    if tuple(argv[:3]) == (SHELL, "-c", _SECCOMP_EXEC):
+        return tuple(argv[4:])
+    return tuple(argv)
+
 
 _LAUNCHERS = {"linux": "bwrap", "darwin": "sandbox-exec"}
 
@@ -109,5 +122,12 @@ def wrap(
     if bwrap is None:
         return _unwrapped(argv, env, "bwrap not found on PATH; install bubblewrap")
     _check_reachable(Path(command[0]), paths)
-    argv_out = bwrap_argv(bwrap, paths, command, network=network)
+    seccomp = filter_file()
+    if seccomp is None:
+        argv_out = bwrap_argv(bwrap, paths, command, network=network)
+    else:
+        # bwrap reads the filter from a descriptor: the shell opens it and execs bwrap, so
+        # bwrap keeps the launched pid and every launcher (tmux, cmux) can run the argv.
+        inner = bwrap_argv(bwrap, paths, command, network=network, seccomp_fd=SECCOMP_FD)
+        argv_out = (SHELL, "-c", _SECCOMP_EXEC, str(seccomp), *inner)
     return Wrapped(argv=argv_out, env=env, wrapped=True, launcher="bwrap", reason="")

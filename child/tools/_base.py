@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
 
     from ._todo import Progress
 
@@ -42,6 +42,10 @@ def _realpath(path: Path | str) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _realpaths(paths: Iterable[Path | str]) -> tuple[Path, ...]:
+    return tuple(map(_realpath, paths))
+
+
 @attrs.define(eq=False)
 class ToolContext:
     """What the child runtime lends its tools for one session.
@@ -55,6 +59,11 @@ class ToolContext:
     may_write: Callable[[Path], Awaitable[str | None]] | None = None
     on_progress: Callable[[Progress], None] | None = None
     bash_timeout: float = 120.0
+    #: The fleet state directory (every session's tokens, sockets, loadouts and logs): no tool
+    #: reads, lists or writes anything below it but the paths in ``own`` (the child's workspace
+    #: and scratch, which may lie inside it), sandboxed or not.
+    state_dir: Path | None = None
+    own: tuple[Path, ...] = attrs.field(default=(), converter=_realpaths)
     # Paths ``may_write`` already allowed: it is asked before the *first* write only.
     _allowed: set[Path] = attrs.field(factory=set, init=False)
 
@@ -68,9 +77,33 @@ class ToolContext:
         self._allowed.add(path)
 
     def resolve(self, raw: str) -> Path:
-        """``raw`` made absolute against the workspace (``~`` expanded), ``..`` not yet folded."""
+        """``raw`` made absolute against the workspace (``~`` expanded), ``..`` not yet folded.
+
+        Refuses (``ToolError``) a path that names, or a symlink makes resolve to, anything in
+        the state directory but the child's own workspace and scratch.
+        """
         path = Path(raw).expanduser()
-        return path if path.is_absolute() else self.workspace / path
+        path = path if path.is_absolute() else self.workspace / path
+        if self.forbidden(path):
+            raise ToolError(
+                f"refused {raw}: it is inside the fleet state directory {self.state_dir}, "
+                "which no child may read or write"
+            )
+        return path
+
+    def forbidden(self, path: Path) -> bool:
+        """Whether ``path`` (as named, or with symlinks resolved) lies in the state directory
+        outside the child's own workspace and scratch."""
+        if self.state_dir is None:
+            return False
+        roots = {Path(os.path.normpath(self.state_dir)), _realpath(self.state_dir)}
+        own = (self.workspace, *self.own)
+        for form in {Path(os.path.normpath(path)), _realpath(path)}:
+            if any(form.is_relative_to(root) for root in roots) and not any(
+                form.is_relative_to(mine) for mine in own
+            ):
+                return True
+        return False
 
     def display(self, path: Path) -> str:
         """``path`` relative to the workspace when inside it, so the model can pass it back."""

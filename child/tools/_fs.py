@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import stat
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
@@ -35,7 +36,6 @@ from ._glob import compile_glob
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from pathlib import Path
     from typing import BinaryIO
 
 MAX_LINE_CHARS = 2000
@@ -48,17 +48,21 @@ MAX_GREP_FILE_BYTES = 10 * 1024 * 1024
 SKIPPED_DIRS = frozenset({".git"})
 
 
-def _walk(root: Path) -> Iterator[tuple[str, bool]]:
-    """Yield ``(relative-posix, is_dir)`` under ``root`` in sorted order, without ``.git``."""
+def _walk(root: Path, ctx: ToolContext) -> Iterator[tuple[str, bool]]:
+    """Yield ``(relative-posix, is_dir)`` under ``root`` in sorted order, without ``.git`` and
+    without anything the context forbids (the state directory, symlinks into it)."""
     for dirpath, dirnames, filenames in os.walk(root):
         trio.from_thread.check_cancelled()
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIPPED_DIRS and not ctx.forbidden(Path(dirpath, d))
+        )
         base = os.path.relpath(dirpath, root)
         prefix = "" if base == "." else base.replace(os.sep, "/") + "/"
         for name in dirnames:
             yield prefix + name, True
         for name in sorted(filenames):
-            yield prefix + name, False
+            if not ctx.forbidden(Path(dirpath, name)):
+                yield prefix + name, False
 
 
 class ReadTool(BaseTool):
@@ -196,7 +200,7 @@ class FindTool(BaseTool):
     async def execute(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolResult:
         pattern = require_str(args, "pattern", tool="find")
         root = ctx.resolve(optional_str(args, "path", tool="find") or ".")
-        matches = await trio.to_thread.run_sync(_find, root, ctx.display(root), pattern)
+        matches = await trio.to_thread.run_sync(_find, ctx, root, ctx.display(root), pattern)
         if not matches:
             return ToolResult(text=f"No files match {pattern!r} under {ctx.display(root)}.")
         lines = [ctx.display(path) + ("/" if is_dir else "") for path, is_dir in matches]
@@ -207,14 +211,14 @@ class FindTool(BaseTool):
         return ToolResult(text=clip_head("\n".join(lines) + "\n"))
 
 
-def _find(root: Path, shown: str, pattern: str) -> list[tuple[Path, bool]]:
+def _find(ctx: ToolContext, root: Path, shown: str, pattern: str) -> list[tuple[Path, bool]]:
     if not root.is_dir():
         raise ToolError(f"find: {shown} is not a directory; pass a directory as path")
     if pattern.startswith("/"):
         raise ToolError(f"find: pattern {pattern!r} is absolute; pass the directory as path")
     matcher = compile_glob(pattern.removeprefix("./"))
     matches: list[tuple[Path, bool]] = []
-    for relative, is_dir in _walk(root):
+    for relative, is_dir in _walk(root, ctx):
         if matcher(relative):
             matches.append((root / relative, is_dir))
             # One past the cap tells the caller to add the truncation note.
@@ -278,7 +282,7 @@ def _grep(
     if stat.S_ISDIR(mode):
         files = [
             root / relative
-            for relative, is_subdir in _walk(root)
+            for relative, is_subdir in _walk(root, ctx)
             if not is_subdir and (matcher is None or matcher(relative))
         ]
     else:

@@ -23,6 +23,7 @@ from orchestrator._records import SpawnRequest
 from orchestrator.cli import _render
 
 REFRESH = 0.25
+UNSANDBOXED_NOTE = "fleet demo: its scripted scouts are ours, so they run unsandboxed"
 TASKS = (
     ("layout", "Map the package layout of this repository."),
     ("rounding", "Find where prices are rounded and how."),
@@ -70,7 +71,15 @@ async def _show_progress(sup: orchestrator.Supervisor, keys: list[str], *, tty: 
 
 async def _demo(base: Path, *, json_output: bool) -> int:
     repo, scripts = _prepare(base)
-    config = Config(home=base / "state", session="demo", workspace=repo, sandbox="off")
+    # The scouts run our own scripted models, not an agent: the one place fleet runs children
+    # unsandboxed without the user's --allow-unsandboxed, and it says so.
+    config = Config(
+        home=base / "state",
+        session="demo",
+        workspace=repo,
+        sandbox="off",
+        allow_unsandboxed=True,
+    )
     started = time.monotonic()
     async with orchestrator.open_supervisor(config) as sup:
         records = await sup.spawn(
@@ -83,6 +92,7 @@ async def _demo(base: Path, *, json_output: bool) -> int:
         )
         keys = [r.key for r in records]
         if not json_output:
+            print(UNSANDBOXED_NOTE)
             print(f"fleet demo: 3 scouts on {repo}\n")
             await _show_progress(sup, keys, tty=sys.stdout.isatty())
         notes = await sup.wait(keys, every=True)
@@ -90,7 +100,8 @@ async def _demo(base: Path, *, json_output: bool) -> int:
         handoffs = await sup.stop(keys)
     elapsed = time.monotonic() - started
     if json_output:
-        print(json.dumps({"reports": [_report(h) for h in handoffs], "seconds": round(elapsed, 2)}))
+        result = {"reports": [_report(h) for h in handoffs], "seconds": round(elapsed, 2)}
+        print(json.dumps({**result, "note": UNSANDBOXED_NOTE}))
     else:
         print()
         print(table)

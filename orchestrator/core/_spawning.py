@@ -104,8 +104,7 @@ class Spawning:
                 for request in requests
             ]
             for plan in plans:
-                fields = plan.loadout_fields
-                check_available(sup.config, fields["backend"], fields["tools"], plan.agent)
+                check_available(sup.config, plan.agent)
                 self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
             names = [p.name for p in plans if p.name]
             live = {r.name for r in sup.registry.live()}
@@ -228,6 +227,7 @@ class Spawning:
             depth=record.depth,
             paper=str(paths.paper),
             scratch=str(scratch),
+            state_dir=str(sup.config.home),
             surface=record.surface,
             request_timeout=sup.config.request_timeout,
             **fields,
@@ -285,8 +285,10 @@ class Spawning:
                 loadout=loadout,
                 scratch=Path(loadout.scratch),
                 egress=None if proxy is None else proxy.path,
+                loadout_file=Path(run.loadout) if run.loadout else None,
             )
             run.record.sandboxed = placement.sandboxed
+            run.record.unsandboxed_reason = placement.reason
             if not placement.sandboxed:
                 run.log.write(f"running unsandboxed: {placement.reason}")
             spec = LaunchSpec(

@@ -37,6 +37,7 @@ import attrs
 import psutil
 import trio
 
+import sandbox
 from orchestrator._errors import OperationFailed
 from orchestrator.launch._foreign import ForeignProcess, kill_foreign
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
@@ -373,7 +374,8 @@ def _checked(pid: int, argv: Sequence[str], surface_id: str, socket: str) -> int
         cmdline = psutil.Process(pid).cmdline()
     except psutil.Error:
         return pid  # it has already exited; the screen will say how
-    if not cmdline or cmdline == list(argv):  # a zombie's command line reads as empty
+    # A zombie's command line reads as empty; a sandboxed child's shell execs bwrap.
+    if not cmdline or cmdline in (list(argv), list(sandbox.exec_argv(argv))):
         return pid
     if "fleet-child" in cmdline:
         return None  # announced, not yet exec'd

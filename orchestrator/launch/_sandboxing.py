@@ -1,13 +1,17 @@
 """How the supervisor puts a child in an OS sandbox, and when it refuses to run one without.
 
-Scouts and forks run under ``read_only`` (or ``review`` when their definition asks), workers
-under ``worker`` with their worktree writable. No sandboxed child has the network: one that
-talks to a model reaches the ``host:port`` pairs of its allowlist (:func:`egress_allowlist`)
-through its egress proxy (``_egress``), whose socket is bound into the sandbox. When no
-sandbox launcher works, a child whose *only* enforcement is the sandbox — one with a shell, or
-an external agent CLI — is refused unless the user allowed unsandboxed runs; a builtin child
-with read-only tools is still confined by its tools, so it runs unwrapped and ``peek`` and its
-handoff say so.
+Every child is sandboxed: scouts and forks under ``read_only`` (or ``review`` when their
+definition asks), workers under ``worker`` with their worktree writable, builtin and agent-CLI
+backends alike. No sandboxed child has the network: one that talks to a model reaches the
+``host:port`` pairs of its allowlist (:func:`egress_allowlist`) through its egress proxy
+(``_egress``), whose socket is bound into the sandbox. The whole state directory
+(``config.home``: every session's tokens, sockets, loadouts, logs, registry, paper, worktrees
+and scratch) is hidden; only the child's own scratch, its worktree, its IPC socket and its
+loadout file are bound back.
+
+When no sandbox works (or ``sandbox: off``), every spawn is refused with one line saying how to
+get one, unless the user passed ``--allow-unsandboxed``; then the child runs unwrapped and
+``peek`` and its handoff say so (``sandboxed: false`` and the reason).
 """
 
 import sys
@@ -50,23 +54,36 @@ def policy_for(mode: str, requested: str | None) -> str:
     return "worker" if mode == "worktree" else "read_only"
 
 
-def relies_on_sandbox(backend: str, tools: Iterable[str]) -> bool:
-    """Whether the sandbox is the child's only enforcement (a shell or an external agent)."""
-    return backend != "builtin" or "bash" in set(tools)
+HOW_TO_SANDBOX = "install bubblewrap (Linux) or run on macOS, or pass --allow-unsandboxed"
 
 
-def check_available(config: Config, backend: str, tools: Iterable[str], agent: str) -> None:
-    """Refuse, before anything is reserved, a child that cannot run safely here."""
-    if config.sandbox == "off" or config.allow_unsandboxed:
-        return
-    if not relies_on_sandbox(backend, tools):
-        return
-    result = sandbox.probe()
-    if not result.available:
+def unsandboxed_reason(config: Config) -> str | None:
+    """Why children run unsandboxed here when the user allowed it; ``None`` when they are not.
+
+    Raises :class:`PolicyError` when no sandbox works and the user did not allow running
+    without one.
+    """
+    if config.sandbox == "off":
+        if config.allow_unsandboxed:
+            return "sandbox turned off (--allow-unsandboxed)"
         raise PolicyError(
-            f"spawn {agent}: its shell or agent CLI needs an OS sandbox, and none works here: "
-            f"{result.reason} (install bubblewrap, or pass --allow-unsandboxed)"
+            "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed; "
+            "turn it back on, or pass --allow-unsandboxed"
         )
+    result = sandbox.probe()
+    if result.available:
+        return None
+    if config.allow_unsandboxed:
+        return f"no working sandbox ({result.reason}); --allow-unsandboxed"
+    raise PolicyError(f"spawn: no OS sandbox works here: {result.reason} ({HOW_TO_SANDBOX})")
+
+
+def check_available(config: Config, agent: str) -> None:
+    """Refuse, before anything is reserved, a child that cannot be sandboxed here."""
+    try:
+        unsandboxed_reason(config)
+    except PolicyError as exc:
+        raise PolicyError(str(exc).replace("spawn:", f"spawn {agent}:", 1)) from None
 
 
 def reaches_a_model(backend: str, model: ipc.ModelSpec) -> bool:
@@ -118,6 +135,28 @@ class Placement:
     reason: str
 
 
+def hidden_paths(config: Config) -> tuple[Path, ...]:
+    """What no sandboxed child may see: the whole state directory, every session in it."""
+    return (config.home,)
+
+
+def ipc_endpoint(loadout: ipc.Loadout) -> tuple[Path, ...]:
+    """The IPC endpoint bound back into the sandbox: the socket FILE, not its directory.
+
+    Only a pane's child connects to the listener; a ``process`` child inherits its connection
+    (``loadout.socket`` is empty) and sees no socket of the session at all.
+    """
+    return (Path(loadout.socket),) if loadout.socket else ()
+
+
+def loadout_file_view(loadout_file: Path | None) -> tuple[Path, ...]:
+    """The child's own loadout file, bound back read-only (and nothing else of ``loadouts/``).
+
+    The one place that names it; a loadout passed over a descriptor will make it go away.
+    """
+    return () if loadout_file is None else (loadout_file,)
+
+
 def place(
     argv: tuple[str, ...],
     *,
@@ -125,18 +164,24 @@ def place(
     loadout: ipc.Loadout,
     scratch: Path,
     egress: Path | None = None,
+    loadout_file: Path | None = None,
 ) -> Placement:
-    """Wrap *argv* for *loadout*'s policy (or explain why it runs unwrapped).
+    """Wrap *argv* for *loadout*'s policy; unwrapped only when the user allowed it.
 
     A sandboxed child never has the network; *egress*, the socket of its egress proxy, is bound
-    into the sandbox and named to the child in ``FLEET_EGRESS_SOCKET``.
+    into the sandbox and named to the child in ``FLEET_EGRESS_SOCKET``. Raises
+    :class:`PolicyError` when the child cannot be sandboxed and ``--allow-unsandboxed`` was not
+    given.
     """
-    if config.sandbox == "off" or loadout.sandbox == "none":
-        return Placement(argv=argv, env={}, sandboxed=False, reason="sandbox turned off")
-    policy = POLICIES[loadout.sandbox]
+    reason = unsandboxed_reason(config)
+    if reason is not None:
+        return Placement(argv=argv, env={}, sandboxed=False, reason=reason)
+    policy = POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY)
     workspace = Path(loadout.workspace)
     source_root = Path(ipc.__file__).resolve().parents[1]
-    visible = {workspace, config.paths.root, source_root, Path(sys.prefix), Path(sys.base_prefix)}
+    # The session's repository stays readable (a worker's git finds its objects there).
+    visible = {workspace, config.workspace, source_root, Path(sys.prefix), Path(sys.base_prefix)}
+    visible.update(loadout_file_view(loadout_file))
     if loadout.model.script:
         visible.add(Path(loadout.model.script).parent)
     if policy is sandbox.Policy.WORKER:
@@ -146,7 +191,8 @@ def place(
         scratch=scratch,
         visible=tuple(sorted(p for p in visible if p.exists())),
         writable=(workspace,) if policy is sandbox.Policy.WORKER else (),
-        sockets=(config.paths.root,),
+        sockets=tuple(p for p in ipc_endpoint(loadout) if p.exists()),
+        hidden=hidden_paths(config),
         cwd=workspace,
         # Egress: never the host's network, at most the proxy socket.
         network=False,
@@ -157,7 +203,9 @@ def place(
     except sandbox.SandboxError as exc:
         raise PolicyError(f"spawn {loadout.owner}: sandbox refused: {exc}") from None
     if not wrapped.wrapped:
-        return Placement(argv=argv, env=wrapped.env, sandboxed=False, reason=wrapped.reason)
+        raise PolicyError(
+            f"spawn {loadout.owner}: no OS sandbox: {wrapped.reason} ({HOW_TO_SANDBOX})"
+        )
     # FLEET_SANDBOXED: a CLI with a sandbox of its own (Codex) need not nest one in ours.
     env = wrapped.env | {"FLEET_SANDBOXED": "1"}
     if egress is not None:

@@ -335,21 +335,25 @@ def test_attach_refuses_a_process_child_in_one_line(fleet, surfaces):
 
 
 def test_a_killed_pane_is_a_classified_failure_with_its_screen_redacted(fleet, surfaces):
-    loadout = surfaces.kept("a1")
+    # The tools refuse the state directory (the loadout too), so the test plants the token in
+    # the workspace for the child to print, standing in for a leaked secret.
+    leak = fleet.repo / "leak.txt"
     model = fleet.script(
         "leak",
-        f"""
+        """
         turns:
           - steps:
+              - wait: 2
               - tool: grep
-                args: {{pattern: '"token"', path: "{loadout}"}}
-              - say: "{{{{last}}}}"
+                args: {pattern: '"token"', path: "leak.txt"}
+              - say: "{{last}}"
               - hang: true
         """,
     )
     with surfaces.keeping_loadout("a1"):
         fleet.json("spawn", "--surface", "tmux", "--max-subagents", "2", "--model", model, "leak")
     token = surfaces.token("a1")
+    leak.write_text(f'"token": "{token}"\n')
     pane_id, pane_pid = surfaces.pane("a1-scout-1")
     until(lambda: token in surfaces.screen(pane_id), "the token on the pane's screen")
 

@@ -113,7 +113,9 @@ class Faults:
     def rogue_config(self, **overrides: Any) -> Config:
         """Rogues speak the wire themselves: no sandbox, and a model nobody will run."""
         model = self.script("unused", "turns: []\n")
-        return self.config(python=self.rogue(), sandbox="off", model=model, **overrides)
+        return self.config(
+            python=self.rogue(), sandbox="off", allow_unsandboxed=True, model=model, **overrides
+        )
 
     def processes(self) -> list[psutil.Process]:
         return fleet_processes(self.home)

@@ -114,7 +114,7 @@ async def test_a_pending_question_pauses_both_budgets(faults) -> None:
 async def test_a_grandchild_holding_stdout_does_not_hold_up_stop(faults, sandbox: str) -> None:
     # Unsandboxed, the grandchild outlives the shell and leaves the process tree: only the
     # run's environment marker finds it. Sandboxed, it dies with the pid namespace too.
-    config = faults.config(sandbox=sandbox)
+    config = faults.config(sandbox=sandbox, allow_unsandboxed=sandbox == "off")
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn(
@@ -160,7 +160,7 @@ async def test_a_killed_childs_escaped_grandchildren_are_found_and_killed(faults
     # setsid + a subshell: the grandchild leaves the child's session and its process tree.
     escape = ("sh", "-c", "(setsid sleep 61 &); echo started; sleep 60")
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [record] = await sup.spawn(
                 [SpawnRequest(task="escape", backend="command", command=escape)]
             )

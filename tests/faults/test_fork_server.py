@@ -1,7 +1,8 @@
 """Unsandboxed ``process`` children start as forks of the fork server, and survive its faults.
 
-Each scenario runs a real supervisor with ``sandbox="off"``: the children are real forks of a
-real ``python -I -m child._forkserver``, and every ending goes through ``faults.ended``.
+Each scenario runs a real supervisor with ``sandbox="off"`` (and ``allow_unsandboxed``): the
+children are real forks of a real ``python -I -m child._forkserver``, and every ending goes
+through ``faults.ended``.
 """
 
 import os
@@ -47,7 +48,7 @@ def _server(sup: object) -> psutil.Process:
 
 async def test_a_child_is_a_fork_of_the_server_and_ends_cleanly(faults) -> None:
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
             [note] = await sup.wait([record.key])
             assert note["report"] == "done in 1"
@@ -82,7 +83,7 @@ async def test_a_child_is_a_fork_of_the_server_and_ends_cleanly(faults) -> None:
 async def test_a_forked_childs_environment_and_directory_are_its_own(faults) -> None:
     probe = ("sh", "-c", 'echo "run=$FLEET_RUN child=$FLEET_CHILD dir=$(pwd)"')
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [record] = await sup.spawn(
                 [SpawnRequest(task="probe", backend="command", command=probe)]
             )
@@ -94,7 +95,7 @@ async def test_a_forked_childs_environment_and_directory_are_its_own(faults) -> 
 
 async def test_a_killed_fork_is_reported_killed_with_the_servers_exit_status(faults) -> None:
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("h", HANG))])
             await faults.until(lambda: record.state is State.WORKING)
             pids = faults.tree(record.pid)
@@ -106,7 +107,7 @@ async def test_a_killed_fork_is_reported_killed_with_the_servers_exit_status(fau
 async def test_a_crashing_fork_shows_its_exit_code(faults) -> None:
     crash = faults.script("c", "turns:\n  - steps:\n      - say: bye\n      - crash: 7\n")
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", model=crash)])
             note = await faults.ended(sup, record.key, state=State.FAILED, kind="exited")
             assert note["failure"]["error"] == "child exited with code 7"
@@ -114,7 +115,7 @@ async def test_a_crashing_fork_shows_its_exit_code(faults) -> None:
 
 async def test_when_the_server_dies_children_go_on_and_new_ones_start_fresh(faults) -> None:
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             [forked] = await sup.spawn([SpawnRequest(task="t", model=faults.script("h", HANG))])
             await faults.until(lambda: forked.state is State.WORKING)
             server = _server(sup)
@@ -154,7 +155,9 @@ async def test_a_server_that_cannot_start_leaves_children_to_fresh_interpreters(
     )
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off", python=str(python))) as sup:
+        async with open_supervisor(
+            faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))
+        ) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
             [note] = await sup.wait([record.key])
             assert note["report"] == "done in 1"
@@ -175,7 +178,7 @@ def test_the_fork_server_can_be_turned_off(faults, monkeypatch) -> None:
 
 async def test_without_the_fork_server_a_child_runs_its_own_interpreter(faults) -> None:
     with trio.fail_after(CEILING):
-        config = faults.config(sandbox="off", fork_server=False)
+        config = faults.config(sandbox="off", allow_unsandboxed=True, fork_server=False)
         async with open_supervisor(config) as sup:
             assert sup.fork_server is None
             [record] = await sup.spawn([SpawnRequest(task="t", model=faults.script("r", REPLY))])
@@ -189,6 +192,7 @@ async def test_without_the_fork_server_a_child_runs_its_own_interpreter(faults) 
 
 def test_a_killed_daemon_takes_its_fork_server_and_forks_with_it(faults, monkeypatch) -> None:
     monkeypatch.setenv("FLEET_SANDBOX", "off")
+    monkeypatch.setenv("FLEET_ALLOW_UNSANDBOXED", "1")
     spawned = faults.cli("spawn", "--model", faults.script("h", HANG), "look", "--json")
     assert spawned.returncode == 0, spawned.stderr
     deadline = time.monotonic() + 30
@@ -210,7 +214,7 @@ async def test_a_server_started_by_a_child_outlives_that_childs_run(faults) -> N
     # Where children are unsandboxed only now and then (no sandbox works here, say), the
     # server starts with the first such child; it must serve the children after that one.
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(sandbox="off")) as sup:
+        async with open_supervisor(faults.config(sandbox="off", allow_unsandboxed=True)) as sup:
             forks = sup.fork_server
             assert forks is not None
             await forks.aclose()  # the one started up front: replace it with an unstarted one

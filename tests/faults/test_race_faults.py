@@ -297,7 +297,9 @@ async def test_a_child_paused_before_its_hello_stays_paused_until_resumed(faults
     python.write_text(f'#!/bin/sh\nsleep 1\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     script = faults.script("turn", 'turns:\n  - steps:\n      - reply: "first turn: {{task}}"\n')
-    config = faults.config(sandbox="off", fork_server=False, python=str(python), model=script)
+    config = faults.config(
+        sandbox="off", allow_unsandboxed=True, fork_server=False, python=str(python), model=script
+    )
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="dropped", agent="scout")])

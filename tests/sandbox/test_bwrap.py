@@ -204,13 +204,14 @@ async def test_sandbox_dies_with_the_process_that_spawned_it(layout, bwrap_works
         with trio.fail_after(10):
             line = await trio.to_thread.run_sync(spawner.stdout.readline)
         sandbox = psutil.Process(int(line))
-        assert sandbox.name() == "bwrap"
         # bwrap sets PDEATHSIG as it starts; a parent dying before that is not noticed (a
         # start-up race bwrap cannot close), so wait until the command runs inside.
         await _wait_until(
             lambda: any(_cmdline(p)[1:] == list(sleeper) for p in sandbox.children(recursive=True)),
             within=10,
         )
+        # The launched pid is bwrap itself (the seccomp shell execs it).
+        assert sandbox.name() == "bwrap"
         spawner.kill()
         spawner.wait()
         # PR_SET_PDEATHSIG: the spawner's death SIGKILLs bwrap, and with it the namespace.

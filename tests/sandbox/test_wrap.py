@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Policy, ProbeResult, SandboxError, SandboxSpec, wrap
+from sandbox._seccomp import nosuid_filter
 
 BWRAP = shutil.which("bwrap")
 needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bwrap is not on PATH")
@@ -41,7 +42,10 @@ def test_bwrap_argv_has_exactly_the_documented_shape(layout):
     repo, scratch, worktree, ipc = (
         str(p.resolve()) for p in (layout.repo, layout.scratch, layout.worktree, layout.ipc)
     )
-    assert wrapped.argv == (
+    # The shell opens the seccomp filter as fd 3 and execs bwrap (which then keeps the pid).
+    assert wrapped.argv[:3] == ("/bin/sh", "-c", 'exec "$@" 3<"$0"')
+    assert Path(wrapped.argv[3]).read_bytes() == nosuid_filter()
+    assert wrapped.argv[4:] == (
         BWRAP,
         "--die-with-parent",
         "--new-session",
@@ -60,6 +64,7 @@ def test_bwrap_argv_has_exactly_the_documented_shape(layout):
         "--ro-bind", ipc, ipc,
         "--bind", scratch, scratch,
         "--bind", worktree, worktree,
+        "--seccomp", "3",
         "--chdir", worktree,
         "--",
         SH, "-c", "true",
