@@ -18,7 +18,8 @@ from orchestrator.core._isolation import Worktrees
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._requests import Question
-from orchestrator.governance._diagnostics import RejectKind, SecretSet
+from orchestrator.governance._diagnostics import RejectKind
+from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher

@@ -40,9 +40,10 @@ from orchestrator.core._registry import Registry
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
-from orchestrator.governance._diagnostics import RejectKind, RejectLog, SecretSet
+from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
+from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy, resolve_policy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv

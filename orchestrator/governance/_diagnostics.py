@@ -4,10 +4,11 @@
 supervisor's own timestamped lines always; the child's stdout/stderr only when output recording
 is on, or once the run has failed (its recent-output tail is flushed into the file then). The
 file lives in a 0700 directory, is 0600, never follows a symlink, and never grows past its cap:
-the oldest content is dropped and a ``[… N bytes dropped …]`` line says so. Every secret (the
-run's token and the session key, raw and hex) is replaced by ``[redacted]`` before anything
-reaches the tail, the file or a report, including a secret split across output chunks. Nothing
-here reads the environment, so no environment or credential can be captured.
+the oldest content is dropped and a ``[… N bytes dropped …]`` line says so. Every secret of the
+supervisor's :class:`~orchestrator.governance._redaction.SecretSet` is replaced by
+``[redacted]`` before anything reaches the tail, the file or a report, including a secret split
+across output chunks. Nothing here reads the environment, so no environment or credential can be
+captured.
 
 :class:`RejectLog` is the opt-in JSONL record of refused requests, redacted and capped the same
 way. Both write synchronously: lines are small and the cap bounds the work of one call.
@@ -20,7 +21,6 @@ import datetime as dt
 import errno
 import json
 import os
-import re
 import secrets as secrets_module
 import stat
 from collections.abc import Mapping
@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import attrs
 
+from orchestrator.governance._redaction import Redactor, SecretSet, as_secret_set
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable
     from pathlib import Path
 
 FailureKind = Literal[
@@ -50,12 +52,9 @@ RejectKind = Literal[
     "policy", "lock-conflict", "dropped-frame", "egress", "control-refused", "hello-refused"
 ]
 
-REDACTED = b"[redacted]"
 DEFAULT_CAP = 1 << 20
 DEFAULT_TAIL_CAP = 8192
 _MIN_CAP = 1024
-# A stream that stops this far into a secret still hides the fragment (a child killed mid-print).
-_MIN_FRAGMENT = 8
 # Compaction starts the kept part at a line boundary when one is this close.
 _LINE_SLACK = 16384
 _MAX_RECORD_ARGS = 8192
@@ -70,141 +69,6 @@ class LogPathError(Exception):
         super().__init__(f"open diagnostics log {path}: {reason}; remove it or choose another")
         self.path = path
         self.reason = reason
-
-
-def _secret_forms(secrets: Sequence[str | bytes]) -> tuple[bytes, ...]:
-    forms: set[bytes] = set()
-    for secret in secrets:
-        if isinstance(secret, str):
-            forms.add(secret.encode())
-        else:
-            forms.update((secret, secret.hex().encode(), secret.hex().upper().encode()))
-    forms.discard(b"")
-    return tuple(sorted(forms, key=len, reverse=True))  # the longest wins at one position
-
-
-class SecretSet:
-    """Every secret the supervisor holds, shared by all its logs and growing as it runs.
-
-    Each child's token is added before it is written anywhere, so a log or tail made earlier
-    redacts a later child's token too: every :class:`RunLog` and :class:`RejectLog` of a
-    supervisor consults the one set. Secrets are never removed (a retired child's token stays
-    secret). :meth:`scrub` and :meth:`scrub_value` redact text and JSON-shaped values.
-    """
-
-    def __init__(self, secrets: Iterable[str | bytes] = ()) -> None:
-        self._secrets: list[str | bytes] = []
-        self.version = 0
-        self._forms: tuple[bytes, ...] = ()
-        self._pattern: re.Pattern[bytes] | None = None
-        for secret in secrets:
-            self.add(secret)
-
-    def add(self, secret: str | bytes) -> None:
-        """Redact *secret* (a str as is; bytes raw and as hex) everywhere from now on."""
-        if not secret or secret in self._secrets:
-            return
-        self._secrets.append(secret)
-        self._forms = _secret_forms(self._secrets)
-        self._pattern = re.compile(b"|".join(map(re.escape, self._forms)))
-        self.version += 1
-
-    @property
-    def forms(self) -> tuple[bytes, ...]:
-        """Every byte form to replace, longest first."""
-        return self._forms
-
-    @property
-    def pattern(self) -> re.Pattern[bytes] | None:
-        return self._pattern
-
-    def scrub_bytes(self, data: bytes) -> bytes:
-        return data if self._pattern is None else self._pattern.sub(REDACTED, data)
-
-    def scrub(self, text: str) -> str:
-        if self._pattern is None or not text:
-            return text
-        raw = text.encode("utf-8", "surrogatepass")
-        scrubbed = self._pattern.sub(REDACTED, raw)
-        return text if scrubbed == raw else scrubbed.decode("utf-8", "surrogatepass")
-
-    def scrub_value(self, value: Any) -> Any:
-        """*value* with every string in it (keys too) scrubbed; other leaves kept as they are."""
-        if isinstance(value, str):
-            return self.scrub(value)
-        if isinstance(value, Mapping):
-            return {self.scrub_value(k): self.scrub_value(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.scrub_value(item) for item in value]
-        return value
-
-
-def _as_secret_set(secrets: SecretSet | Sequence[str | bytes]) -> SecretSet:
-    return secrets if isinstance(secrets, SecretSet) else SecretSet(secrets)
-
-
-class _Redactor:
-    """Replaces every secret in a byte stream that arrives in arbitrary chunks.
-
-    Up to ``longest - 1`` bytes are held back after each chunk: they may be the start of a
-    secret whose end is still to come. The secrets are those of a shared :class:`SecretSet`,
-    re-read whenever it has grown.
-    """
-
-    def __init__(self, secrets: SecretSet) -> None:
-        self._secrets = secrets
-        self._version = -1
-        self._forms: tuple[bytes, ...] = ()
-        self._pattern: re.Pattern[bytes] | None = None
-        self._longest = 0
-        self._pending = b""
-
-    def _refresh(self) -> None:
-        if self._version != self._secrets.version:
-            self._version = self._secrets.version
-            self._forms = self._secrets.forms
-            self._pattern = self._secrets.pattern
-            self._longest = len(self._forms[0]) if self._forms else 0
-
-    def once(self, data: bytes) -> bytes:
-        self._refresh()
-        return data if self._pattern is None else self._pattern.sub(REDACTED, data)
-
-    def feed(self, data: bytes) -> bytes:
-        self._refresh()
-        if self._pattern is None:
-            return data
-        buffer = self._pending + data
-        out = bytearray()
-        done = 0
-        for match in self._pattern.finditer(buffer):
-            if match.start() + self._longest > len(buffer):
-                break  # a longer secret might still match here once more bytes arrive
-            out += buffer[done : match.start()] + REDACTED
-            done = match.end()
-        cut = max(done, len(buffer) - self._longest + 1)
-        out += buffer[done:cut]
-        self._pending = buffer[cut:]
-        return bytes(out)
-
-    def flush(self) -> bytes:
-        """Release what is held back; a trailing piece of a secret is replaced too."""
-        rest = self.once(self._pending)
-        self._pending = b""
-        size = self._fragment(rest, _MIN_FRAGMENT)
-        return rest[: len(rest) - size] + REDACTED if size else rest
-
-    def preview(self) -> bytes:
-        """What is held back, short of anything that could begin a secret."""
-        rest = self.once(self._pending)
-        return rest[: len(rest) - self._fragment(rest, 1)]
-
-    def _fragment(self, data: bytes, minimum: int) -> int:
-        """The length of the longest end of ``data`` that begins a secret, if ``minimum`` long."""
-        for size in range(min(len(data), self._longest - 1), minimum - 1, -1):
-            if any(form.startswith(data[-size:]) for form in self._forms):
-                return size
-        return 0
 
 
 def _ensure_private_dir(path: Path) -> None:
@@ -351,19 +215,19 @@ class RunLog:
     """One run's diagnostics log and recent-output tail; see the module docstring."""
 
     path: Path
-    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=_as_secret_set)
+    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=as_secret_set)
     transport: str = attrs.field(kw_only=True)
     record_output: bool = attrs.field(default=False, kw_only=True)
     cap: int = attrs.field(default=DEFAULT_CAP, kw_only=True)
     tail_cap: int = attrs.field(default=DEFAULT_TAIL_CAP, kw_only=True)
-    _scrubber: _Redactor = attrs.field(init=False, repr=False)
+    _scrubber: Redactor = attrs.field(init=False, repr=False)
     _file: _CappedFile = attrs.field(init=False, repr=False)
-    _redactors: dict[str, _Redactor] = attrs.field(factory=dict, init=False, repr=False)
+    _redactors: dict[str, Redactor] = attrs.field(factory=dict, init=False, repr=False)
     _tail: bytearray = attrs.field(factory=bytearray, init=False, repr=False)
     _report: FailureReport | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._scrubber = _Redactor(self.secrets)
+        self._scrubber = Redactor(self.secrets)
         self._file = _CappedFile(self.path, self.cap, _dropped_line)
 
     @property
@@ -389,7 +253,7 @@ class RunLog:
         """Take a chunk of the child's ``stream``: into the tail, and the file when recording."""
         redactor = self._redactors.get(stream)
         if redactor is None:
-            redactor = self._redactors[stream] = _Redactor(self.secrets)
+            redactor = self._redactors[stream] = Redactor(self.secrets)
         self._keep(redactor.feed(data))
 
     def flush(self) -> None:
@@ -446,13 +310,13 @@ class RejectLog:
     """Opt-in JSONL log of refused requests: one redacted, size-bounded record per line."""
 
     path: Path
-    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=_as_secret_set)
+    secrets: SecretSet = attrs.field(kw_only=True, repr=False, converter=as_secret_set)
     cap: int = attrs.field(default=DEFAULT_CAP, kw_only=True)
-    _redactor: _Redactor = attrs.field(init=False, repr=False)
+    _redactor: Redactor = attrs.field(init=False, repr=False)
     _file: _CappedFile = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._redactor = _Redactor(self.secrets)
+        self._redactor = Redactor(self.secrets)
         self._file = _CappedFile(self.path, self.cap, _dropped_record)
 
     def record(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:

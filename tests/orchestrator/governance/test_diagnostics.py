@@ -9,14 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.governance._diagnostics import (
-    REDACTED,
-    LogPathError,
-    RejectLog,
-    RunLog,
-    SecretSet,
-    _Redactor,
-)
+from orchestrator.governance._diagnostics import LogPathError, RejectLog, RunLog
+from orchestrator.governance._redaction import REDACTED, Redactor, SecretSet
 
 TOKEN = "3f" * 32  # 64 hex characters, the shape of a real per-child token
 SESSION_KEY = bytes(range(200, 232))
@@ -162,7 +156,7 @@ def test_redaction_does_not_depend_on_how_the_stream_is_chunked(
 ) -> None:
     stream = b"".join(filler.encode() + secret for filler, secret in pieces) + end.encode()
     expected = b"".join(filler.encode() + REDACTED for filler, _ in pieces) + end.encode()
-    redactor = _Redactor(SecretSet([TOKEN, SESSION_KEY]))
+    redactor = Redactor(SecretSet([TOKEN, SESSION_KEY]))
     bounds = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
     out = b"".join(redactor.feed(stream[a:b]) for a, b in itertools.pairwise(bounds))
     assert out + redactor.flush() == expected
