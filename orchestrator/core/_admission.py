@@ -19,13 +19,18 @@ import socket
 import struct
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import psutil
 import trio
 
 import ipc
+from orchestrator._config import Config
+from orchestrator._sync import wait_first
+
+if TYPE_CHECKING:
+    from orchestrator.core._run import ChildRun
 
 #: How far up the parent chain a descendant may be (bwrap, its init, a shell, the child).
 MAX_DEPTH: Final = 64
@@ -113,3 +118,58 @@ def unlink_quietly(path: str) -> None:
     if path:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+@attrs.define(eq=False)
+class ListenerDoor:
+    """The session listener's door: a pane's child, once, from the launched process only."""
+
+    runs: Mapping[str, "ChildRun"]
+    config: Config
+    refusals: Refusals
+
+    def token_for(self, owner: str) -> str | None:
+        """The token a hello on the listener must carry for *owner*: only a pane's child's,
+        only until it connects (a token is good for one pending launch)."""
+        run = self.runs.get(owner)
+        if run is None or run.finishing or run.connected.is_set() or not run.loadout:
+            # A child that inherits its connection never uses the listener: no hello there
+            # may speak for it, whatever token it carries.
+            return None
+        return run.token
+
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        """A connection to the listener: a pane's child, once, from the launched process."""
+        try:
+            channel, hello = await ipc.accept_hello(
+                stream,
+                self.token_for,
+                timeout=self.config.hello_timeout,
+                request_timeout=self.config.request_timeout,
+            )
+        except ipc.HandshakeError as exc:
+            self.refusals.refuse(exc.reason, "", via="listener")
+            return
+        run = self.runs.get(channel.owner)
+        if run is None:
+            self.refusals.refuse("owner", channel.owner, via="listener")
+            await channel.aclose("unknown owner")
+            return
+        pid = peer_pid(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
+        if not await self._launched_by(run, pid):
+            self.refusals.refuse("peer-pid", run.key, via="listener", pid=pid)
+            await channel.aclose("not the launched process")
+            return
+        unlink_quietly(run.loadout)  # the child unlinks it first; a sandboxed one may not
+        await run.attach(channel, hello)
+
+    async def _launched_by(self, run: "ChildRun", pid: int | None) -> bool:
+        """Whether *pid* is *run*'s launched process or one of its descendants."""
+        if pid is None:
+            return False
+        # The hello can beat the launcher's answer (cmux reads the pid off the screen).
+        with trio.move_on_after(self.config.hello_timeout):
+            await wait_first(run.started, run.done)
+        if run.launched is None:
+            return False
+        return await trio.to_thread.run_sync(descends_from, pid, run.launched.pid)

@@ -5,7 +5,8 @@ thin delegating methods for the runs that call these; the state only these servi
 (question numbering, nested children's settle events) lives here.
 """
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +15,8 @@ import trio
 
 import ipc
 from orchestrator._config import Config
-from orchestrator._errors import FleetError, PolicyError
-from orchestrator._records import SpawnRequest, State
+from orchestrator._errors import FleetError, NotFound, PolicyError, UsageError
+from orchestrator._records import ChildRecord, SpawnRequest, State
 from orchestrator._sync import wait_first
 from orchestrator.coordination._paper import Paper, PaperError
 from orchestrator.core._run import ChildRun, Question
@@ -55,6 +56,26 @@ class Services:
         self._question_ids += 1
         question = Question(id=f"q{self._question_ids}", key=key, text=text)
         self.questions[question.id] = question
+        return question
+
+    def answer(self, ref: str, text: str, find: Callable[..., ChildRecord]) -> Question:
+        """Answer a question by id (``q3``) or the single open question of a child (*find*
+        looks a child up by key or name, as the registry does)."""
+        question = self.questions.get(ref)
+        if question is None:
+            with contextlib.suppress(FleetError):
+                key = find(ref, include_retired=False).key
+                mine = [q for q in self.questions.values() if q.key == key]
+                if len(mine) > 1:
+                    raise UsageError(
+                        f"answer: {ref} has {len(mine)} open questions (name one: "
+                        f"{', '.join(q.id for q in mine)})"
+                    )
+                question = mine[0] if mine else None
+        if question is None:
+            raise NotFound(f"answer: no open question {ref!r} (see fleet peek)")
+        question.answer = text
+        question.answered.set()
         return question
 
     def drop_question(self, qid: str) -> None:

@@ -20,18 +20,14 @@ import trio
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import (
-    FleetError,
-    NotFound,
     PolicyError,
     TimedOut,
-    UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
-from orchestrator._sync import wait_first
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
-from orchestrator.core._admission import Refusals, descends_from, peer_pid, unlink_quietly
+from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
@@ -89,6 +85,7 @@ class Supervisor:
     spawning: Spawning = attrs.field(init=False)
     #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
     refusals: Refusals = attrs.field(init=False)
+    door: ListenerDoor = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -109,6 +106,7 @@ class Supervisor:
         )
         self.spawning = Spawning(sup=self)
         self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
+        self.door = ListenerDoor(runs=self.runs, config=self.config, refusals=self.refusals)
         self.agent_dirs = self.config.agent_dirs
         if self.config.fork_server:
             self.fork_server = ForkServer(
@@ -192,22 +190,7 @@ class Supervisor:
 
     def answer(self, ref: str, text: str) -> Question:
         """Answer a question by id (``q3``) or the single open question of a child."""
-        question = self.questions.get(ref)
-        if question is None:
-            with contextlib.suppress(FleetError):
-                key = self.registry.find(ref, include_retired=False).key
-                mine = [q for q in self.questions.values() if q.key == key]
-                if len(mine) > 1:
-                    raise UsageError(
-                        f"answer: {ref} has {len(mine)} open questions (name one: "
-                        f"{', '.join(q.id for q in mine)})"
-                    )
-                question = mine[0] if mine else None
-        if question is None:
-            raise NotFound(f"answer: no open question {ref!r} (see fleet peek)")
-        question.answer = text
-        question.answered.set()
-        return question
+        return self.services.answer(ref, text, self.registry.find)
 
     async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
         """Stop each child (final) and return its handoff."""
@@ -400,52 +383,6 @@ class Supervisor:
         """Count (and reject-log) a refused hello; the peer is never told why."""
         self.refusals.refuse(reason, owner, **evidence)
 
-    def token_for(self, owner: str) -> str | None:
-        """The token a hello on the listener must carry for *owner*: only a pane's child's,
-        only until it connects (a token is good for one pending launch)."""
-        run = self.runs.get(owner)
-        if run is None or run.finishing or run.connected.is_set() or not run.loadout:
-            # A child that inherits its connection never uses the listener: no hello there
-            # may speak for it, whatever token it carries.
-            return None
-        return run.token
-
-    async def handle_connection(self, stream: trio.SocketStream) -> None:
-        """A connection to the listener: a pane's child, once, from the launched process."""
-        try:
-            channel, hello = await ipc.accept_hello(
-                stream,
-                self.token_for,
-                timeout=self.config.hello_timeout,
-                request_timeout=self.config.request_timeout,
-            )
-        except ipc.HandshakeError as exc:
-            self.refuse_hello(exc.reason, "", via="listener")
-            return
-        run = self.runs.get(channel.owner)
-        if run is None:
-            self.refuse_hello("owner", channel.owner, via="listener")
-            await channel.aclose("unknown owner")
-            return
-        pid = peer_pid(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
-        if not await self._launched_by(run, pid):
-            self.refuse_hello("peer-pid", run.key, via="listener", pid=pid)
-            await channel.aclose("not the launched process")
-            return
-        unlink_quietly(run.loadout)  # the child unlinks it first; a sandboxed one may not
-        await run.attach(channel, hello)
-
-    async def _launched_by(self, run: ChildRun, pid: int | None) -> bool:
-        """Whether *pid* is *run*'s launched process or one of its descendants."""
-        if pid is None:
-            return False
-        # The hello can beat the launcher's answer (cmux reads the pid off the screen).
-        with trio.move_on_after(self.config.hello_timeout):
-            await wait_first(run.started, run.done)
-        if run.launched is None:
-            return False
-        return await trio.to_thread.run_sync(descends_from, pid, run.launched.pid)
-
 
 @contextlib.asynccontextmanager
 async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
@@ -471,7 +408,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
         )
         if warning:
             sup.warnings.append(warning)
-        await nursery.start(listener.serve, sup.handle_connection)
+        await nursery.start(listener.serve, sup.door.handle_connection)
         if sup.fork_server is not None and config.sandbox == "off":
             # Every process child will be a fork: have the server ready before the first.
             sup.fork_server.start()
