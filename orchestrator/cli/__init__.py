@@ -1,6 +1,7 @@
 """The ``fleet`` command line: verbs, human rendering, the live watch, the demo.
 
-Owns argument parsing and dispatch (``_main``), the verbs grouped by concern (``_common``,
+Owns argument parsing and dispatch (``_main``), the verbs grouped by concern (``_drive``,
+``_common``,
 ``_coordination``, ``_review``, ``_watch``), the pure renderers (``_render``) and ``fleet demo``
 (``_demo`` and its bundled ``_demo_data``).
 
