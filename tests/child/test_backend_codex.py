@@ -5,7 +5,7 @@ import pytest
 import trio
 
 import ipc
-from child._codex import CodexBackend, codex_config, sandbox_mode
+from child.backends._codex import CodexBackend, codex_config, sandbox_mode
 from tests.child._backends import Host, make_loadout, wait_for_requests
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer

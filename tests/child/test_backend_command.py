@@ -6,7 +6,7 @@ import psutil
 import pytest
 import trio
 
-from child._command import CommandBackend
+from child.backends._command import CommandBackend
 from tests.child._backends import Host, make_loadout
 
 

@@ -6,8 +6,8 @@ import pytest
 import trio
 
 import ipc
-from child._cli_env import PrivateDirs
-from child._pi import PiBackend, pi_argv
+from child.backends._cli_env import PrivateDirs
+from child.backends._pi import PiBackend, pi_argv
 from tests.child._backends import Host, make_loadout, wait_for_requests
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
@@ -248,7 +248,8 @@ export default function gate(pi) {
 async def test_extension_dialogs_become_questions_to_the_parent(tmp_path, binary, monkeypatch):
     gate = tmp_path / "gate.js"
     gate.write_text(GATE)
-    monkeypatch.setattr("child._pi.EXTENSION", gate)  # a dialog-raising extension in its place
+    # A dialog-raising extension in our extension's place.
+    monkeypatch.setattr("child.backends._pi.EXTENSION", gate)
     async with ModelServer() as srv:
         srv.script(
             "a",
