@@ -13,24 +13,25 @@ and checks the envelope (token in constant time, owner), then:
 Invalid frames are dropped through the channel's drop policy. Routing is a plain function
 call per frame: only work that must be awaited on the reader (an event handler, a write) is
 returned as an awaitable, because a coroutine per frame cost more than the routing itself.
+
+A dispatch sees its channel only as a :class:`Connection`, the few parts of
+:class:`ipc.Channel` it reads and calls, so this module does not import :mod:`ipc._channel`
+(which imports it).
 """
 
 import collections
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import attrs
 import trio
 
 from ipc._errors import ChannelClosed, FrameError, SchemaError
 from ipc._handoff import Worker
-from ipc._messages import Decoded, decode_frame
+from ipc._messages import Decoded, FrameWriter, decode_frame
 from ipc._types import PROTOCOL_VERSION, Answer, Envelope, Message, Reply
-
-if TYPE_CHECKING:
-    from ipc._channel import Channel
 
 log = logging.getLogger("ipc")
 
@@ -48,11 +49,29 @@ def no_immediate(body: Message) -> None:
     """The default immediate handler: every request goes to the async handler."""
 
 
+class Connection(Protocol):
+    """What a dispatch reads and calls of its channel (:class:`ipc.Channel` is the one kind)."""
+
+    owner: str
+    closed: bool
+    _token_bytes: bytes
+    _writer: FrameWriter
+
+    async def _write(self, frame: bytes) -> bool:
+        """Write one whole frame, in order behind the frames already queued."""
+
+    def _drop(self, reason: str, detail: str) -> None:
+        """Count an invalid frame; enough of them close the channel."""
+
+    def _deliver(self, corr: str, type_: str, body: Message) -> None:
+        """Fill the pending request *corr* with its response (or drop the response)."""
+
+
 @attrs.define(eq=False)
 class Dispatch:
     """Routes the frames of one channel to its requesters and handlers."""
 
-    channel: "Channel"
+    channel: Connection
     handler: RequestHandler
     on_event: EventHandler
     immediate: ImmediateHandler
