@@ -26,7 +26,8 @@ from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
 from ipc._handshake import HELLO_TIMEOUT, accept_hello, open_client
 from ipc._listener import Listener, ensure_private_dir
 from ipc._loadout import Loadout, ModelSpec, write_loadout, write_private
-from ipc._messages import decode_envelope, encode_envelope, prepare_codecs
+from ipc._messages import decode_envelope, encode_envelope
+from ipc._prepare import prepare_codecs
 from ipc._types import (
     MESSAGE_TYPES,
     NO_DEADLINE_TYPES,
