@@ -3,7 +3,8 @@
 A :class:`Dispatch` lives for one run of :meth:`ipc.Channel.serve`. For each frame it decodes
 and checks the envelope (token in constant time, owner), then:
 
-- a **response** fills the pending request of its correlation id (the requester wakes);
+- a **response** goes to the request of its correlation id (:mod:`ipc._requests`; the
+  requester wakes);
 - an **event** is handed back to the reader, which awaits ``on_event`` in order;
 - a **request** is answered from the replay cache if its id was seen, else by the *immediate*
   handler on the reader (a plain function: it cannot await, so it cannot stall the reader),
@@ -23,7 +24,7 @@ import collections
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -31,13 +32,10 @@ import trio
 from ipc._errors import ChannelClosed, FrameError, SchemaError
 from ipc._handoff import Worker
 from ipc._messages import Decoded, FrameWriter, decode_frame
+from ipc._requests import REPLAY_CACHE, RESPONSE_TYPES
 from ipc._types import PROTOCOL_VERSION, Answer, Envelope, Message, Reply
 
 log = logging.getLogger("ipc")
-
-REPLAY_CACHE: Final = 256
-"""Responses remembered for replayed request ids (and our expired ids, on the other side)."""
-RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
 
 RequestHandler = Callable[[Envelope], Awaitable[Message]]
 EventHandler = Callable[[Envelope], Awaitable[None]]
@@ -63,15 +61,14 @@ class Connection(Protocol):
     def _drop(self, reason: str, detail: str) -> None:
         """Count an invalid frame; enough of them close the channel."""
 
-    def _deliver(self, corr: str, type_: str, body: Message) -> None:
-        """Fill the pending request *corr* with its response (or drop the response)."""
-
 
 @attrs.define(eq=False)
 class Dispatch:
     """Routes the frames of one channel to its requesters and handlers."""
 
     channel: Connection
+    # Hands a response to the request it answers; False if it answers none of ours.
+    deliver: Callable[[str, str, Message], bool]
     handler: RequestHandler
     on_event: EventHandler
     immediate: ImmediateHandler
@@ -110,7 +107,8 @@ class Dispatch:
             channel._drop("owner", "$.owner")
             return None
         if kind == "response":
-            channel._deliver(corr, type_, body)
+            if not self.deliver(corr, type_, body):
+                channel._drop("corr", "$.corr")
             return None
         if type_ in RESPONSE_TYPES:
             channel._drop("type", "$.type")

@@ -445,7 +445,7 @@ async def test_a_replay_while_the_first_still_runs_yields_one_response(raw_sessi
 
 async def test_the_replay_cache_is_bounded(raw_session, wire, nursery):
     session = await raw_session(nursery)
-    limit = ipc._channel.REPLAY_CACHE
+    limit = ipc._requests.REPLAY_CACHE
     with trio.fail_after(30):
         for corr in range(limit + 1):
             await session.stream.send_all(wire.frame(ipc.Abort(), corr=str(corr)))
