@@ -6,7 +6,7 @@ import trio
 import ipc
 from child.backends._claude import ClaudeBackend, claude_argv, claude_tools
 from child.backends._cli_env import PrivateDirs
-from tests.child._backends import Host, make_loadout, wait_for_requests
+from tests.child.backends._backends import Host, make_loadout, wait_for_requests
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
 

@@ -6,7 +6,7 @@ import trio
 
 import ipc
 from child.backends._codex import CodexBackend, codex_config, sandbox_mode
-from tests.child._backends import Host, make_loadout, wait_for_requests
+from tests.child.backends._backends import Host, make_loadout, wait_for_requests
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
 

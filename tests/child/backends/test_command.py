@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from child.backends._command import CommandBackend
-from tests.child._backends import Host, make_loadout
+from tests.child.backends._backends import Host, make_loadout
 
 
 def backend_for(tmp_path, code: str):

@@ -11,7 +11,7 @@ import trio
 
 from child.backends._jsonl import RecordReader, encode
 from child.backends._mcp import ToolRelay, claude_mcp_config, codex_mcp_config, relayed_tools
-from tests.child._backends import Host
+from tests.child.backends._backends import Host
 
 pytestmark = pytest.mark.slow
 
