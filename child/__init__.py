@@ -8,6 +8,7 @@ Layering, bottom up:
 - the runtime at the top (``_runtime``, ``_view``, ``_forkserver``, ``__main__``): imports
   everything of ``child``; nothing below it imports it.
 
-``child`` may import ``ipc``; it never imports ``orchestrator`` (the supervisor launches it as
-``python -m child <loadout>``). ``tests/test_invariants.py`` checks this.
+``tests/child/test_layering.py`` checks these layers. ``child`` may import ``ipc``; it never
+imports ``orchestrator`` (the supervisor launches it as ``python -m child <loadout>``).
+``tests/test_invariants.py`` checks this.
 """
