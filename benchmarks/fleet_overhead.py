@@ -87,7 +87,7 @@ SOLO_SCRIPT = """
 import os, sys
 import trio
 import ipc
-from child._builtin import BuiltinBackend
+from child.backends.builtin import BuiltinBackend
 
 class Host:
     def emit(self, event):

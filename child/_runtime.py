@@ -21,7 +21,7 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Backend, TurnResult
+from child.backends import Backend, TurnResult
 from child._egress import open_egress
 
 if TYPE_CHECKING:
@@ -37,23 +37,23 @@ _COALESCED: Final = frozenset({"message", "tool_update", "usage", "todo"})
 def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
     """The backend a loadout names."""
     if loadout.backend == "builtin":
-        from child._builtin import BuiltinBackend  # noqa: PLC0415 - keep start-up lean
+        from child.backends.builtin import BuiltinBackend  # noqa: PLC0415 - keep start-up lean
 
         return BuiltinBackend.from_loadout(loadout, host)
     if loadout.backend == "command":
-        from child._command import CommandBackend  # noqa: PLC0415
+        from child.backends._command import CommandBackend  # noqa: PLC0415
 
         return CommandBackend.from_loadout(loadout, host)
     if loadout.backend == "pi":
-        from child._pi import PiBackend  # noqa: PLC0415
+        from child.backends._pi import PiBackend  # noqa: PLC0415
 
         return PiBackend.from_loadout(loadout, host)
     if loadout.backend == "claude":
-        from child._claude import ClaudeBackend  # noqa: PLC0415
+        from child.backends._claude import ClaudeBackend  # noqa: PLC0415
 
         return ClaudeBackend.from_loadout(loadout, host)
     if loadout.backend == "codex":
-        from child._codex import CodexBackend  # noqa: PLC0415
+        from child.backends._codex import CodexBackend  # noqa: PLC0415
 
         return CodexBackend.from_loadout(loadout, host)
     raise ValueError(f"backend {loadout.backend!r} is not available in this child")

@@ -9,7 +9,7 @@ uid (:mod:`ipc._auth`, :mod:`ipc._handshake`), then carried by one :class:`Chann
 """
 
 from ipc._auth import derive_token, new_session_key, peer_uid, tokens_match, valid_identifier
-from ipc._channel import DEFAULT_TIMEOUT, MAX_DROPS, Channel, check_timeout
+from ipc._channel import MAX_DROPS, Channel
 from ipc._errors import (
     ChannelClosed,
     FrameError,
@@ -26,7 +26,9 @@ from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
 from ipc._handshake import HELLO_TIMEOUT, accept_hello, hello_on, open_client
 from ipc._listener import Listener, ensure_private_dir
 from ipc._loadout import Loadout, ModelSpec, sealed_loadout, write_loadout, write_private
-from ipc._messages import decode_envelope, encode_envelope, prepare_codecs
+from ipc._messages import decode_envelope, encode_envelope
+from ipc._prepare import prepare_codecs
+from ipc._requests import DEFAULT_TIMEOUT, check_timeout
 from ipc._types import (
     MESSAGE_TYPES,
     NO_DEADLINE_TYPES,

@@ -7,8 +7,8 @@ halfway would desynchronize the stream. What the reader does with each frame is
 :mod:`ipc._dispatch`'s job; it never runs an async request handler itself, so a long
 ``question`` never blocks it. The bytes move through :mod:`ipc._transport`, and the channel
 owns its stream from then on: close it with :meth:`Channel.aclose`, never the stream itself.
-While ``serve`` runs, one deadline keeper task times out this side's requests (a cancel scope
-per request cost a tenth of a round trip); before it runs, each request carries its own scope.
+This side's requests wait for their responses and deadlines in :mod:`ipc._requests`; while
+``serve`` runs, its deadline keeper runs beside the reader.
 
 Drop policy: a well-framed frame that is invalid (bad JSON, wrong token, wrong owner, unknown
 type, schema error, unexpected correlation id) is dropped and counted by reason; after
@@ -19,48 +19,33 @@ peer is not a hostile one.
 """
 
 import collections
-import itertools
 import logging
 import math
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import attrs
 import trio
 
 from ipc._auth import token_bytes
-from ipc._dispatch import (
-    REPLAY_CACHE,
-    RESPONSE_TYPES,
-    Dispatch,
-    EventHandler,
-    ImmediateHandler,
-    RequestHandler,
-    no_immediate,
-)
-from ipc._errors import ChannelClosed, FrameError, RemoteError, RequestTimeout
+from ipc._dispatch import Dispatch, EventHandler, ImmediateHandler, RequestHandler, no_immediate
+from ipc._errors import ChannelClosed, FrameError
 from ipc._framing import MAX_FRAME, FrameDecoder
-from ipc._handoff import Pending
 from ipc._messages import FrameWriter
+from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
 from ipc._transport import SocketIO, StreamIO, transport_for
-from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message, Reply
+from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message
 
 __all__ = [
-    "DEFAULT_TIMEOUT",
     "MAX_DROPS",
-    "REPLAY_CACHE",
     "Channel",
     "EventHandler",
     "ImmediateHandler",
     "RequestHandler",
-    "check_timeout",
 ]
 
 log = logging.getLogger("ipc")
 
-DEFAULT_TIMEOUT: Final = 5.0
-MIN_TIMEOUT: Final = 0.001
-MAX_TIMEOUT: Final = 120.0
 MAX_DROPS: Final = 16
 
 
@@ -69,15 +54,6 @@ class _Default:
 
 
 DEFAULT: Final = _Default()
-
-
-def check_timeout(timeout: float) -> float:
-    """Validate a request deadline against the allowed range (1 ms to 120 s)."""
-    if not (MIN_TIMEOUT <= timeout <= MAX_TIMEOUT) or math.isnan(timeout):
-        raise ValueError(
-            f"request deadline {timeout!r} s is outside {MIN_TIMEOUT}..{MAX_TIMEOUT} s"
-        )
-    return timeout
 
 
 # No setattr hooks: for default_timeout's converter attrs would route every attribute write
@@ -109,17 +85,8 @@ class Channel:
     _send_queue: trio.lowlevel.ParkingLot = attrs.field(
         factory=trio.lowlevel.ParkingLot, init=False
     )
-    _pending: dict[str, Pending] = attrs.field(factory=dict, init=False)
-    _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
-    # corrs of our requests that gave up waiting; a late response to one is not a drop.
-    _expired: collections.OrderedDict[str, None] = attrs.field(
-        factory=collections.OrderedDict, init=False
-    )
+    _requests: Requests = attrs.field(init=False)
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
-    # The deadline keeper's sleep, due at the earliest deadline it enforces (while serving),
-    # and the run's clock (trio.current_time() is three calls deep).
-    _timer: trio.CancelScope | None = attrs.field(default=None, init=False)
-    _clock: trio.abc.Clock = attrs.field(init=False)
     _serving: bool = attrs.field(default=False, init=False)
 
     @_writer.default
@@ -133,6 +100,10 @@ class Channel:
     @_io.default
     def _make_io(self) -> StreamIO | SocketIO:
         return transport_for(self.stream)
+
+    @_requests.default
+    def _make_requests(self) -> Requests:
+        return Requests(owner=self.owner, write=self._write)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -221,66 +192,10 @@ class Channel:
             deadline = self.default_timeout
         else:
             deadline = check_timeout(timeout)  # type: ignore[arg-type]  # not DEFAULT here
-        corr = str(next(self._corr))
+        requests = self._requests
+        corr = requests.new_corr()
         frame = self._writer.frame("request", corr, message)
-        pending = Pending(type=kind)
-        self._pending[corr] = pending
-        try:
-            await self._write(frame)
-            timer = self._timer
-            if pending.done:  # answered, closed or timed out while the write waited
-                pass
-            elif timer is None or deadline == math.inf:
-                with trio.move_on_after(deadline):
-                    await pending.wait()
-            else:
-                # serve()'s deadline keeper times this request out: one cancel scope per
-                # channel instead of one per request, which cost a tenth of a round trip.
-                # Moving the keeper's deadline is itself costly, so only an earlier one does.
-                pending.deadline = self._clock.current_time() + deadline
-                if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
-                    timer.deadline = pending.deadline
-                await pending.wait()
-        finally:
-            # Still registered and unanswered: we timed out or were cancelled (a close would
-            # have removed it), so the peer may yet answer.
-            if self._pending.pop(corr, None) is not None and not pending.done:
-                self._remember_expired(corr)
-        if pending.error is not None:
-            raise pending.error
-        body = pending.result
-        if body is None:
-            raise RequestTimeout(
-                f"{kind} request to {self.owner} got no response within {deadline:g} s"
-            )
-        if isinstance(body, Reply) and not body.ok:
-            raise RemoteError(
-                body.error or f"{kind} request to {self.owner} failed", data=body.data
-            )
-        return body  # type: ignore[no-any-return]  # a decoded response body
-
-    def _remember_expired(self, corr: str) -> None:
-        self._expired[corr] = None
-        while len(self._expired) > REPLAY_CACHE:
-            self._expired.popitem(last=False)
-
-    async def _keep_deadlines(self) -> None:
-        """While serve() runs: time out every request whose deadline has passed."""
-        self._clock = trio.lowlevel.current_clock()
-        try:
-            while True:
-                earliest = min((p.deadline for p in self._pending.values()), default=math.inf)
-                with trio.CancelScope(deadline=earliest) as timer:
-                    self._timer = timer
-                    await trio.sleep_forever()
-                now = trio.current_time()
-                for corr, pending in list(self._pending.items()):
-                    if pending.deadline <= now:
-                        del self._pending[corr]
-                        self._remember_expired(corr)
-                        pending.finish()  # no result, no error: the requester times out
-        finally:
-            self._timer = None
+        return await requests.call(kind, corr, frame, deadline)
 
     async def reply(self, corr: str, message: Message) -> None:
         """Answer the request *corr* (used for the hello reply before :meth:`serve`)."""
@@ -313,12 +228,13 @@ class Channel:
                 self._cancel = nursery.cancel_scope
                 dispatch = Dispatch(
                     channel=self,
+                    deliver=self._requests.deliver,
                     handler=handler,
                     on_event=on_event,
                     immediate=immediate,
                     nursery=nursery,
                 )
-                nursery.start_soon(self._keep_deadlines)
+                nursery.start_soon(self._requests.keep_deadlines)
                 nursery.start_soon(dispatch.worker.run)
                 task_status.started()
                 route = dispatch.route
@@ -364,18 +280,6 @@ class Channel:
         except ChannelClosed:  # an answer that cannot go out any more
             log.debug("could not answer on %s: closed", self.owner)
 
-    def _deliver(self, corr: str, type_: str, body: Message) -> None:
-        """A response arrived: fill its pending request (or drop it, or let a late one go)."""
-        if corr in self._expired:
-            del self._expired[corr]
-            log.debug("late response %s from %s discarded", corr, self.owner)
-            return
-        pending = self._pending.get(corr)
-        if pending is None or type_ not in RESPONSE_TYPES or pending.done:
-            self._drop("corr", "$.corr")
-            return
-        pending.finish(body)
-
     def _drop(self, reason: str, detail: str) -> None:
         self.drops[reason] += 1
         total = sum(self.drops.values())
@@ -391,13 +295,7 @@ class Channel:
         if not self.closed:
             self.closed = True
             self.close_reason = reason
-        for pending in self._pending.values():
-            pending.finish(
-                error=ChannelClosed(
-                    f"{pending.type} request to {self.owner} rejected: {self.close_reason}"
-                )
-            )
-        self._pending.clear()
+        self._requests.reject_all(self.close_reason)
         if self._cancel is not None:
             self._cancel.cancel()
 
@@ -415,7 +313,7 @@ class Channel:
         """Counters for diagnostics: drops by reason, pending requests, flag state."""
         return {
             "drops": dict(self.drops),
-            "pending": len(self._pending),
+            "pending": self._requests.in_flight,
             "flagged": self.flagged,
             "closed": self.closed,
         }

@@ -3,7 +3,8 @@
 A :class:`Dispatch` lives for one run of :meth:`ipc.Channel.serve`. For each frame it decodes
 and checks the envelope (token in constant time, owner), then:
 
-- a **response** fills the pending request of its correlation id (the requester wakes);
+- a **response** goes to the request of its correlation id (:mod:`ipc._requests`; the
+  requester wakes);
 - an **event** is handed back to the reader, which awaits ``on_event`` in order;
 - a **request** is answered from the replay cache if its id was seen, else by the *immediate*
   handler on the reader (a plain function: it cannot await, so it cannot stall the reader),
@@ -13,30 +14,28 @@ and checks the envelope (token in constant time, owner), then:
 Invalid frames are dropped through the channel's drop policy. Routing is a plain function
 call per frame: only work that must be awaited on the reader (an event handler, a write) is
 returned as an awaitable, because a coroutine per frame cost more than the routing itself.
+
+A dispatch sees its channel only as a :class:`Connection`, the few parts of
+:class:`ipc.Channel` it reads and calls, so this module does not import :mod:`ipc._channel`
+(which imports it).
 """
 
 import collections
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import Protocol
 
 import attrs
 import trio
 
 from ipc._errors import ChannelClosed, FrameError, SchemaError
 from ipc._handoff import Worker
-from ipc._messages import Decoded, decode_frame
+from ipc._messages import Decoded, FrameWriter, decode_frame
+from ipc._requests import REPLAY_CACHE, RESPONSE_TYPES
 from ipc._types import PROTOCOL_VERSION, Answer, Envelope, Message, Reply
 
-if TYPE_CHECKING:
-    from ipc._channel import Channel
-
 log = logging.getLogger("ipc")
-
-REPLAY_CACHE: Final = 256
-"""Responses remembered for replayed request ids (and our expired ids, on the other side)."""
-RESPONSE_TYPES: Final = frozenset({"reply", "answer"})
 
 RequestHandler = Callable[[Envelope], Awaitable[Message]]
 EventHandler = Callable[[Envelope], Awaitable[None]]
@@ -48,11 +47,28 @@ def no_immediate(body: Message) -> None:
     """The default immediate handler: every request goes to the async handler."""
 
 
+class Connection(Protocol):
+    """What a dispatch reads and calls of its channel (:class:`ipc.Channel` is the one kind)."""
+
+    owner: str
+    closed: bool
+    _token_bytes: bytes
+    _writer: FrameWriter
+
+    async def _write(self, frame: bytes) -> bool:
+        """Write one whole frame, in order behind the frames already queued."""
+
+    def _drop(self, reason: str, detail: str) -> None:
+        """Count an invalid frame; enough of them close the channel."""
+
+
 @attrs.define(eq=False)
 class Dispatch:
     """Routes the frames of one channel to its requesters and handlers."""
 
-    channel: "Channel"
+    channel: Connection
+    # Hands a response to the request it answers; False if it answers none of ours.
+    deliver: Callable[[str, str, Message], bool]
     handler: RequestHandler
     on_event: EventHandler
     immediate: ImmediateHandler
@@ -91,7 +107,8 @@ class Dispatch:
             channel._drop("owner", "$.owner")
             return None
         if kind == "response":
-            channel._deliver(corr, type_, body)
+            if not self.deliver(corr, type_, body):
+                channel._drop("corr", "$.corr")
             return None
         if type_ in RESPONSE_TYPES:
             channel._drop("type", "$.type")

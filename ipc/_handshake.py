@@ -12,10 +12,11 @@ from pathlib import Path
 import trio
 
 from ipc._auth import own_uid, peer_uid, tokens_match, valid_identifier
-from ipc._channel import DEFAULT_TIMEOUT, Channel
+from ipc._channel import Channel
 from ipc._errors import ChannelClosed, FrameError, HandshakeError, SchemaError
 from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._messages import decode_envelope
+from ipc._requests import DEFAULT_TIMEOUT
 from ipc._types import Envelope, Hello, Reply
 
 HELLO_TIMEOUT = 30.0

@@ -20,9 +20,9 @@ from typing import Any, Final
 import attrs
 
 from ipc._auth import valid_identifier
-from ipc._channel import DEFAULT_TIMEOUT, check_timeout
 from ipc._errors import LoadoutError
 from ipc._messages import converter, render_error
+from ipc._requests import DEFAULT_TIMEOUT, check_timeout
 
 LOADOUT_VERSION: Final = 1
 MAX_LOADOUT_BYTES: Final = 4 << 20

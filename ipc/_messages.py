@@ -319,18 +319,3 @@ def decode_envelope(data: bytes) -> Envelope:
 def type_name(message: Message) -> str:
     """The wire ``type`` of *message*."""
     return TYPE_NAMES[type(message)]
-
-
-def prepare_codecs() -> None:
-    """Build every (un)structure function the converters generate lazily, now.
-
-    A fork server calls this once so that its children inherit the generated code instead of
-    compiling it again each (~3 ms a child). Twice: generating one class's hooks may register
-    another's and clear the converters' dispatch caches; the second pass finds them all.
-    """
-    from ipc._loadout import Loadout  # noqa: PLC0415 - the loadout module imports this one
-
-    for _ in range(2):
-        for cls in [*MESSAGE_TYPES.values(), Loadout, _RawEnvelope]:
-            converter.get_structure_hook(cls)
-            converter.get_unstructure_hook(cls)

@@ -1,5 +1,8 @@
 """What every tool shares: the result, the context, the protocol, paths and output caps.
 
+The context hands the todo checklist's :class:`Progress` to its listener, so that value lives
+here, below the checklist (:mod:`._todo`) that computes it.
+
 A tool never raises for a user mistake (a missing file, an ambiguous edit, a path outside the
 workspace): it returns a ``ToolResult`` with ``is_error=True`` and a one-line text the model can
 act on. ``ToolError`` is the internal shortcut for that: tools raise it deep inside a helper and
@@ -18,8 +21,6 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from ._todo import Progress
-
 #: Every tool result is capped at this many UTF-8 bytes and lines (Pi's limits).
 MAX_OUTPUT_BYTES = 50 * 1024
 MAX_OUTPUT_LINES = 2000
@@ -36,6 +37,17 @@ class ToolError(Exception):
 class ToolResult:
     text: str
     is_error: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Progress:
+    """The todo checklist at a glance, as ``peek`` shows it: done/total leaves, the task in
+    progress and the next three open ones."""
+
+    done: int
+    total: int
+    current: str | None
+    next: tuple[str, ...]
 
 
 def _realpath(path: Path | str) -> Path:

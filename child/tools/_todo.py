@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from ._base import BaseTool, ToolContext, ToolError, ToolResult, optional_str, require_str
+from ._base import (
+    BaseTool,
+    Progress,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    optional_str,
+    require_str,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -30,14 +38,6 @@ _MARK = {PENDING: "[ ]", IN_PROGRESS: "[>]", DONE: "[x]"}
 
 class TodoError(ToolError):
     """A checklist operation the model got wrong; the message says how to fix the call."""
-
-
-@attrs.frozen(kw_only=True)
-class Progress:
-    done: int
-    total: int
-    current: str | None
-    next: tuple[str, ...]
 
 
 @attrs.frozen(kw_only=True)

@@ -6,8 +6,8 @@ import psutil
 import pytest
 import trio
 
-from child._command import CommandBackend
-from tests.child._backends import Host, make_loadout
+from child.backends._command import CommandBackend
+from tests.child.backends._backends import Host, make_loadout
 
 
 def backend_for(tmp_path, code: str):

@@ -26,10 +26,10 @@ import psutil
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
-from child._cli_env import CliError, PrivateDirs
-from child._jsonl import RecordReader, encode
-from child._mcp import ToolRelay
+from child.backends._base import Host, TurnResult
+from child.backends._cli_env import CliError, PrivateDirs
+from child.backends._jsonl import RecordReader, encode
+from child.backends._mcp import ToolRelay
 
 log = logging.getLogger("child")
 

@@ -7,10 +7,10 @@ import pytest
 import trio
 
 import ipc
-from child._builtin import BuiltinBackend
-from child._model import ModelError, SteerInbox, StepContext
-from child._openai import ModelHttpError, OpenAIModel, retry_after, server_message
-from tests.child._backends import Host, make_loadout
+from child.backends.builtin import BuiltinBackend
+from child.backends.builtin._model import ModelError, SteerInbox, StepContext
+from child.backends.builtin._openai import ModelHttpError, OpenAIModel, retry_after, server_message
+from tests.child.backends._backends import Host, make_loadout
 from tests.fakes.model_server import ModelServer
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]

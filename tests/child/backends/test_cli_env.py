@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from child._cli_env import (
+from child.backends._cli_env import (
     CliError,
     PrivateDirs,
     Version,

@@ -5,12 +5,12 @@ Two halves, because the agent CLI starts its MCP servers itself (stdio transport
 
 - :class:`ToolRelay` runs inside the child runtime, beside the backend. It listens on a Unix
   socket in the backend's private 0700 directory and runs each relayed call with the real
-  :class:`~child._backend.Host` (so ``ask_parent`` becomes an IPC question to the parent) or
+  :class:`~child.backends.Host` (so ``ask_parent`` becomes an IPC question to the parent) or
   the child's own ``todo`` checklist (whose progress feeds ``peek``).
-- ``python -m child._mcp`` is the MCP server the CLI starts: the ``mcp`` SDK's low-level server
-  on its stdio transport, run on trio (the SDK is written against anyio). It lists the tools
-  and forwards each ``tools/call`` to the relay, one JSON line each way, with a per-child token
-  that reaches it only through the 0600 MCP configuration (never argv).
+- ``python -m child.backends._mcp`` is the MCP server the CLI starts: the ``mcp`` SDK's
+  low-level server on its stdio transport, run on trio (the SDK is written against anyio). It
+  lists the tools and forwards each ``tools/call`` to the relay, one JSON line each way, with a
+  per-child token that reaches it only through the 0600 MCP configuration (never argv).
 """
 
 import json
@@ -25,9 +25,9 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host
-from child._host_tools import build_host_tools
-from child._jsonl import RecordReader, encode
+from child.backends._base import Host
+from child.backends._host_tools import build_host_tools
+from child.backends._jsonl import RecordReader, encode
 from child.tools import Progress, Tool, ToolContext, build_tools
 
 MCP_TOOLS: Final = ("ask_parent", "todo", "discuss", "subagent")
@@ -88,7 +88,7 @@ class ToolRelay:
         }
 
     def server_argv(self) -> list[str]:
-        return [sys.executable, "-I", "-m", "child._mcp"]
+        return [sys.executable, "-I", "-m", "child.backends._mcp"]
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept relayed calls until cancelled (run it in the backend's owning nursery)."""
@@ -159,10 +159,13 @@ async def _serve_stdio() -> None:
 
 
 def main() -> int:
-    """``python -m child._mcp``: serve MCP on stdio until the CLI closes it."""
+    """``python -m child.backends._mcp``: serve MCP on stdio until the CLI closes it."""
     missing = [name for name in (SOCKET_ENV, TOKEN_ENV) if not os.environ.get(name)]
     if missing:
-        print(f"child._mcp: {missing[0]} is not set (the fleet child starts this)", file=sys.stderr)
+        print(
+            f"child.backends._mcp: {missing[0]} is not set (the fleet child starts this)",
+            file=sys.stderr,
+        )
         return 2
     trio.run(_serve_stdio)
     return 0

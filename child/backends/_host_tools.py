@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from child._backend import Host
+from child.backends._base import Host
 from child.tools import ToolContext, ToolResult
 from child.tools._base import BaseTool, ToolError, optional_str, require_str
 

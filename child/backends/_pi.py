@@ -13,8 +13,8 @@ Mapping (protocol facts: ``docs/backends.md``):
   unanswered dialog blocks Pi).
 
 fleet's own tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from a Pi extension
-shipped beside this module (``pi_extension/fleet_tools.js``), which relays each call to the child
-runtime through :class:`child._mcp.ToolRelay` (Pi has no MCP client).
+shipped as package data (``child/pi_extension/fleet_tools.js``), which relays each call to the child
+runtime through :class:`child.backends._mcp.ToolRelay` (Pi has no MCP client).
 
 Pi keeps stdin open until settled (stdin EOF mid-turn exits at once without ``agent_end``).
 Each child gets a private ``PI_CODING_AGENT_DIR`` with a generated ``models.json`` (for an
@@ -31,9 +31,9 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host
-from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
-from child._cli_env import (
+from child.backends._base import Host
+from child.backends._cli_backend import CliBackend, CliProcess, CliTurn, preview
+from child.backends._cli_env import (
     CliError,
     PrivateDirs,
     Version,
@@ -42,8 +42,8 @@ from child._cli_env import (
     probe_version,
     stall_seconds,
 )
-from child._jsonl import Oversize
-from child._mcp import ToolRelay, relayed_tools
+from child.backends._jsonl import Oversize
+from child.backends._mcp import ToolRelay, relayed_tools
 
 log = logging.getLogger("child")
 
@@ -57,7 +57,7 @@ COMMAND_TIMEOUT: Final = 10.0
 ABORT_GRACE: Final = 10.0
 _DIALOGS: Final = frozenset({"select", "confirm", "input", "editor"})
 #: Registers fleet's own tools in Pi and relays their calls to us (shipped as package data).
-EXTENSION: Final = Path(__file__).with_name("pi_extension") / "fleet_tools.js"
+EXTENSION: Final = Path(__file__).parent.parent / "pi_extension" / "fleet_tools.js"
 _PROVIDER: Final = "fleet"
 
 

@@ -15,9 +15,9 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
-from child._host_tools import HOST_TOOLS, build_host_tools
-from child._model import Model, ModelError, SteerInbox, StepContext
+from child.backends._base import Host, TurnResult
+from child.backends._host_tools import HOST_TOOLS, build_host_tools
+from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
 from child.tools import Progress, Tool, ToolContext, build_tools
 
 MAX_STEPS = 200
@@ -27,12 +27,12 @@ _ARG_PREVIEW = 80
 def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
     """The model a loadout names."""
     if spec.kind == "scripted":
-        from child._scripted import ScriptedModel  # noqa: PLC0415 - YAML only when it is used
+        from child.backends.builtin._scripted import ScriptedModel  # noqa: PLC0415 - YAML only when it is used
 
         script = Path(spec.script)
         return ScriptedModel.from_file(script if script.is_absolute() else workspace / script)
     if spec.kind == "openai":
-        from child._openai import OpenAIModel  # noqa: PLC0415 - httpx only when it is used
+        from child.backends.builtin._openai import OpenAIModel  # noqa: PLC0415 - httpx only when it is used
 
         return OpenAIModel.from_spec(spec)
     raise ModelError(f"model kind {spec.kind!r} is not known (use scripted or openai)")

@@ -3,30 +3,23 @@
 from pathlib import Path
 
 import pytest
-import trio
 
-import ipc
-from child._cli_env import PrivateDirs
-from child._pi import PiBackend, pi_argv
-from tests.child._backends import Host, make_loadout, wait_for_requests
-from tests.fakes._agent_clis import NPM_BIN
+from child.backends._cli_env import PrivateDirs
+from child.backends._pi import pi_argv
+from tests.child.backends._cli import (
+    failed_then_recovered,
+    make_backend,
+    paused_then_resumed,
+    pi_loadout,
+    stalled_then_resumed,
+    steered,
+    turns,
+)
 from tests.fakes.model_server import ModelServer
 
 pytestmark = pytest.mark.slow
 
 BINARIES = ["pi", "pi-next"]
-
-
-def pi_loadout(tmp_path, base_url, **fields):
-    model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
-    return make_loadout(tmp_path, **({"backend": "pi", "model": model} | fields))
-
-
-def make_backend(tmp_path, srv, binary, child="a", stall=30.0, **fields):
-    host = Host(fields.pop("answers", ()))
-    loadout = pi_loadout(tmp_path, srv.base_url(child), **fields)
-    backend = PiBackend(loadout=loadout, host=host, binary=str(NPM_BIN / binary), stall=stall)
-    return backend, host
 
 
 @pytest.mark.parametrize("binary", BINARIES)
@@ -39,12 +32,8 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path, binary)
                 {"text": "## Summary\nThe secret is 4217."},
             ],
         )
-        backend, host = make_backend(tmp_path, srv, binary)
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("find the secret")
-        finally:
-            await backend.aclose()
+        backend, host = make_backend(binary, tmp_path, srv)
+        [result] = await turns(backend, "find the secret")
         assert result.ok, result.error
         assert result.text == "## Summary\nThe secret is 4217."
         assert backend.has_queue is (binary == "pi-next")
@@ -65,14 +54,8 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path, binary)
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_an_http_500_fails_the_turn_in_seconds_with_the_servers_message(tmp_path, binary):
     async with ModelServer() as srv:
-        srv.script("a", [{"status": 500, "body": "upstream exploded"}, {"text": "recovered"}])
-        backend, _host = make_backend(tmp_path, srv, binary)
-        try:
-            with trio.fail_after(30):
-                failed = await backend.run_turn("go")
-                again = await backend.run_turn("try again")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend(binary, tmp_path, srv)
+        failed, again = await failed_then_recovered(srv, backend)
         assert not failed.ok
         assert failed.error == "pi: the model request failed: 500 upstream exploded"
         assert (again.ok, again.text) == (True, "recovered")
@@ -82,16 +65,8 @@ async def test_an_http_500_fails_the_turn_in_seconds_with_the_servers_message(tm
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_a_stalled_stream_is_aborted_by_our_watchdog(tmp_path, binary):
     async with ModelServer() as srv:
-        srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
-        backend, _host = make_backend(tmp_path, srv, binary, stall=2.0)
-        try:
-            with trio.fail_after(40):
-                start = trio.current_time()
-                stalled = await backend.run_turn("go")
-                elapsed = trio.current_time() - start
-                resumed = await backend.run_turn("again")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend(binary, tmp_path, srv, stall=2.0)
+        stalled, elapsed, resumed = await stalled_then_resumed(srv, backend)
         assert not stalled.ok
         assert stalled.error.startswith("pi: no output for 2 s while waiting on the model")
         assert 2.0 <= elapsed < 15
@@ -101,21 +76,8 @@ async def test_a_stalled_stream_is_aborted_by_our_watchdog(tmp_path, binary):
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_pause_aborts_and_resume_continues_the_same_context(tmp_path, binary):
     async with ModelServer() as srv:
-        srv.script("a", [{"delay": 30, "text": "too late"}, {"text": "resumed"}])
-        backend, _host = make_backend(tmp_path, srv, binary)
-        try:
-            with trio.fail_after(60):
-                async with trio.open_nursery() as nursery:
-
-                    async def pause_soon():
-                        await wait_for_requests(srv, "a")
-                        await backend.abort()
-
-                    nursery.start_soon(pause_soon)
-                    paused = await backend.run_turn("first task")
-                resumed = await backend.run_turn("second task")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend(binary, tmp_path, srv)
+        paused, resumed = await paused_then_resumed(srv, backend)
         assert paused.aborted
         assert paused.ok
         assert (resumed.ok, resumed.text) == (True, "resumed")
@@ -138,19 +100,8 @@ async def test_steer_reaches_the_model_before_its_next_call(tmp_path, binary):
                 {"text": "went east"},
             ],
         )
-        backend, _host = make_backend(tmp_path, srv, binary)
-        try:
-            with trio.fail_after(60):
-                async with trio.open_nursery() as nursery:
-
-                    async def steer_soon():
-                        await wait_for_requests(srv, "a")
-                        await backend.steer("go east instead")
-
-                    nursery.start_soon(steer_soon)
-                    result = await backend.run_turn("go west")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend(binary, tmp_path, srv)
+        result = await steered(srv, backend)
         assert (result.ok, result.text) == (True, "went east")
         second = srv.requests("a")[1].body["messages"]
         assert "go east instead" in str(second[-1])
@@ -158,10 +109,9 @@ async def test_steer_reaches_the_model_before_its_next_call(tmp_path, binary):
 
 async def test_a_missing_cli_is_a_one_line_error(tmp_path):
     async with ModelServer() as srv:
-        backend, _host = make_backend(tmp_path, srv, "pi")
+        backend, _host = make_backend("pi", tmp_path, srv)
         backend.binary = str(tmp_path / "no-such-pi")
-        result = await backend.run_turn("go")
-        await backend.aclose()
+        [result] = await turns(backend, "go")
     assert not result.ok
     assert result.error == (
         f"backend pi: {tmp_path / 'no-such-pi'} is not on PATH (install "
@@ -213,13 +163,9 @@ async def test_ask_parent_and_todo_reach_the_runtime_through_our_extension(tmp_p
             ],
         )
         backend, host = make_backend(
-            tmp_path, srv, binary, tools=["read", "ask_parent", "todo"], answers=["east"]
+            binary, tmp_path, srv, tools=["read", "ask_parent", "todo"], answers=["east"]
         )
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("find the way")
-        finally:
-            await backend.aclose()
+        [result] = await turns(backend, "find the way")
         requests = srv.requests("a")
     assert (result.ok, result.text) == (True, "Going east, as told."), result.error
     assert host.questions == ["Which way?"]
@@ -248,7 +194,8 @@ export default function gate(pi) {
 async def test_extension_dialogs_become_questions_to_the_parent(tmp_path, binary, monkeypatch):
     gate = tmp_path / "gate.js"
     gate.write_text(GATE)
-    monkeypatch.setattr("child._pi.EXTENSION", gate)  # a dialog-raising extension in its place
+    # A dialog-raising extension in our extension's place.
+    monkeypatch.setattr("child.backends._pi.EXTENSION", gate)
     async with ModelServer() as srv:
         srv.script(
             "a",
@@ -258,13 +205,9 @@ async def test_extension_dialogs_become_questions_to_the_parent(tmp_path, binary
             ],
         )
         backend, host = make_backend(
-            tmp_path, srv, binary, tools=["read", "ask_parent"], answers=["East", "yes"]
+            binary, tmp_path, srv, tools=["read", "ask_parent"], answers=["East", "yes"]
         )
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("read the notes")
-        finally:
-            await backend.aclose()
+        [result] = await turns(backend, "read the notes")
         requests = srv.requests("a")
     assert (result.ok, result.text) == (True, "done"), result.error
     assert host.questions == [

@@ -16,7 +16,7 @@ Mapping (details: ``docs/backends.md``):
 Tools: the loadout's tools become ``--tools`` (the built-in set that exists at all) and
 ``--allowedTools=`` (what runs without a permission prompt); nothing else can run. fleet's own
 tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from our MCP server
-(:mod:`child._mcp`) as ``mcp__fleet__<tool>``.
+(:mod:`child.backends._mcp`) as ``mcp__fleet__<tool>``.
 """
 
 import logging
@@ -28,9 +28,9 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host
-from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
-from child._cli_env import (
+from child.backends._base import Host
+from child.backends._cli_backend import CliBackend, CliProcess, CliTurn, preview
+from child.backends._cli_env import (
     PrivateDirs,
     Version,
     binary_for,
@@ -38,8 +38,8 @@ from child._cli_env import (
     probe_version,
     stall_seconds,
 )
-from child._jsonl import Oversize
-from child._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
+from child.backends._jsonl import Oversize
+from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
 
 log = logging.getLogger("child")
 

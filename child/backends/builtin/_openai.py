@@ -11,8 +11,8 @@ llama.cpp, Ollama, OpenRouter), streamed, with tool calling.
 - The key is read from the environment variable the model spec *names* (never stored in the
   loadout); without one no ``Authorization`` header is sent (local servers need none).
 
-The SSE stream is split on ``\\n`` bytes (:mod:`child._jsonl`), not with ``str.splitlines``,
-which would also split on U+2028 inside a JSON string.
+The SSE stream is split on ``\\n`` bytes (:mod:`child.backends._jsonl`), not with
+``str.splitlines``, which would also split on U+2028 inside a JSON string.
 """
 
 import datetime as dt
@@ -26,10 +26,10 @@ import httpx
 import trio
 
 import ipc
-from child._cli_env import stall_seconds
+from child.backends._cli_env import stall_seconds
 from child._egress import proxy_for
-from child._jsonl import LineSplitter, Oversize
-from child._model import ModelError, ModelStep, StepContext, ToolCall
+from child.backends._jsonl import LineSplitter, Oversize
+from child.backends.builtin._model import ModelError, ModelStep, StepContext, ToolCall
 
 RETRIES: Final = 2
 BACKOFF: Final = 0.5

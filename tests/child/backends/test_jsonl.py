@@ -7,7 +7,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from child._jsonl import LineSplitter, Oversize, RecordReader, encode
+from child.backends._jsonl import LineSplitter, Oversize, RecordReader, encode
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),

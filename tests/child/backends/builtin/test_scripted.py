@@ -4,8 +4,8 @@ import pytest
 import trio
 
 import ipc  # noqa: TC001 - the events list holds ipc.Event at runtime
-from child._model import ModelError, SteerInbox, StepContext
-from child._scripted import ScriptedModel, load_script
+from child.backends.builtin._model import ModelError, SteerInbox, StepContext
+from child.backends.builtin._scripted import ScriptedModel, load_script
 
 
 def _ctx(messages=None, *, task="the task", side=False, turn=1, steers=None, events=None):

@@ -34,7 +34,7 @@ import trio
 import yaml
 
 import ipc
-from child._model import ModelError, ModelStep, StepContext, ToolCall
+from child.backends.builtin._model import ModelError, ModelStep, StepContext, ToolCall
 
 # libyaml's loader when PyYAML has it: the pure-Python one costs a child ~8 ms per script.
 _LOADER: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

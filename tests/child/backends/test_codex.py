@@ -4,25 +4,21 @@ import psutil
 import pytest
 import trio
 
-import ipc
-from child._codex import CodexBackend, codex_config, sandbox_mode
-from tests.child._backends import Host, make_loadout, wait_for_requests
-from tests.fakes._agent_clis import NPM_BIN
+from child.backends._codex import codex_config, sandbox_mode
+from tests.child.backends._cli import (
+    closing,
+    codex_loadout,
+    failed_then_recovered,
+    make_backend,
+    stalled_then_resumed,
+    steered,
+    turn_while,
+    turns,
+    wait_for_requests,
+)
 from tests.fakes.model_server import ModelServer
 
 pytestmark = pytest.mark.slow
-
-
-def codex_loadout(tmp_path, base_url, **fields):
-    model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
-    return make_loadout(tmp_path, **({"backend": "codex", "model": model} | fields))
-
-
-def make_backend(tmp_path, srv, stall=30.0, **fields):
-    host = Host()
-    loadout = codex_loadout(tmp_path, srv.base_url("a"), **fields)
-    backend = CodexBackend(loadout=loadout, host=host, binary=str(NPM_BIN / "codex"), stall=stall)
-    return backend, host
 
 
 def exec_call(cmd):
@@ -32,12 +28,8 @@ def exec_call(cmd):
 async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_path):
     async with ModelServer() as srv:
         srv.script("a", [exec_call("cat notes.txt"), {"text": "## Summary\nThe secret is 4217."}])
-        backend, host = make_backend(tmp_path, srv)
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("find the secret")
-        finally:
-            await backend.aclose()
+        backend, host = make_backend("codex", tmp_path, srv)
+        [result] = await turns(backend, "find the secret")
         assert result.ok, result.error
         assert result.text == "## Summary\nThe secret is 4217."
         [start] = host.activities("tool_start")
@@ -57,26 +49,16 @@ async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_p
 async def test_the_read_only_sandbox_refuses_a_write(tmp_path):
     async with ModelServer() as srv:
         srv.script("a", [exec_call("echo hacked > owned.txt"), {"text": "tried"}])
-        backend, _host = make_backend(tmp_path, srv)
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("write something")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend("codex", tmp_path, srv)
+        [result] = await turns(backend, "write something")
         assert result.ok, result.error
         assert not (tmp_path / "ws" / "owned.txt").exists()
 
 
 async def test_an_http_500_fails_the_turn_in_seconds(tmp_path):
     async with ModelServer() as srv:
-        srv.script("a", [{"status": 500, "body": "upstream exploded"}, {"text": "recovered"}])
-        backend, _host = make_backend(tmp_path, srv)
-        try:
-            with trio.fail_after(30):
-                failed = await backend.run_turn("go")
-                again = await backend.run_turn("try again")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend("codex", tmp_path, srv)
+        failed, again = await failed_then_recovered(srv, backend)
         assert not failed.ok
         # Codex hides 5xx bodies; it names the class of error.
         assert failed.error.startswith("codex: ")
@@ -87,16 +69,8 @@ async def test_an_http_500_fails_the_turn_in_seconds(tmp_path):
 
 async def test_a_stalled_stream_is_interrupted_by_our_watchdog(tmp_path):
     async with ModelServer() as srv:
-        srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
-        backend, _host = make_backend(tmp_path, srv, stall=2.0)
-        try:
-            with trio.fail_after(40):
-                start = trio.current_time()
-                stalled = await backend.run_turn("go")
-                elapsed = trio.current_time() - start
-                resumed = await backend.run_turn("again")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend("codex", tmp_path, srv, stall=2.0)
+        stalled, elapsed, resumed = await stalled_then_resumed(srv, backend)
         assert not stalled.ok
         assert stalled.error.startswith("codex: no output for 2 s while waiting on the model")
         assert 2.0 <= elapsed < 15
@@ -107,25 +81,20 @@ async def test_pause_interrupts_kills_the_running_command_and_resume_continues(t
     marker = tmp_path / "ws" / "still-running"
     async with ModelServer() as srv:
         srv.script("a", [exec_call("sleep 300; echo done"), {"text": "resumed"}])
-        backend, _host = make_backend(tmp_path, srv)
-        try:
-            with trio.fail_after(60):
-                async with trio.open_nursery() as nursery:
+        backend, _host = make_backend("codex", tmp_path, srv)
 
-                    async def pause_when_the_command_runs():
-                        await wait_for_requests(srv, "a")
-                        while not backend._commands:  # noqa: ASYNC110 - polling the backend
-                            await trio.sleep(0.05)
-                        nursery.start_soon(_note_pids, backend, marker)
-                        await trio.sleep(0.3)
-                        await backend.abort()
+        async def pause_when_the_command_runs():
+            await wait_for_requests(srv, "a")
+            while not backend._commands:  # noqa: ASYNC110 - polling the backend
+                await trio.sleep(0.05)
+            await _note_pids(backend, marker)
+            await trio.sleep(0.3)
+            await backend.abort()
 
-                    nursery.start_soon(pause_when_the_command_runs)
-                    paused = await backend.run_turn("first task")
-                pids = [int(p) for p in marker.read_text().split()]
-                resumed = await backend.run_turn("second task")
-        finally:
-            await backend.aclose()
+        async with closing(backend):
+            paused = await turn_while(backend, "first task", pause_when_the_command_runs)
+            pids = [int(p) for p in marker.read_text().split()]
+            resumed = await backend.run_turn("second task")
         assert (paused.ok, paused.aborted) == (True, True)
         assert pids
         assert not [p for p in pids if psutil.pid_exists(p) and _alive(p)]
@@ -147,31 +116,17 @@ def _alive(pid):
 async def test_steer_joins_the_running_turn(tmp_path):
     async with ModelServer() as srv:
         srv.script("a", [{"delay": 1.5, **exec_call("cat notes.txt")}, {"text": "went east"}])
-        backend, _host = make_backend(tmp_path, srv)
-        try:
-            with trio.fail_after(60):
-                async with trio.open_nursery() as nursery:
-
-                    async def steer_soon():
-                        await wait_for_requests(srv, "a")
-                        while not backend._turn_id:  # noqa: ASYNC110 - polling the backend
-                            await trio.sleep(0.05)
-                        await backend.steer("go east instead")
-
-                    nursery.start_soon(steer_soon)
-                    result = await backend.run_turn("go west")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend("codex", tmp_path, srv)
+        result = await steered(srv, backend, ready=lambda: backend._turn_id)
         assert (result.ok, result.text) == (True, "went east")
         assert "Steer from parent: go east instead" in str(srv.requests("a")[1].body)
 
 
 async def test_a_missing_cli_is_a_one_line_error(tmp_path):
     async with ModelServer() as srv:
-        backend, _host = make_backend(tmp_path, srv)
+        backend, _host = make_backend("codex", tmp_path, srv)
         backend.binary = "no-such-codex"
-        result = await backend.run_turn("go")
-        await backend.aclose()
+        [result] = await turns(backend, "go")
     assert not result.ok
     assert result.error == (
         "backend codex: no-such-codex is not on PATH (install @openai/codex@0.171.0 or newer, "
@@ -197,12 +152,8 @@ async def test_our_mcp_tools_are_offered_to_the_model(tmp_path):
     # The call path itself is covered with Claude Code and in test_mcp.py.
     async with ModelServer() as srv:
         srv.script("a", [{"text": "done"}])
-        backend, _host = make_backend(tmp_path, srv, tools=["read", "ask_parent", "todo"])
-        try:
-            with trio.fail_after(60):
-                result = await backend.run_turn("list your tools")
-        finally:
-            await backend.aclose()
+        backend, _host = make_backend("codex", tmp_path, srv, tools=["read", "ask_parent", "todo"])
+        [result] = await turns(backend, "list your tools")
         [request] = srv.requests("a")
     assert result.ok, result.error
     [fleet] = [t for t in request.body["tools"] if t.get("name") == "mcp__fleet"]

@@ -13,7 +13,7 @@ import attrs
 import trio
 
 import ipc
-from child._backend import Host, TurnResult
+from child.backends._base import Host, TurnResult
 
 MAX_OUTPUT = 256 * 1024
 KILL_GRACE = 2.0

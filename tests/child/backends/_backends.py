@@ -2,10 +2,7 @@
 
 from pathlib import Path
 
-import trio
-
 import ipc
-from tests.fakes.model_server import ModelServer
 
 
 class Host:
@@ -55,9 +52,3 @@ def make_loadout(tmp_path: Path, **fields) -> ipc.Loadout:
         "scratch": str(scratch),
     }
     return ipc.Loadout(**(values | fields))
-
-
-async def wait_for_requests(srv: ModelServer, child: str, count: int = 1) -> None:
-    """Until the server has seen *count* requests from *child* (it runs in another thread)."""
-    while len(srv.requests(child)) < count:  # noqa: ASYNC110 - no event crosses the thread
-        await trio.sleep(0.05)

@@ -13,7 +13,7 @@ The sandbox comes from the loadout: a scout (or any child without edit/write/bas
 ``read-only``, others ``workspace-write``. ``CODEX_HOME`` is private, holds a generated
 ``config.toml``, and is not below ``TMPDIR`` (Codex's sandboxed tools break when it is).
 fleet's own tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from our MCP server
-(:mod:`child._mcp`), configured there as ``[mcp_servers.fleet]``.
+(:mod:`child.backends._mcp`), configured there as ``[mcp_servers.fleet]``.
 """
 
 import contextlib
@@ -28,9 +28,9 @@ import psutil
 import trio
 
 import ipc
-from child._backend import Host
-from child._cli_backend import CliBackend, CliProcess, CliTurn, preview
-from child._cli_env import (
+from child.backends._base import Host
+from child.backends._cli_backend import CliBackend, CliProcess, CliTurn, preview
+from child.backends._cli_env import (
     CliError,
     PrivateDirs,
     Version,
@@ -39,8 +39,8 @@ from child._cli_env import (
     probe_version,
     stall_seconds,
 )
-from child._jsonl import Oversize
-from child._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
+from child.backends._jsonl import Oversize
+from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
 
 log = logging.getLogger("child")
 

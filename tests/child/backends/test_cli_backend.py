@@ -5,7 +5,7 @@ import sys
 import psutil
 import trio
 
-from child._cli_backend import CliProcess, CliTurn, StallWatch, preview, side_question
+from child.backends._cli_backend import CliProcess, CliTurn, StallWatch, preview, side_question
 
 
 async def test_stall_watch_fires_only_when_armed_and_silent(autojump_clock):

@@ -1,4 +1,4 @@
-"""Our MCP server (``python -m child._mcp``) over stdio, relaying to a real ToolRelay."""
+"""Our MCP server (``python -m child.backends._mcp``) over stdio, relaying to a real ToolRelay."""
 
 import json
 import os
@@ -9,9 +9,9 @@ import sys
 import pytest
 import trio
 
-from child._jsonl import RecordReader, encode
-from child._mcp import ToolRelay, claude_mcp_config, codex_mcp_config, relayed_tools
-from tests.child._backends import Host
+from child.backends._jsonl import RecordReader, encode
+from child.backends._mcp import ToolRelay, claude_mcp_config, codex_mcp_config, relayed_tools
+from tests.child.backends._backends import Host
 
 pytestmark = pytest.mark.slow
 
