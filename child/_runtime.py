@@ -22,7 +22,7 @@ import trio
 
 import ipc
 from child.backends import Backend, TurnResult
-from child._egress import open_egress
+from child.backends._egress import open_egress
 
 if TYPE_CHECKING:
     from child._view import ActivityView

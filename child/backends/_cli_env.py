@@ -5,7 +5,7 @@
   settings, caches and session files there, never into the user's real home.
 - :func:`cli_environment`: the CLI's environment, built from scratch — the locale, ``PATH`` and a
   few harmless variables, plus only the secrets whose *names* the agent definition lists. Proxy
-  variables are never passed on, except the sandbox's own egress relay (``child/_egress.py``).
+  variables are never passed on, except the sandbox's own egress relay (``_egress``).
 - :func:`probe_version`: ``<binary> --version``; a missing or too-old CLI is one-line
   :class:`CliError` that says what to install.
 """
@@ -22,7 +22,7 @@ from typing import Final
 import attrs
 import trio
 
-from child._egress import proxy_environment
+from child.backends._egress import proxy_environment
 
 log = logging.getLogger("child")
 

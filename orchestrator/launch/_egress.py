@@ -3,7 +3,7 @@
 Every sandboxed child runs with ``--unshare-net``. A child that talks to a model gets one Unix
 socket bound into its sandbox, served here by an :class:`EgressProxy` holding that child's
 allowlist of ``host:port`` pairs (its model endpoint plus the definition's ``egress:`` list).
-The child's runtime relays its connections through the socket (``child/_egress.py``).
+The child's runtime relays its connections through the socket (``child/backends/_egress.py``).
 
 Only the launched child and its descendants may use the socket (``SO_PEERCRED`` pid, checked
 against the process tree): a sibling that finds the path gets a refusal, not the allowlist.

@@ -36,7 +36,7 @@ DEFAULT_ENDPOINTS: Final = {
     "codex": ("api.openai.com:443", "chatgpt.com:443"),
 }
 #: The child's runtime starts its egress relay when this names the proxy socket (the same
-#: name as ``child._egress.SOCKET_ENV``; the orchestrator may not import ``child``).
+#: name as ``child.backends._egress.SOCKET_ENV``; the orchestrator may not import ``child``).
 EGRESS_SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
 _SCHEME_PORTS: Final = {"http": 80, "https": 443}
 

@@ -27,7 +27,7 @@ import trio
 
 import ipc
 from child.backends._cli_env import stall_seconds
-from child._egress import proxy_for
+from child.backends._egress import proxy_for
 from child.backends._jsonl import LineSplitter, Oversize
 from child.backends.builtin._model import ModelError, ModelStep, StepContext, ToolCall
 

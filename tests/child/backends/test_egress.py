@@ -16,8 +16,8 @@ import pytest
 import trio
 
 import ipc
-from child import _egress
-from child._cli_env import PrivateDirs, cli_environment
+from child.backends import _egress
+from child.backends._cli_env import PrivateDirs, cli_environment
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._sandboxing import EGRESS_SOCKET_ENV
 
