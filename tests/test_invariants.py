@@ -161,7 +161,9 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.__main__": {"orchestrator.cli"},
     "child.tools": {"ipc"},
     "child.backends": {"child.tools", "ipc"},
-    "child": {"child.backends", "child.tools", "ipc"},
+    # The builtin agent sits on the shared plumbing; only the runtime above imports it.
+    "child.backends.builtin": {"child.backends", "child.tools", "ipc"},
+    "child": {"child.backends", "child.backends.builtin", "child.tools", "ipc"},
     "ipc": set(),
     "sandbox": set(),
 }
