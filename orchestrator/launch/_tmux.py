@@ -309,10 +309,19 @@ class TmuxLauncher:
         env, flags = self.window_env(spec.env)
         window = ["-n", name, "-c", spec.cwd, *flags, "-P", "-F", _PANE_FORMAT]
         if self.server.private and not await self._has_session():
+            # new-session's -e sets the *session's* environment: the first child's own
+            # variables (its run marker above all) must not reach later windows, a person's
+            # included, so they are unset again once its pane has started with them.
+            unset = [
+                arg
+                for flag in flags[1::2]
+                for arg in (";", "set-environment", "-t", target, "-u", flag.split("=", 1)[0])
+            ]
             return await self.server.run(
                 "new-session", "-d", "-s", self.session, "-x", WINDOW_SIZE[0], "-y", WINDOW_SIZE[1],
                 *window, "--", *spec.argv,
                 ";", "set-option", "-w", "-t", f"{target}:", "remain-on-exit", "on",
+                *unset,
                 env=env,
             )  # fmt: skip
         last: TmuxError | None = None

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,25 +27,39 @@ from tests.e2e.conftest import GIT_ENV, Fleet, fleet_processes, make_repo
 pytestmark = pytest.mark.slow
 
 
-def _fill(directory: Path) -> Path:
-    """Fill the filesystem of *directory* to the last byte."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (1 << 16, 1 << 10, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * size)
-    finally:
-        os.close(fd)
-    return filler
+class _Filler:
+    """The filesystem of a directory filled to the last byte and the last inode: a spawn's
+    loadout is a memfd now, but its scratch directory and log still need room."""
+
+    def __init__(self, directory: Path) -> None:
+        self.root = directory / "filler"
+        self.root.mkdir()
+        fd = os.open(self.root / "bytes", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for size in (1 << 16, 1 << 10, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(fd, b"\0" * size)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            for n in range(1 << 20):
+                (self.root / f"i{n}").touch()
+
+    def unlink(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _fill(directory: Path) -> _Filler:
+    return _Filler(directory)
 
 
 @pytest.fixture
 def tmpfs_fleet(tmp_path: Path) -> Iterator[Fleet]:
     home = Path(tempfile.mkdtemp(prefix="flf-full-", dir="/tmp"))
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(home)], check=True
+        ["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=4096,mode=0700", "tmpfs", str(home)],
+        check=True,
     )
     env = {**os.environ, **GIT_ENV, "FLEET_HOME": str(home), "FLEET_SESSION": "t"}
     env.pop("FLEET_MODEL", None)
@@ -56,7 +71,7 @@ def tmpfs_fleet(tmp_path: Path) -> Iterator[Fleet]:
     try:
         yield fleet
     finally:
-        (home / "filler").unlink(missing_ok=True)
+        shutil.rmtree(home / "filler", ignore_errors=True)
         fleet.run("serve", "--stop", timeout=90)
         deadline = time.monotonic() + 15
         while fleet_processes(home) and time.monotonic() < deadline:

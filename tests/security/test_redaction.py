@@ -9,6 +9,8 @@ registry snapshot — sandboxed or not — and the fleet keeps serving an honest
 """
 
 import json
+import os
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -54,13 +56,74 @@ LEAK = textwrap.dedent(
 )
 
 
+_TOKEN_IN_JSON = re.compile(rb'"token":\s*"([0-9a-f]{64})"')
+
+
+def _processes_of(fleet, key: str) -> list[Path]:
+    """*key*'s processes under this session's supervisor: its launched process (from the
+    registry snapshot) and whatever carries its run marker with that supervisor's pid."""
+    try:
+        snapshot = json.loads((session_root(fleet) / "registry.json").read_text())
+    except (OSError, ValueError):
+        return []
+    pids = {c["pid"] for c in snapshot["children"] if c["key"] == key and c["pid"]}
+    marker = f"/{key}/{snapshot['pid']}".encode()
+    found = [Path(f"/proc/{pid}") for pid in pids]
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(b"FLEET_RUN=") and e.endswith(marker) for e in environ):
+            found.append(proc)
+    return found
+
+
+def _token_in_memory(proc: Path) -> str | None:
+    """The loadout's token, from the bytes the child read its loadout into (root reads any
+    process's memory): how an attacker with the sibling's privileges would find it."""
+    try:
+        maps = (proc / "maps").read_text().splitlines()
+        with (proc / "mem").open("rb", buffering=0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                if not perms.startswith("rw"):
+                    continue
+                start, end = (int(x, 16) for x in span.split("-"))
+                if end - start > 1 << 28:
+                    continue
+                try:
+                    mem.seek(start)
+                    found = _TOKEN_IN_JSON.search(mem.read(end - start))
+                except OSError:
+                    continue
+                if found:
+                    return found.group(1).decode()
+    except OSError:
+        return None
+    return None
+
+
 def _sibling_token(fleet, key: str) -> str:
-    """The sibling's token, as a hostile child that read its loadout would have it."""
-    path = session_root(fleet) / "loadouts" / f"{key}.json"
+    """The sibling's token, as a hostile child that got hold of it would have it.
+
+    A sandboxed child's loadout memfd stays open in its bwrap process; an unsandboxed (forked)
+    child closes it once read, so the token is taken from the child's memory instead.
+    """
     deadline = time.monotonic() + 10
-    while not path.exists() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        for proc in _processes_of(fleet, key):
+            for fd in (proc / "fd").iterdir():
+                try:
+                    if os.readlink(fd).startswith("/memfd:"):
+                        return str(json.loads(fd.read_text())["token"])
+                except (OSError, ValueError, KeyError):
+                    continue
+            token = _token_in_memory(proc)
+            if token is not None:
+                return token
         time.sleep(0.05)
-    return str(json.loads(path.read_text())["token"])
+    raise AssertionError(f"no process of {key} holds its loadout")
 
 
 def _files_under(root: Path) -> dict[str, str]:

@@ -81,8 +81,12 @@ async def _hostile_run(
             tmux_socket = session / "tmux.sock"
             _start_tmux(tmux_socket)
             try:
+                # A process child's loadout is a sealed memfd, never a file; a pane child's is a
+                # file here until its hello. Plant one holding the honest child's real token.
                 victim = session / "loadouts" / f"{first.key}.json"
-                assert victim.exists()
+                victim.parent.mkdir(mode=0o700, exist_ok=True)
+                victim.write_text(json.dumps({"token": sup.runs[first.key].token}))
+                victim.chmod(0o600)
                 pid = os.getpid()
                 ops = [
                     f"read:{victim}",
@@ -169,8 +173,11 @@ def _check_contained(world: World, got: dict[str, str], extra: dict[str, Any]) -
     listed_session = got[f"list:{session}"]
     assert listed_session.startswith("ok:"), listed_session
     assert set(filter(None, listed_session[3:].split(","))) <= own, listed_session
+    # A process child inherits its loadout, so nothing of loadouts/ is bound back at all.
     listed_loadouts = got[f"list:{session / 'loadouts'}"]
-    assert set(filter(None, listed_loadouts[3:].split(","))) <= {f"{key}.json"}, listed_loadouts
+    assert _failed(listed_loadouts) or set(filter(None, listed_loadouts[3:].split(","))) <= {
+        f"{key}.json"
+    }, listed_loadouts
     assert set(filter(None, got[f"list:{session / 'scratch'}"][3:].split(","))) <= {key}
     assert set(filter(None, got[f"list:{world.home}"][3:].split(","))) <= {"sessions"}
     # tmux: neither the socket nor the client reaches the host's server.
