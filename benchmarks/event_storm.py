@@ -85,6 +85,7 @@ async def storm(
         session=f"storm{size}-{time.monotonic_ns()}",
         workspace=repo,
         sandbox="off",
+        allow_unsandboxed=True,
         lane=size,
         max_subagents=16,
     )

@@ -145,6 +145,7 @@ async def bench(children: int, peeks: int) -> dict[str, Any]:
             session="memory",
             workspace=base / "repo",
             sandbox="off",
+            allow_unsandboxed=True,
             lane=8,
             max_subagents=16,
         )

@@ -24,11 +24,18 @@ server's own accounting — and this process); Popen→hello (launch→hello for
 start-up floors of the interpreter, of ``import trio`` and of the child's import set before its
 hello, which a forked child does not pay.
 
-Children run unsandboxed (``sandbox="off"``), so they are forks of the fork server and both
-sides do the same work; ``--sandboxed`` times spawn→hello under bubblewrap too (a sandboxed
-child is a fresh interpreter). Bytecode caches of our packages are refreshed first
-(``compileall``): with ``PYTHONDONTWRITEBYTECODE`` set and a stale cache, every child would
-recompile. Run::
+Children run unsandboxed (``sandbox="off"``, ``allow_unsandboxed``), so they are forks of the
+fork server and both sides do the same work. ``--sandboxed`` adds the default path, every child
+under bubblewrap (a sandboxed child is a fresh interpreter), against the same bwrap command:
+
+* ``sandboxed_wall_ratio``: the same 32 children sandboxed, divided by the 32 plain processes
+  each run under the very bwrap command line the supervisor used for a child (its recorded
+  argv, the child command swapped for the plain script);
+* ``sandboxed_spawn_ratio``: sandboxed spawn→hello p50 divided by the p50 of that bwrap
+  command running ``python -c pass``, timed interleaved with it.
+
+Bytecode caches of our packages are refreshed first (``compileall``): with
+``PYTHONDONTWRITEBYTECODE`` set and a stale cache, every child would recompile. Run::
 
     .venv/bin/python benchmarks/fleet_overhead.py                  # 3 repetitions, medians
     .venv/bin/python benchmarks/fleet_overhead.py --reps 5 --spawns 40 --sandboxed
@@ -69,6 +76,9 @@ TARGET_SPAWN = 10
 CEILING = 900.0
 SPAWN_CEILING = 60.0
 PACKAGES = ("ipc", "child", "orchestrator", "sandbox")
+BWRAP_FLOOR = "bwrap <same flags> python -c pass"
+TARGET_SANDBOXED_WALL = 1.25
+TARGET_SANDBOXED_SPAWN = 3
 
 # The baseline process: read the same 20 files and print a report like the child's.
 PLAIN_SCRIPT = """
@@ -198,6 +208,7 @@ def bench_config(base: Path, repo: Path, session: str, *, sandbox: str = "off") 
         session=session,
         workspace=repo,
         sandbox=sandbox,
+        allow_unsandboxed=sandbox == "off",
         lane=LANE,
         max_subagents=16,
     )
@@ -240,10 +251,18 @@ async def warm_supervisor(sup: Supervisor) -> float:
 
 
 async def run_fleet(
-    base: Path, repo: Path, scripts: Sequence[Path], session: str, startups: list[float]
+    base: Path,
+    repo: Path,
+    scripts: Sequence[Path],
+    session: str,
+    startups: list[float],
+    *,
+    sandbox: str = "off",
+    argvs: dict[str, tuple[str, ...]] | None = None,
 ) -> Cost:
     """On a running supervisor: spawn every child, wait for every report, stop them all
-    (every child reaped); check every handoff. The cost runs from the spawn call."""
+    (every child reaped); check every handoff. The cost runs from the spawn call. *argvs*
+    collects each child's launch argv."""
     handoffs: list[dict[str, Any]] = []
 
     async def fleet(sup: Supervisor) -> None:
@@ -252,11 +271,15 @@ async def run_fleet(
         await sup.wait(keys, every=True)
         handoffs.extend(await sup.stop(keys))
 
-    async with open_supervisor(bench_config(base, repo, session)) as sup:
+    async with open_supervisor(bench_config(base, repo, session, sandbox=sandbox)) as sup:
         widen(sup, len(scripts))
         startups.append(await warm_supervisor(sup))
+        launcher = TimedLauncher(forks=sup.fork_server)
+        sup.launchers["process"] = launcher
         forks = None if sup.fork_server is None else psutil.Process(sup.fork_server.pid)
         cost = await measure(lambda: fleet(sup), forks)
+    if argvs is not None:
+        argvs.update(launcher.argvs)
     for index, handoff in enumerate(handoffs):
         if handoff["state"] != "stopped" or not reported(index, handoff["last"]):
             raise RuntimeError(f"fleet child {index} did not finish its work: {handoff}")
@@ -293,12 +316,23 @@ class TimedLauncher(ProcessLauncher):
     """The product's launcher, noting when each launch (``Popen`` or fork) began."""
 
     started: dict[str, float] = attrs.Factory(dict)
+    argvs: dict[str, tuple[str, ...]] = attrs.Factory(dict)
 
     async def launch(
         self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
     ) -> LaunchedProcess:
         self.started[spec.key] = time.perf_counter()
+        self.argvs[spec.key] = spec.argv
         return await super().launch(spec, sink, nursery)
+
+
+def sandbox_prefix(argv: Sequence[str]) -> list[str]:
+    """The recorded argv of a sandboxed child up to its interpreter: the bwrap command line
+    (with its seccomp shell) the supervisor placed it in."""
+    for index in range(len(argv) - 3, 0, -1):
+        if tuple(argv[index : index + 3]) == ("-I", "-m", "child"):
+            return list(argv[: index - 1])
+    raise RuntimeError(f"no child command in the sandboxed argv {argv!r}")
 
 
 async def process_ms(argv: Sequence[str]) -> float:
@@ -357,11 +391,47 @@ async def time_spawns(base: Path, repo: Path, script: Path, count: int, sandbox:
             hello = time.perf_counter()
             spawn_ms.append((hello - started) * 1000)
             popen_ms.append((hello - launcher.started[record.key]) * 1000)
+            if sandbox != "off":
+                floor = [*sandbox_prefix(launcher.argvs[record.key]), sys.executable, "-c", "pass"]
+                floors_ms.setdefault(BWRAP_FLOOR, []).append(await process_ms(floor))
             await sup.wait([record.key])
             [handoff] = await sup.stop([record.key])
             if handoff["state"] != "stopped" or handoff["error"]:
                 raise RuntimeError(f"spawn benchmark child failed: {handoff}")
     return Spawns(spawn_ms=spawn_ms, popen_ms=popen_ms, floors_ms=floors_ms)
+
+
+async def sandboxed_fleets(
+    base: Path, repo: Path, scripts: Sequence[Path], plain: Sequence[Sequence[str]], reps: int
+) -> tuple[list[Cost], list[Cost]]:
+    """The 32 children sandboxed (the default path) against the plain processes under the
+    same bwrap command line, taken from a warm-up fleet's recorded argv; alternated."""
+    argvs: dict[str, tuple[str, ...]] = {}
+    await run_fleet(base, repo, scripts[:LANE], "boxed-warmup", [], sandbox="auto", argvs=argvs)
+    prefix = sandbox_prefix(next(iter(argvs.values())))
+    boxed_plain = [[*prefix, *argv] for argv in plain]
+    fleets: list[Cost] = []
+    bare: list[Cost] = []
+    for rep in range(reps):
+
+        async def fleet(rep: int = rep) -> Cost:
+            return await run_fleet(base, repo, scripts, f"boxed{rep}", [], sandbox="auto")
+
+        async def processes() -> Cost:
+            return await measure(lambda: run_processes(boxed_plain, repo, at_once=LANE))
+
+        if rep % 2:
+            bare.append(await processes())
+            fleets.append(await fleet())
+        else:
+            fleets.append(await fleet())
+            bare.append(await processes())
+        print(
+            f"sandboxed rep {rep + 1}/{reps}: fleet {fleets[-1].wall:.3f} s, "
+            f"plain under bwrap {bare[-1].wall:.3f} s",
+            flush=True,
+        )
+    return fleets, bare
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -431,6 +501,9 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
                 + ", ".join(f"{n} {costs[n][-1].wall:.3f} s" for n in runs),
                 flush=True,
             )
+        boxed_costs = (
+            await sandboxed_fleets(base, repo, scripts, plain, reps) if sandboxed else None
+        )
         timed = await time_spawns(base, repo, scripts[0], spawns, "off")
         boxed = await time_spawns(base, repo, scripts[0], spawns, "auto") if sandboxed else None
 
@@ -453,8 +526,25 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
     print(f"Popen->hello ms: {latency(timed.popen_ms)}")
     for name, values in timed.floors_ms.items():
         print(f"floor {name} ms: {latency(values)}")
-    if boxed is not None:
+    extra: dict[str, Any] = {}
+    if boxed is not None and boxed_costs is not None:
+        fleets, bare = boxed_costs
+        ratios = [f.wall / p.wall for f, p in zip(fleets, bare, strict=True)]
+        print(f"sandboxed fleet  wall s {spread([c.wall for c in fleets])}")
+        print(f"plain under bwrap wall s {spread([c.wall for c in bare])}")
+        print(f"wall ratio, sandboxed fleet / plain under the same bwrap: {spread(ratios)}")
         print(f"sandboxed (bwrap) spawn->hello ms: {latency(boxed.spawn_ms)}")
+        print(f"floor {BWRAP_FLOOR} ms: {latency(boxed.floors_ms[BWRAP_FLOOR])}")
+        boxed_p50 = percentile(boxed.spawn_ms, 0.5)
+        bwrap_p50 = percentile(boxed.floors_ms[BWRAP_FLOOR], 0.5)
+        extra = {
+            "sandboxed_wall_ratio": round(statistics.median(ratios), 3),
+            "sandboxed_spawn_hello_p50_ms": round(boxed_p50, 1),
+            "bwrap_floor_p50_ms": round(bwrap_p50, 1),
+            "sandboxed_spawn_ratio": round(boxed_p50 / bwrap_p50, 2),
+            "target_sandboxed_wall": TARGET_SANDBOXED_WALL,
+            "target_sandboxed_spawn": TARGET_SANDBOXED_SPAWN,
+        }
 
     spawn_p50 = percentile(timed.spawn_ms, 0.5)
     floor_p50 = percentile(timed.floors_ms["python -c pass"], 0.5)
@@ -466,6 +556,7 @@ async def bench(reps: int, spawns: int, sandboxed: bool) -> dict[str, Any]:
         "spawn_ratio": round(spawn_p50 / floor_p50, 2),
         "target_wall": TARGET_WALL,
         "target_spawn": TARGET_SPAWN,
+        **extra,
     }
 
 

@@ -1,5 +1,6 @@
 """Fixtures for end-to-end tests: a real git repo, a private FLEET_HOME, the real CLI."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,19 +83,19 @@ class Fleet:
         return f"scripted:{path}"
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    home = Path(tempfile.mkdtemp(prefix="flh-", dir="/tmp"))
+@contextlib.contextmanager
+def running_fleet(
+    tmp_path: Path, *, prefix: str = "flh-", session: str = "t", env: dict[str, str] | None = None
+) -> Iterator[Fleet]:
+    """A real CLI fleet on a private ``FLEET_HOME`` under /tmp (short socket paths); on exit
+    its supervisor is stopped and no process of it may survive."""
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     scripts = tmp_path / "scripts"
     scripts.mkdir()
-    env = {
-        **os.environ,
-        **GIT_ENV,
-        "FLEET_HOME": str(home),
-        "FLEET_SESSION": "t",
-    }
-    env.pop("FLEET_MODEL", None)
-    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=env)
+    full = {**os.environ, **GIT_ENV, "FLEET_HOME": str(home), "FLEET_SESSION": session}
+    full.pop("FLEET_MODEL", None)
+    full.update(env or {})
+    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=full)
     try:
         yield fleet
     finally:
@@ -107,3 +108,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
             process.kill()
         shutil.rmtree(home, ignore_errors=True)
         assert not leftovers, f"fleet processes survived the test: {leftovers}"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    with running_fleet(tmp_path) as fleet:
+        yield fleet

@@ -2,19 +2,15 @@
 hostile ``command`` children whose Python payload the test writes."""
 
 import json
-import os
 import shlex
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import GIT_ENV, Fleet, fleet_processes, make_repo
+from tests.e2e.conftest import Fleet, running_fleet
 
 SESSION = "t"
 
@@ -22,28 +18,12 @@ SESSION = "t"
 @pytest.fixture(params=["sandboxed", "unsandboxed"])
 def hostile_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
     """A fleet whose hostile children run sandboxed or, the second time, unsandboxed."""
-    home = Path(tempfile.mkdtemp(prefix="fls-", dir="/tmp"))
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    env = {**os.environ, **GIT_ENV, "FLEET_HOME": str(home), "FLEET_SESSION": SESSION}
-    env.pop("FLEET_MODEL", None)
-    env["FLEET_REJECT_LOG"] = "1"
+    env = {"FLEET_REJECT_LOG": "1"}
     if request.param == "unsandboxed":
         env["FLEET_SANDBOX"] = "off"
         env["FLEET_ALLOW_UNSANDBOXED"] = "1"
-    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=env)
-    try:
+    with running_fleet(tmp_path, prefix="fls-", session=SESSION, env=env) as fleet:
         yield fleet
-    finally:
-        fleet.run("serve", "--stop", timeout=90)
-        deadline = time.monotonic() + 15
-        while fleet_processes(home) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        leftovers = fleet_processes(home)
-        for process in leftovers:
-            process.kill()
-        shutil.rmtree(home, ignore_errors=True)
-        assert not leftovers, f"fleet processes survived the test: {leftovers}"
 
 
 def session_root(fleet: Fleet) -> Path:

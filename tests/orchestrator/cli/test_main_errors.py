@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli import _main
+from orchestrator.cli import _drive, _main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -78,7 +78,7 @@ def _handoff(**fields: Any) -> dict[str, Any]:
     ids=["clean", "old-turn-error", "failed", "conflicts", "copy-back-failed"],
 )
 def test_stop_exits_1_when_a_handoff_did_not_resolve(monkeypatch, capsys, handoff, code):
-    monkeypatch.setattr(_main, "call", lambda *_: {"handoffs": [handoff]})
+    monkeypatch.setattr(_drive, "call", lambda *_: {"handoffs": [handoff]})
     got, out, _err = _run(capsys, "stop", "a1", "--json")
     assert got == code
     assert json.loads(out)["handoffs"] == [handoff]
