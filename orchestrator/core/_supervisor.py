@@ -59,7 +59,6 @@ class Supervisor:
     registry: Registry = attrs.Factory(Registry)
     runs: dict[str, ChildRun] = attrs.Factory(dict)
     notes: Notes = attrs.Factory(Notes)
-    locks: LockTable = attrs.Factory(LockTable)
     questions: dict[str, Question] = attrs.Factory(dict)
     mode: str = "build"
     warnings: list[str] = attrs.Factory(list)
@@ -99,7 +98,7 @@ class Supervisor:
         self.services = Services(
             fleet=self,
             config=self.config,
-            locks=self.locks,
+            locks=LockTable(),
             paper=self.paper,
             questions=self.questions,
             rejects=self.rejects,
@@ -116,6 +115,15 @@ class Supervisor:
                 nursery=self.nursery,
                 log_path=self.config.paths.root / "fork-server.log",
             )
+
+    @property
+    def locks(self) -> LockTable:
+        """The ownership lock table: one, held by the services that take locks for runs."""
+        return self.services.locks
+
+    @locks.setter
+    def locks(self, table: LockTable) -> None:
+        self.services.locks = table
 
     @property
     def paths(self) -> Any:

@@ -72,7 +72,7 @@ async def test_a_dropped_connection_fails_the_child_and_releases_its_locks_once(
     config = faults.rogue_config()
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
-            sup.locks = sup.services.locks = locks  # the services hold the table they were given
+            sup.locks = locks
             [record] = await sup.spawn([SpawnRequest(task="t", agent="rw", name="rogue-drop")])
             # The drop follows the grant at once: the lock may already be given back.
             await faults.until(

@@ -461,7 +461,7 @@ async def test_locks_are_released_exactly_once_however_a_writer_ends(env: Env) -
     locks = CountingLocks()
     with trio.fail_after(CEILING):
         async with open_supervisor(env.config(max_subagents=4)) as sup:
-            sup.locks = sup.services.locks = locks
+            sup.locks = locks
             records = await sup.spawn(
                 [SpawnRequest(task=f"out/{n}/f.txt", agent=f"w{n}", name=n) for n in ends]
             )
