@@ -15,10 +15,14 @@ to the plain calls. A call from another architecture than the one the filter was
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
 import functools
 import os
 import platform
+import shutil
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -105,6 +109,32 @@ def nosuid_filter(machine: str | None = None) -> bytes:
     return b"".join([*head, *body, _insn(_RET_K, _RET_ALLOW)])
 
 
+_PREFIX = "fleet-seccomp-"
+
+
+def _sweep_orphans() -> None:
+    """Remove filter directories left by processes of ours that died without running atexit.
+
+    A directory is named ``fleet-seccomp-<pid>-<random>``; one whose pid is gone and which this
+    user owns is removed. Anything else (another user's, a live process's, a foreign name) stays.
+    """
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            pid_text, _, rest = entry.name.removeprefix(_PREFIX).partition("-")
+            if not entry.name.startswith(_PREFIX) or not pid_text.isdigit() or not rest:
+                continue
+            try:
+                info = entry.lstat()
+                if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
+                    continue
+                os.kill(int(pid_text), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry, ignore_errors=True)
+            except OSError:
+                continue
+
+
 @functools.cache
 def filter_file() -> Path | None:
     """This process's copy of :func:`nosuid_filter` in a private directory, or ``None``.
@@ -117,7 +147,9 @@ def filter_file() -> Path | None:
         program = nosuid_filter()
     except KeyError:
         return None
-    directory = Path(tempfile.mkdtemp(prefix="fleet-seccomp-"))
+    _sweep_orphans()
+    directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     path = directory / "nosuid.bpf"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     try:
