@@ -1,31 +1,60 @@
 # Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+#
+# Each set-up step leaves a stamp under .make/, so the next run skips what is done; a step reruns
+# when its script or pyproject.toml changes, or when what it made is gone. One line per step.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+STAMPS := .make
+# pip's own output goes to a log, shown only when it fails.
+EXTRAS := '.[test,dev]'
+PIP_LOG := $(STAMPS)/pip.log
+pip = $(BIN)/python -m pip --disable-pip-version-check --no-input install -q $(1) >$(PIP_LOG) 2>&1 \
+	|| { tail -n 20 $(PIP_LOG); echo "pip install $(1) failed; the whole log is $(PIP_LOG)"; exit 1; }
 
-.PHONY: demo test test-fast lint setup clean
+.PHONY: demo test test-fast lint setup setup-test clean FORCE
+FORCE:
 
-$(BIN)/fleet: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,dev]'
-	touch $(BIN)/fleet
+# Redo a step whose product is missing, whatever its stamp says.
+redo-unless = $(if $(wildcard $(1)),,FORCE)
 
-setup: $(BIN)/fleet
+$(STAMPS)/system: scripts/system-packages
+	@scripts/system-packages
+	@mkdir -p $(STAMPS) && touch $@
+
+$(STAMPS)/clis: scripts/install-agent-clis $(STAMPS)/system $(call redo-unless,.npm-prefix/bin/codex)
+	@scripts/install-agent-clis
+	@touch $@
+
+$(STAMPS)/venv: pyproject.toml $(call redo-unless,$(BIN)/fleet)
+	@echo "venv: $(VENV) with fleet and its runtime dependencies"
+	@mkdir -p $(STAMPS)
+	@$(PYTHON) -m venv $(VENV)
+	@$(call pip,-e .)
+	@touch $@
+
+$(STAMPS)/venv-test: $(STAMPS)/venv $(call redo-unless,$(BIN)/pytest)
+	@echo "venv: $(VENV) with the test and dev extras (pytest, ruff, mypy)"
+	@$(call pip,-e $(EXTRAS))
+	@touch $@
+
+setup: $(STAMPS)/venv
+
+setup-test: $(STAMPS)/system $(STAMPS)/clis $(STAMPS)/venv-test
 
 demo: setup
-	$(BIN)/fleet demo
+	@$(BIN)/fleet demo
 
-test: setup
+test: setup-test
 	$(BIN)/python -m pytest -q
 
-test-fast: setup
+test-fast: setup-test
 	$(BIN)/python -m pytest -q -m 'not slow'
 
-lint: setup
+lint: $(STAMPS)/venv-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache
