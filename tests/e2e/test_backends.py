@@ -8,7 +8,6 @@ that has nothing but loopback, so nothing may need a request that leaves this ma
 """
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 import trio
 
-import sandbox
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
@@ -28,7 +26,8 @@ from tests.e2e.conftest import make_repo
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
 
-pytestmark = pytest.mark.slow
+# Every child runs sandboxed (the default), the CLIs from .npm-prefix/bin.
+pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
 
 CHILD = "c1"
 #: backend id → (fleet backend, binary variable, the binary)
@@ -38,7 +37,11 @@ CLIS = {
     "claude": ("claude", "FLEET_CLAUDE_BIN", "claude"),
     "codex": ("codex", "FLEET_CODEX_BIN", "codex"),
 }
-MODEL_BACKENDS = [*CLIS, "openai"]
+#: each backend as a parameter that needs its CLI
+MODEL_BACKENDS = [
+    *(pytest.param(kind, marks=pytest.mark.needs(binary)) for kind, (*_, binary) in CLIS.items()),
+    "openai",
+]
 
 
 def read_call(kind: str, repo: Path) -> dict[str, Any]:
@@ -248,17 +251,7 @@ async def test_a_missing_cli_fails_with_one_line(kind, repo, home, monkeypatch):
     assert "\n" not in note["error"]
 
 
-def _can_unshare() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
-        return False
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(
-    not _can_unshare() and not os.environ.get("CI"),
-    reason="needs root, unshare and ip (CI has them: there this test never skips)",
-)
+@pytest.mark.needs("netns", "pi-next")
 def test_a_pi_scout_works_with_nothing_but_loopback(tmp_path):
     """The scout test, run again in a network namespace where only loopback exists."""
     test = f"{Path(__file__)}::test_a_scout_reads_and_only_its_report_reaches_the_parent[pi-next]"
@@ -296,12 +289,11 @@ async def test_a_side_question_to_an_idle_child_is_answered_in_its_context(
     assert "find it" in str(calls[-1].body)
 
 
-@pytest.mark.skipif(not sandbox.probe().available, reason="no working sandbox here")
-@pytest.mark.parametrize("kind", ["openai", "pi-next"])
+@pytest.mark.parametrize(
+    "kind", ["openai", pytest.param("pi-next", marks=pytest.mark.needs("pi-next"))]
+)
 async def test_a_sandboxed_scout_still_reaches_its_model(kind, repo, home, monkeypatch):
     # The sandbox keeps the filesystem read-only but must not cut a child off from its model.
-    if kind not in MODEL_BACKENDS:
-        pytest.skip(f"{kind} is not a backend here")
     use_cli(monkeypatch, kind)
     async with ModelServer() as srv:
         srv.script(CHILD, [read_call(kind, repo), {"text": "## Summary\nsandboxed"}])

@@ -7,13 +7,9 @@ import time
 
 import pytest
 
-import sandbox
-
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not sandbox.probe().available, reason=f"no working sandbox: {sandbox.probe().reason}"
-    ),
+    pytest.mark.needs("sandbox"),
 ]
 
 

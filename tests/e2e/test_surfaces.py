@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.needs("tmux"),
 ]
 
 WORK = """

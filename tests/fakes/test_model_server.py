@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fakes._agent_clis import (
-    NPM_BIN,
     claude_command,
     codex_command,
     open_cli,
@@ -485,9 +484,6 @@ def test_a_string_is_not_a_script():
 
 # --- the real CLIs, fully offline ---------------------------------------------------------------
 
-needs_clis = pytest.mark.skipif(
-    not NPM_BIN.is_dir(), reason=f"{NPM_BIN} is missing: run .ci/install-agent-clis"
-)
 NOTES = "the secret is 4217\n"
 FINAL = "The secret is 4217."
 # Distinct usage per turn so the CLIs' usage sums are observable.
@@ -514,8 +510,13 @@ def assert_served_two_turns(srv: ModelServer, child: str, api: str) -> None:
 
 
 @pytest.mark.slow
-@needs_clis
-@pytest.mark.parametrize(("binary", "settled"), [("pi", "agent_end"), ("pi-next", "agent_settled")])
+@pytest.mark.parametrize(
+    ("binary", "settled"),
+    [
+        pytest.param("pi", "agent_end", marks=pytest.mark.needs("pi")),
+        pytest.param("pi-next", "agent_settled", marks=pytest.mark.needs("pi-next")),
+    ],
+)
 async def test_pi_rpc_reads_a_file_with_its_read_tool_then_answers(
     tmp_path, workspace, binary, settled
 ):
@@ -552,7 +553,7 @@ async def test_pi_rpc_reads_a_file_with_its_read_tool_then_answers(
 
 
 @pytest.mark.slow
-@needs_clis
+@pytest.mark.needs("claude")
 @pytest.mark.parametrize("bare", [False, True], ids=["full", "bare"])
 async def test_claude_stream_json_reads_a_file_with_read_then_answers(tmp_path, workspace, bare):
     async with ModelServer() as srv:
@@ -583,7 +584,7 @@ async def test_claude_stream_json_reads_a_file_with_read_then_answers(tmp_path, 
 
 
 @pytest.mark.slow
-@needs_clis
+@pytest.mark.needs("codex")
 async def test_codex_exec_runs_exec_command_then_answers(tmp_path, workspace):
     async with ModelServer() as srv:
         call = {"name": "exec_command", "arguments": {"cmd": "cat notes.txt"}}

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from sandbox import SandboxSpec, probe, wrap
+from tests._needs import missing
 
 if TYPE_CHECKING:
     import subprocess
@@ -65,7 +66,7 @@ def bwrap_works() -> None:
         # bwrap works here but our flags let the child out: a regression, not an environment.
         pytest.fail(f"the sandbox failed its own probe: {result.reason}")
     if result.launcher != "bwrap" or not result.available:
-        pytest.skip(f"bubblewrap sandbox unavailable here: {result.reason}")
+        pytest.fail(missing("sandbox") or f"needs sandbox: {result.reason}", pytrace=False)
 
 
 @pytest.fixture

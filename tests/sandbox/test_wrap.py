@@ -13,7 +13,7 @@ from sandbox import Policy, ProbeResult, SandboxError, SandboxSpec, wrap
 from sandbox._seccomp import nosuid_filter
 
 BWRAP = shutil.which("bwrap")
-needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bwrap is not on PATH")
+needs_bwrap = pytest.mark.needs("bwrap")
 WORKS = ProbeResult(available=True, launcher="bwrap", reason="", version="0.8.0")
 BROKEN = ProbeResult(
     available=False,

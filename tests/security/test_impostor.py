@@ -11,7 +11,6 @@ refused and counted, the pane's child connects, and the file is gone once it has
 """
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -101,7 +100,7 @@ turns:
 """
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.needs("tmux")
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 async def test_a_pane_hello_from_outside_the_pane_is_refused(world: World, sandboxed: bool) -> None:
     # The impostor polls for the file every half millisecond; the pane's child needs a tenth

@@ -18,7 +18,7 @@ from tests.child.backends._cli import (
 )
 from tests.fakes.model_server import ModelServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("codex")]
 
 
 def exec_call(cmd):

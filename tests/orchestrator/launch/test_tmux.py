@@ -18,7 +18,7 @@ from orchestrator._errors import UsageError
 from orchestrator.launch._launcher import LaunchSpec
 from orchestrator.launch._tmux import TmuxLauncher, TmuxPane, window_name
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = pytest.mark.needs("tmux")
 
 UP = "import time; print('pane up', flush=True); time.sleep(60)"
 
