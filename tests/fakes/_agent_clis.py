@@ -2,7 +2,7 @@
 
 Each ``*_command`` writes the CLI's private state (config, HOME, TMPDIR) under `state_dir` and
 returns the argv, environment and cwd that make it talk only to `base_url`. The flags and
-variables are the ones verified against the pinned versions in ``.ci/install-agent-clis``
+variables are the ones verified against the pinned versions in ``scripts/install-agent-clis``
 (details and traps: ``docs/testing.md``). The environment is built from scratch, not copied from
 ours, so no proxy variable, API key or user config leaks into a test.
 """
