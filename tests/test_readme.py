@@ -1,6 +1,7 @@
 """The README's code blocks, run as written: the shell section top to bottom (scripted models),
 its ``openai:`` line against the loopback model server, and the Python program as pasted."""
 
+import argparse
 import json
 import os
 import re
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli._main import build_parser
 from tests._needs import REPO
 from tests.fakes.model_server import ModelServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.needs("git", "bwrap")]
+#: a real session: supervisor, sandboxed children, the CLI
+needs_session = pytest.mark.needs("git", "sandbox")
 
 README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w+)\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
@@ -71,6 +74,8 @@ def bash(script: str, repo: Path, env: dict[str, str]) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
+@needs_session
 def test_the_shell_section_runs_top_to_bottom(repo, env):
     done = bash(SHELL, repo, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -83,6 +88,8 @@ def test_the_shell_section_runs_top_to_bottom(repo, env):
     assert out.rstrip().splitlines()[-1] == "supervisor stopped"
 
 
+@pytest.mark.slow
+@needs_session
 def test_the_openai_line_reaches_an_openai_compatible_server(repo, env):
     with ModelServer() as srv:
         srv.default_script([{"text": "## Summary\nthe entry point is src/cli/main.py"}])
@@ -95,6 +102,8 @@ def test_the_openai_line_reaches_an_openai_compatible_server(repo, env):
     assert request.body["model"] == "qwen2.5-coder"
 
 
+@pytest.mark.slow
+@needs_session
 def test_the_python_program_runs_as_pasted(repo, env, tmp_path):
     program = tmp_path / "program.py"
     program.write_text(PYTHON)
@@ -110,3 +119,16 @@ def test_the_python_program_runs_as_pasted(repo, env, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Looked for Python files for the task: find the config loader" in done.stdout
     assert "pricing.py" in done.stdout
+
+
+def test_docs_cli_lists_every_model_form_the_parser_takes_and_the_help_says_so():
+    forms = ["scripted:PATH", "openai:MODEL", "openai:MODEL@URL", "anthropic:MODEL"]
+    forms += ["anthropic:MODEL@URL", "a bare name"]
+    cli_doc = (REPO / "docs" / "cli.md").read_text()
+    for form in forms:
+        assert f"| `{form}`" in cli_doc or f"| {form}" in cli_doc, form
+    [verbs] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    spawn = verbs.choices["spawn"]
+    [model] = [a for a in spawn._actions if "--model" in a.option_strings]
+    for form in ("scripted:FILE", "openai:MODEL[@URL]", "anthropic:MODEL[@URL]", "bare name"):
+        assert form in (model.help or ""), form

@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend")
     p.add_argument(
         "--model",
-        help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL, or a CLI backend's model name",
+        help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL[@URL], or a bare name for a CLI "
+        "backend (docs/cli.md)",
     )
     p.add_argument(
         "--command",
