@@ -132,8 +132,15 @@ def made(tmp_path):
 
 def dry_run(directory: Path, target: str = "test") -> list[str]:
     """What `make TARGET` would run, one command per line."""
+    # Not the flags of a `make test` that runs this suite.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
     done = subprocess.run(
-        ["make", "-n", target], cwd=directory, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", target],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.splitlines()
 
