@@ -19,7 +19,7 @@ FORCE:
 redo-unless = $(if $(wildcard $(1)),,FORCE)
 
 $(STAMPS)/system: scripts/system-packages
-	@scripts/system-packages
+	@PYTHON=$(PYTHON) scripts/system-packages
 	@mkdir -p $(STAMPS) && touch $@
 
 $(STAMPS)/clis: scripts/install-agent-clis $(STAMPS)/system $(call redo-unless,.npm-prefix/bin/codex)

@@ -5,6 +5,7 @@ redoes nothing; a step reruns when its input changes or its product is gone)."""
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,10 +42,12 @@ def tool_path(tmp_path: Path, tools: list[str], *, apt: bool) -> Path:
     return bin_dir
 
 
-def system_packages(bin_dir: Path) -> subprocess.CompletedProcess[str]:
+def system_packages(
+    bin_dir: Path, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [BASH, str(SCRIPT)],
-        env={"PATH": str(bin_dir)},
+        env={"PATH": str(bin_dir), "PYTHON": python},
         capture_output=True,
         text=True,
         timeout=30,
@@ -57,7 +60,7 @@ def test_all_present_is_one_line_and_no_apt(tmp_path):
     done = system_packages(bin_dir)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == (
-        "system packages: all present (git tmux bwrap rg fd node npm ip unshare)\n"
+        "system packages: all present (git tmux bwrap rg fd node npm ip unshare venv)\n"
     )
     assert not (tmp_path / "apt.log").exists()
 
@@ -65,12 +68,12 @@ def test_all_present_is_one_line_and_no_apt(tmp_path):
 def test_missing_without_apt_fails_in_one_line_naming_it_and_how(tmp_path):
     bin_dir = tool_path(tmp_path, [t for t in TOOLS if t not in {"tmux", "bwrap"}], apt=False)
     started = time.monotonic()
-    done = system_packages(bin_dir)
+    done = system_packages(bin_dir, python="/bin/false")  # a Python without venv
     assert time.monotonic() - started < 5
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == (
-        "system packages: missing tmux bwrap; install with: your package manager "
-        "(Debian names: tmux bubblewrap)\n"
+        "system packages: missing tmux bwrap venv; install with: your package manager "
+        "(Debian names: tmux bubblewrap python3-venv)\n"
     )
 
 
