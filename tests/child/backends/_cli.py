@@ -52,13 +52,23 @@ _BACKENDS = {
 def make_backend(binary, tmp_path, srv, *, stall=30.0, answers=(), **fields):
     """The backend of the CLI *binary* (``pi-next`` is a Pi) playing *srv*'s script ``"a"``,
     and the host that records what it did; *fields* go into its loadout."""
-    backend_class, loadout = _BACKENDS["pi" if binary.startswith("pi") else binary]
+    return make_backend_at(
+        binary,
+        str(NPM_BIN / binary),
+        tmp_path,
+        srv.base_url("a"),
+        stall=stall,
+        answers=answers,
+        **fields,
+    )
+
+
+def make_backend_at(kind, binary, tmp_path, base_url, *, stall=30.0, answers=(), **fields):
+    """:func:`make_backend` for the CLI at the path *binary*, its model at *base_url*."""
+    backend_class, loadout = _BACKENDS["pi" if kind.startswith("pi") else kind]
     host = Host(answers)
     backend = backend_class(
-        loadout=loadout(tmp_path, srv.base_url("a"), **fields),
-        host=host,
-        binary=str(NPM_BIN / binary),
-        stall=stall,
+        loadout=loadout(tmp_path, base_url, **fields), host=host, binary=binary, stall=stall
     )
     return backend, host
 
