@@ -24,6 +24,7 @@ import sandbox
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
+from tests.child.backends._cli import ESCAPES, offered
 from tests.e2e.conftest import make_repo
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
@@ -119,7 +120,11 @@ async def test_a_scout_reads_and_only_its_report_reaches_the_parent(kind, repo, 
     model_calls = [r for r in requests if r.api is not None]
     assert [r.child for r in requests] == [CHILD] * len(requests)  # every request was ours
     assert len(model_calls) == 2
+    # The real output (Codex's is a shell command's): no nested sandbox failed inside ours.
     assert "The answer is 42." in "".join(model_calls[1].tool_results())
+    assert "bwrap" not in "".join(model_calls[1].tool_results())
+    assert peek["sandboxed"] is True
+    assert not ESCAPES & set(offered(model_calls[0])), offered(model_calls[0])
 
 
 async def test_a_command_child_reports_its_stdout(repo, home):

@@ -22,6 +22,37 @@ from tests.fakes.model_server import ModelServer
 ANTHROPIC_KEY_ENV = "FLEET_TEST_ANTHROPIC_KEY"
 
 
+#: Tool names (in any CLI's spelling) no fleet child may be offered.
+ESCAPES = {
+    "multi_agent_v1",
+    "spawn_agent",
+    "send_input",
+    "wait_agent",
+    "close_agent",
+    "web_search",
+    "request_user_input",
+    "update_plan",
+    "get_goal",
+    "create_goal",
+    "update_goal",
+    "Task",
+    "Agent",
+    "WebFetch",
+    "WebSearch",
+    "TodoWrite",
+    "AskUserQuestion",
+}
+
+
+def offered(request):
+    """The tool names of one model request (chat ``function.name``, else ``name``/``type``)."""
+    names = []
+    for tool in request.body.get("tools") or []:
+        function = tool.get("function")
+        names.append(function["name"] if isinstance(function, dict) else tool.get("name"))
+    return names
+
+
 def _openai_loadout(tmp_path, backend, base_url, fields):
     model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
     return make_loadout(tmp_path, **({"backend": backend, "model": model} | fields))

@@ -5,47 +5,18 @@ goals beside ``ask_parent`` and ``todo``). See docs/backends.md, "Disabled tools
 
 import pytest
 
-from tests.child.backends._cli import ANTHROPIC_KEY_ENV, make_backend, turns
+from tests.child.backends._cli import ANTHROPIC_KEY_ENV, ESCAPES, make_backend, offered, turns
 from tests.fakes.model_server import ModelServer
 
 pytestmark = pytest.mark.slow
 
 SCOUT = ["read", "grep", "find", "ls", "ask_parent"]
 WORKER = ["read", "edit", "write", "grep", "find", "ls", "todo", "discuss", "subagent"]
-#: Tool names (in any CLI's spelling) no fleet child may be offered.
-ESCAPES = {
-    "multi_agent_v1",
-    "spawn_agent",
-    "send_input",
-    "wait_agent",
-    "close_agent",
-    "web_search",
-    "request_user_input",
-    "update_plan",
-    "get_goal",
-    "create_goal",
-    "update_goal",
-    "Task",
-    "Agent",
-    "WebFetch",
-    "WebSearch",
-    "TodoWrite",
-    "AskUserQuestion",
-}
 
 
 @pytest.fixture(autouse=True)
 def api_key(monkeypatch):
     monkeypatch.setenv(ANTHROPIC_KEY_ENV, "sk-ant-scripted")
-
-
-def offered(request) -> list[str]:
-    """The tool names of one model request (chat ``function.name``, else ``name``/``type``)."""
-    names = []
-    for tool in request.body.get("tools") or []:
-        function = tool.get("function")
-        names.append(function["name"] if isinstance(function, dict) else tool.get("name"))
-    return names
 
 
 async def offered_to(binary, tmp_path, tools, **fields):
