@@ -17,6 +17,7 @@ SHELL_CALLS = {
     "codex": lambda cmd: {"name": "exec_command", "arguments": {"cmd": cmd}},
     "claude": lambda cmd: {"name": "Bash", "arguments": {"command": cmd}},
     "pi": lambda cmd: {"name": "bash", "arguments": {"command": cmd}},
+    "pi-next": lambda cmd: {"name": "bash", "arguments": {"command": cmd}},
 }
 
 
@@ -40,7 +41,7 @@ def shell_turn(binary, tmp_path, cmd, *, repo_settings=None, sandboxed=True):
     return result, calls[-1].tool_results() if len(calls) > 1 else []
 
 
-@pytest.mark.parametrize("binary", ["codex", "claude"])
+@pytest.mark.parametrize("binary", ["codex", "claude", "pi", "pi-next"])
 def test_a_shell_command_runs_and_the_model_gets_its_output(binary, tmp_path):
     # A repository asking for Claude Code's own sandbox (and refusing to run without one)
     # cannot nest it in ours; Codex's read-only sandbox would fail every command here.
