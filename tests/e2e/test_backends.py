@@ -318,3 +318,24 @@ async def test_a_sandboxed_scout_still_reaches_its_model(kind, repo, home, monke
     assert note["error"] == ""
     assert note["report"] == "## Summary\nsandboxed"
     assert sandboxed is True
+
+
+async def test_an_unwrapped_codex_child_keeps_its_own_sandbox(repo, home, monkeypatch):
+    # --allow-unsandboxed with a stray FLEET_SANDBOXED=1 in the supervisor's environment: the
+    # launch says "0", so Codex's own read-only sandbox still refuses a scout's write.
+    use_cli(monkeypatch, "codex")
+    monkeypatch.setenv("FLEET_SANDBOXED", "1")
+    write = {"name": "exec_command", "arguments": {"cmd": "echo owned > owned.txt"}}
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"tool_calls": [write]}, {"text": "## Summary\ntried"}])
+        config = Config(
+            home=home, session="t", workspace=repo, sandbox="off", allow_unsandboxed=True
+        )
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([spawn_request("codex", srv.base_url(CHILD), "write")])
+            note = await settle(sup, record.key)
+            peek = sup.peek([record.key])["agents"][0]
+            await sup.stop([record.key])
+    assert peek["sandboxed"] is False
+    assert note["report"] == "## Summary\ntried"
+    assert not (repo / "owned.txt").exists()
