@@ -37,12 +37,12 @@ from child.backends._cli_env import (
     Version,
     binary_for,
     cli_environment,
-    inside_fleet_sandbox,
     probe_version,
     stall_seconds,
 )
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
+from child.backends._nesting import inside_fleet_sandbox
 
 log = logging.getLogger("child")
 

@@ -22,14 +22,10 @@ from typing import Final
 import attrs
 import trio
 
-import ipc
 from child.backends._egress import proxy_environment
 
 log = logging.getLogger("child")
 
-#: Set to "1" by the supervisor's launch exactly when it wrapped the child in its OS sandbox.
-SANDBOXED_ENV: Final = "FLEET_SANDBOXED"
-_POLICIES: Final = frozenset({"read_only", "review", "worker"})
 #: Seconds without any CLI output, while the model is being waited on, before a turn is failed.
 DEFAULT_STALL_SECONDS: Final = 180.0
 STALL_ENV: Final = "FLEET_STALL_TIMEOUT"
@@ -72,16 +68,6 @@ def stall_seconds(environ: Mapping[str, str] = os.environ) -> float:
     except ValueError:
         return DEFAULT_STALL_SECONDS
     return value if 0 < value < float("inf") else DEFAULT_STALL_SECONDS
-
-
-def inside_fleet_sandbox(loadout: ipc.Loadout, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this child runs inside fleet's own sandbox, so a CLI must not nest its own.
-
-    The loadout names the policy the supervisor chose (``sandbox``); the launch says whether
-    it really wrapped the child (``FLEET_SANDBOXED=1``; ``0`` under ``--allow-unsandboxed``),
-    which the loadout, sealed before the launch, cannot. Both must agree: anything else keeps
-    the CLI's own sandbox on."""
-    return loadout.sandbox in _POLICIES and environ.get(SANDBOXED_ENV) == "1"
 
 
 def binary_for(backend: str, default: str, environ: Mapping[str, str] = os.environ) -> str:

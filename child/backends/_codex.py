@@ -36,12 +36,12 @@ from child.backends._cli_env import (
     Version,
     binary_for,
     cli_environment,
-    inside_fleet_sandbox,
     probe_version,
     stall_seconds,
 )
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
+from child.backends._nesting import codex_sandbox_problem, inside_fleet_sandbox
 
 log = logging.getLogger("child")
 
@@ -165,6 +165,19 @@ class CodexBackend(CliBackend):
         self.version = await probe_version(
             "codex", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
         )
+        mode = sandbox_mode(self.loadout)
+        problem = (
+            ""
+            if mode == "danger-full-access"
+            else await codex_sandbox_problem(self.binary, env=env, cwd=self.loadout.workspace)
+        )
+        if problem:
+            raise CliError(
+                f"backend codex: Codex's own sandbox cannot run here ({problem}), so every "
+                "command would fail; run the child in fleet's sandbox (install bubblewrap)",
+                backend="codex",
+                binary=self.binary,
+            )
         cli = self._cli = await CliProcess.start(
             "codex",
             [self.binary, "app-server"],
@@ -180,7 +193,7 @@ class CodexBackend(CliBackend):
             await cli.send({"method": "initialized"})
             params: dict[str, Any] = {
                 "cwd": self.loadout.workspace,
-                "sandbox": sandbox_mode(self.loadout),
+                "sandbox": mode,
                 "approvalPolicy": "never",
             }
             if self.loadout.system_prompt:

@@ -55,12 +55,18 @@ def test_a_shell_command_runs_and_the_model_gets_its_output(binary, tmp_path):
     assert "bwrap" not in output
 
 
-def test_codex_keeps_its_own_sandbox_when_fleet_did_not_wrap_it(tmp_path):
-    # FLEET_SANDBOXED=0 (--allow-unsandboxed): Codex's own read-only sandbox stays on, which
-    # inside our (test-only) wrap is exactly the nesting that cannot work.
-    _result, [output] = shell_turn("codex", tmp_path, "cat notes.txt", sandboxed=False)
-    assert "bwrap: setting up uid map: Operation not permitted" in output
-    assert "the secret is" not in output
+def test_codex_refuses_to_start_when_its_own_sandbox_cannot_run(tmp_path):
+    # FLEET_SANDBOXED=0 (--allow-unsandboxed): Codex keeps its own read-only sandbox, which
+    # inside our (test-only) wrap is the nesting that cannot work. Codex would report nothing
+    # and hand the model "bwrap: setting up uid map" as every command's output: fail at start.
+    result, outputs = shell_turn("codex", tmp_path, "cat notes.txt", sandboxed=False)
+    assert outputs == []  # the model was never asked
+    assert not result["ok"]
+    assert result["error"] == (
+        "backend codex: Codex's own sandbox cannot run here (bwrap: setting up uid map: "
+        "Operation not permitted), so every command would fail; run the child in fleet's "
+        "sandbox (install bubblewrap)"
+    )
 
 
 def test_a_repository_hook_does_not_run_in_a_claude_child(tmp_path):

@@ -5,8 +5,9 @@ import pytest
 
 from child.backends._claude import DISALLOWED_TOOLS, NO_NESTED_SANDBOX, claude_argv
 from child.backends._cli_backend import CliTurn, sandbox_failure
-from child.backends._cli_env import PrivateDirs, inside_fleet_sandbox
+from child.backends._cli_env import PrivateDirs
 from child.backends._codex import codex_config, sandbox_mode
+from child.backends._nesting import inside_fleet_sandbox
 from tests.child.backends._cli import claude_loadout, codex_loadout
 
 
