@@ -41,7 +41,7 @@ from child.backends._cli_env import (
 )
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
-from child.backends._nesting import codex_sandbox_problem, inside_fleet_sandbox
+from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
 
 log = logging.getLogger("child")
 
@@ -166,18 +166,8 @@ class CodexBackend(CliBackend):
             "codex", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
         )
         mode = sandbox_mode(self.loadout)
-        problem = (
-            ""
-            if mode == "danger-full-access"
-            else await codex_sandbox_problem(self.binary, env=env, cwd=self.loadout.workspace)
-        )
-        if problem:
-            raise CliError(
-                f"backend codex: Codex's own sandbox cannot run here ({problem}), so every "
-                "command would fail; run the child in fleet's sandbox (install bubblewrap)",
-                backend="codex",
-                binary=self.binary,
-            )
+        if mode != "danger-full-access":
+            await check_codex_sandbox(self.binary, env=env, cwd=self.loadout.workspace)
         cli = self._cli = await CliProcess.start(
             "codex",
             [self.binary, "app-server"],

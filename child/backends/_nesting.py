@@ -3,7 +3,7 @@
 Codex and Claude Code can sandbox their shell commands with bubblewrap, which cannot nest in
 fleet's (``bwrap: setting up uid map: Operation not permitted``). :func:`inside_fleet_sandbox`
 says when fleet's own sandbox is the fence (the CLI's is then off); outside it, Codex keeps its
-own, and :func:`codex_sandbox_problem` checks that it runs at all before the first turn (when it
+own, and :func:`check_codex_sandbox` checks that it runs at all before the first turn (when it
 cannot, Codex reports nothing: every command would fail and the model would get the bwrap
 line as the command's output). See docs/backends.md, "Nested sandboxes".
 """
@@ -16,6 +16,7 @@ from typing import Final
 import trio
 
 import ipc
+from child.backends._cli_env import CliError
 
 #: Set to "1" by the supervisor's launch exactly when it wrapped the child in its OS sandbox.
 SANDBOXED_ENV: Final = "FLEET_SANDBOXED"
@@ -54,3 +55,15 @@ async def codex_sandbox_problem(binary: str, *, env: Mapping[str, str], cwd: str
         ]
         return (lines[-1] if lines else f"exit {done.returncode}")[:200]
     return f"codex sandbox did not answer in {PROBE_TIMEOUT:.0f} s"
+
+
+async def check_codex_sandbox(binary: str, *, env: Mapping[str, str], cwd: str) -> None:
+    """Refuse, with one line, a Codex whose own sandbox cannot run a command here."""
+    problem = await codex_sandbox_problem(binary, env=env, cwd=cwd)
+    if problem:
+        raise CliError(
+            f"backend codex: Codex's own sandbox cannot run here ({problem}), so every "
+            "command would fail; run the child in fleet's sandbox (install bubblewrap)",
+            backend="codex",
+            binary=binary,
+        )
