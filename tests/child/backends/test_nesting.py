@@ -5,9 +5,9 @@ import pytest
 
 from child.backends._claude import DISALLOWED_TOOLS, NO_NESTED_SANDBOX, claude_argv
 from child.backends._cli_backend import CliTurn, sandbox_failure
-from child.backends._cli_env import PrivateDirs
+from child.backends._cli_env import CliError, PrivateDirs
 from child.backends._codex import codex_config, sandbox_mode
-from child.backends._nesting import inside_fleet_sandbox
+from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
 from tests.child.backends._cli import claude_loadout, codex_loadout
 
 
@@ -85,3 +85,22 @@ def test_a_failed_tool_fails_the_turn_only_when_its_sandbox_could_not_start():
         "pi: bash could not run inside fleet's sandbox: "
         "bwrap: setting up uid map: Operation not permitted"
     )
+
+
+async def test_codex_whose_own_sandbox_fails_is_refused_with_one_line(tmp_path):
+    # A stand-in codex whose `sandbox -- true` fails as a nested bubblewrap does.
+    fake = tmp_path / "codex"
+    fake.write_text(
+        "#!/bin/sh\necho 'WARNING: proceeding' >&2\n"
+        'echo "bwrap: setting up uid map: Operation not permitted" >&2\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    with pytest.raises(CliError) as caught:
+        await check_codex_sandbox("codex", env=env, cwd=str(tmp_path))
+    assert str(caught.value).startswith(
+        "backend codex: Codex's own sandbox cannot run here (bwrap: setting up uid map: "
+        "Operation not permitted), so every command would fail"
+    )
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    await check_codex_sandbox("codex", env=env, cwd=str(tmp_path))  # works: nothing raised
