@@ -14,9 +14,11 @@ Mapping (details: ``docs/backends.md``):
   ``total_cost_usd`` (cumulative for the session).
 
 Tools: the loadout's tools become ``--tools`` (the built-in set that exists at all) and
-``--allowedTools=`` (what runs without a permission prompt); nothing else can run. fleet's own
-tools (``ask_parent``, ``todo``, ``discuss``, ``subagent``) come from our MCP server
-(:mod:`child.backends._mcp`) as ``mcp__fleet__<tool>``.
+``--allowedTools=`` (what runs without a permission prompt); nothing else can run, and
+:data:`DISALLOWED_TOOLS` are denied outright; only the private HOME's settings load, and inside
+fleet's sandbox Claude's own sandbox is off. fleet's own tools (``ask_parent``, ``todo``,
+``discuss``, ``subagent``) come from our MCP server (:mod:`child.backends._mcp`) as
+``mcp__fleet__<tool>``.
 """
 
 import logging
@@ -40,6 +42,7 @@ from child.backends._cli_env import (
 )
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
+from child.backends._nesting import inside_fleet_sandbox
 
 log = logging.getLogger("child")
 
@@ -56,6 +59,20 @@ CLAUDE_TOOLS: Final = {
     "bash": ("Bash",),
 }
 INTERRUPT_GRACE: Final = 10.0
+#: Built-in tools that duplicate or escape a fleet rule, denied even if a version offers them
+#: outside ``--tools``: sub-agents fleet never sees (Task/Agent), the web (a sandboxed child has
+#: no network but its model), Claude's own todo list and questions (fleet's todo, ask_parent).
+DISALLOWED_TOOLS: Final = (
+    "Agent",
+    "Task",
+    "WebFetch",
+    "WebSearch",
+    "TodoWrite",
+    "AskUserQuestion",
+)
+#: Inside fleet's sandbox: Claude's own (bubblewrap) sandbox cannot nest in ours, and ours is
+#: the stronger fence; a flag setting outranks the workspace's ``.claude/settings.json``.
+NO_NESTED_SANDBOX: Final = '{"sandbox": {"enabled": false}}'
 
 
 def claude_tools(tools: list[str]) -> list[str]:
@@ -88,12 +105,19 @@ def claude_argv(
         "--replay-user-messages",  # acknowledges each user line when it is consumed
         "--no-session-persistence",
         "--strict-mcp-config",
+        # Only the private HOME's settings: a repository's .claude/settings.json could add
+        # hooks (shell commands a scout without Bash would run), permissions or a sandbox.
+        "--setting-sources",
+        "user",
         "--permission-mode",
         "acceptEdits" if {"edit", "write"} & set(loadout.tools) else "default",
         # With "=": a bare list would swallow the next argument as another tool name.
         f"--tools={','.join(tools)}",
         f"--allowedTools={','.join(allowed)}",
+        f"--disallowedTools={','.join(DISALLOWED_TOOLS)}",
     ]
+    if inside_fleet_sandbox(loadout):
+        argv += ["--settings", NO_NESTED_SANDBOX]
     if mcp_config is not None:
         argv += ["--mcp-config", str(mcp_config)]
     if loadout.model.kind in {"anthropic", "native"} and loadout.model.name:
@@ -245,6 +269,8 @@ class ClaudeBackend(CliBackend):
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 name = self._tools.pop(str(block.get("tool_use_id", "")), "")
                 outcome = "error" if block.get("is_error") else "ok"
+                if block.get("is_error"):
+                    turn.tool_failed("claude", name, block.get("content"))
                 self.host.emit(ipc.Event(activity="tool_end", tool=name, text=outcome))
         if not self._tools:
             self._watch.arm()

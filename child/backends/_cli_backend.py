@@ -5,7 +5,8 @@
 - :class:`StallWatch`: our own stall watchdog. None of the CLIs reliably times out a model stream
   that stops mid-way, so a backend arms it while it waits on the model and stops the turn when
   no output arrived for ``seconds``.
-- :class:`CliTurn`: how one turn is ending (text, the first error, aborted).
+- :class:`CliTurn`: how one turn is ending (text, the first error, aborted); a tool whose
+  sandbox could not start fails it (:func:`sandbox_failure`).
 - :class:`CliBackend`: the turn skeleton — start the CLI once, then per turn serve the tool
   relay, pump the CLI's records, guard against stalls, and stop the turn on ``abort``. A backend
   supplies ``_start``, ``_pump``, ``_begin`` and ``_stop_turn``.
@@ -15,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -35,6 +37,7 @@ log = logging.getLogger("child")
 
 KILL_GRACE: Final = 2.0
 STDERR_TAIL: Final = 8192
+_SANDBOX_FAILURE: Final = re.compile(r"^\s*(?:bwrap|sandbox-exec): .+$", re.MULTILINE)
 
 
 @attrs.define(eq=False)
@@ -211,6 +214,26 @@ def preview(value: object) -> str:
     return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
 
 
+def output_text(value: object) -> str:
+    """Every string in a tool result (a string, or the lists and dicts a CLI nests it in)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return "\n".join(output_text(v) for v in value.values())
+    if isinstance(value, list):
+        return "\n".join(output_text(v) for v in value)
+    return ""
+
+
+def sandbox_failure(output: object) -> str:
+    """The line of a failed tool's output saying a sandbox could not start in ours, or ``""``.
+
+    Seen when a CLI nests its own sandbox in fleet's (``bwrap: setting up uid map: Operation
+    not permitted``): the command never ran, so a report built on it would be fiction."""
+    match = _SANDBOX_FAILURE.search(output_text(output))
+    return match.group(0).strip()[:200] if match else ""
+
+
 @attrs.define(eq=False)
 class CliTurn:
     """How one turn of a CLI backend is ending; the first failure recorded is the one kept."""
@@ -226,6 +249,12 @@ class CliTurn:
         CLI is quiet before the next turn starts."""
         if not self.error:
             self.error = error
+
+    def tool_failed(self, backend: str, tool: str, output: object) -> None:
+        """A tool call ended in error: the turn fails when the tool could not run at all."""
+        line = sandbox_failure(output)
+        if line:
+            self.fail(f"{backend}: {tool} could not run inside fleet's sandbox: {line}")
 
     def finish(self, *, aborted: bool = False) -> None:
         self.aborted = self.aborted or aborted

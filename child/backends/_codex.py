@@ -41,6 +41,7 @@ from child.backends._cli_env import (
 )
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
+from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
 
 log = logging.getLogger("child")
 
@@ -57,10 +58,10 @@ _TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall",
 def sandbox_mode(loadout: ipc.Loadout) -> str:
     """``read-only`` for scouts and any child that may not write, else ``workspace-write``.
 
-    Inside fleet's own sandbox (``FLEET_SANDBOXED``) Codex's nested bubblewrap cannot map its
-    uids (every command fails), and ours already confines the files and the network, so Codex
-    is told not to sandbox again."""
-    if os.environ.get("FLEET_SANDBOXED") == "1":
+    Inside fleet's own sandbox (:func:`inside_fleet_sandbox`) Codex's nested bubblewrap cannot
+    map its uids (every command fails), and ours already confines the files and the network,
+    so Codex is told not to sandbox again."""
+    if inside_fleet_sandbox(loadout):
         return "danger-full-access"
     if loadout.mode == "scout" or not _WRITING & set(loadout.tools):
         return "read-only"
@@ -70,7 +71,8 @@ def sandbox_mode(loadout: ipc.Loadout) -> str:
 def codex_config(loadout: ipc.Loadout, stall: float) -> str:
     """``config.toml``: offline, no retries, our endpoint when the model names one."""
     spec = loadout.model
-    lines = ['approval_policy = "never"']
+    # No web search: a sandboxed child has no network but its model's endpoint.
+    lines = ['approval_policy = "never"', 'web_search = "disabled"']
     if spec.name:
         lines.append(f"model = {json.dumps(spec.name)}")
     if loadout.effort in _EFFORTS:
@@ -85,6 +87,19 @@ def codex_config(loadout: ipc.Loadout, stall: float) -> str:
         "[features]",
         "plugins = false",
         "unbounded_connection_retries = false",
+        # Tools that duplicate or escape a fleet rule (docs/backends.md, "Disabled tools"):
+        # sub-agents fleet would never see or count, goals and plans beside fleet's todo.
+        "multi_agent_v2 = false",
+        "goals = false",
+        "",
+        "[agents]",
+        "enabled = false",
+        "",
+        "[tools.experimental_request_user_input]",  # questions go through ask_parent
+        "enabled = false",
+        "",
+        "[tools.update_plan]",
+        "enabled = false",
     ]
     if spec.kind == "openai":
         lines += [
@@ -150,6 +165,9 @@ class CodexBackend(CliBackend):
         self.version = await probe_version(
             "codex", self.binary, minimum=MINIMUM, package=PACKAGE, env=env
         )
+        mode = sandbox_mode(self.loadout)
+        if mode != "danger-full-access":
+            await check_codex_sandbox(self.binary, env=env, cwd=self.loadout.workspace)
         cli = self._cli = await CliProcess.start(
             "codex",
             [self.binary, "app-server"],
@@ -165,7 +183,7 @@ class CodexBackend(CliBackend):
             await cli.send({"method": "initialized"})
             params: dict[str, Any] = {
                 "cwd": self.loadout.workspace,
-                "sandbox": sandbox_mode(self.loadout),
+                "sandbox": mode,
                 "approvalPolicy": "never",
             }
             if self.loadout.system_prompt:
@@ -290,6 +308,8 @@ class CodexBackend(CliBackend):
             0,
         }
         self.host.emit(ipc.Event(activity="tool_end", tool=tool, text="error" if failed else "ok"))
+        if failed and self._turn is not None:
+            self._turn.tool_failed("codex", tool, item.get("aggregatedOutput"))
         if not self._tools:
             self._watch.arm()
 

@@ -281,6 +281,8 @@ class PiBackend(CliBackend):
         elif kind == "tool_execution_end":
             self._watch.arm()
             outcome = "error" if record.get("isError") else "ok"
+            if record.get("isError"):
+                turn.tool_failed("pi", str(record.get("toolName", "")), record.get("result"))
             emit(ipc.Event(activity="tool_end", tool=str(record.get("toolName", "")), text=outcome))
         elif kind == "agent_settled" or (kind == "agent_end" and not self.has_queue):
             turn.finish(aborted=bool(record.get("aborted")))

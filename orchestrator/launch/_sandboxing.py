@@ -38,6 +38,8 @@ DEFAULT_ENDPOINTS: Final = {
 #: The child's runtime starts its egress relay when this names the proxy socket (the same
 #: name as ``child.backends._egress.SOCKET_ENV``; the orchestrator may not import ``child``).
 EGRESS_SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
+#: "1" exactly when the child was wrapped (``child.backends._cli_env.SANDBOXED_ENV``).
+SANDBOXED_ENV: Final = "FLEET_SANDBOXED"
 _SCHEME_PORTS: Final = {"http": 80, "https": 443}
 
 
@@ -175,7 +177,9 @@ def place(
     """
     reason = unsandboxed_reason(config)
     if reason is not None:
-        return Placement(argv=argv, env={}, sandboxed=False, reason=reason)
+        # "0", not absent: a FLEET_SANDBOXED=1 in the supervisor's own environment must not
+        # tell an unwrapped CLI (Codex, Claude Code) to drop its own sandbox.
+        return Placement(argv=argv, env={SANDBOXED_ENV: "0"}, sandboxed=False, reason=reason)
     policy = POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY)
     workspace = Path(loadout.workspace)
     source_root = Path(ipc.__file__).resolve().parents[1]
@@ -206,8 +210,9 @@ def place(
         raise PolicyError(
             f"spawn {loadout.owner}: no OS sandbox: {wrapped.reason} ({HOW_TO_SANDBOX})"
         )
-    # FLEET_SANDBOXED: a CLI with a sandbox of its own (Codex) need not nest one in ours.
-    env = wrapped.env | {"FLEET_SANDBOXED": "1"}
+    # With the loadout's policy, tells a CLI with a sandbox of its own (Codex, Claude Code) not
+    # to nest it in ours (child.backends._cli_env.inside_fleet_sandbox).
+    env = wrapped.env | {SANDBOXED_ENV: "1"}
     if egress is not None:
         env[EGRESS_SOCKET_ENV] = str(egress)
     return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="")

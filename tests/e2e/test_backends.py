@@ -22,6 +22,7 @@ import trio
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
+from tests.child.backends._cli import ESCAPES, offered
 from tests.e2e.conftest import make_repo
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
@@ -122,7 +123,11 @@ async def test_a_scout_reads_and_only_its_report_reaches_the_parent(kind, repo, 
     model_calls = [r for r in requests if r.api is not None]
     assert [r.child for r in requests] == [CHILD] * len(requests)  # every request was ours
     assert len(model_calls) == 2
+    # The real output (Codex's is a shell command's): no nested sandbox failed inside ours.
     assert "The answer is 42." in "".join(model_calls[1].tool_results())
+    assert "bwrap" not in "".join(model_calls[1].tool_results())
+    assert peek["sandboxed"] is True
+    assert not ESCAPES & set(offered(model_calls[0])), offered(model_calls[0])
 
 
 async def test_a_command_child_reports_its_stdout(repo, home):
@@ -305,3 +310,24 @@ async def test_a_sandboxed_scout_still_reaches_its_model(kind, repo, home, monke
     assert note["error"] == ""
     assert note["report"] == "## Summary\nsandboxed"
     assert sandboxed is True
+
+
+async def test_an_unwrapped_codex_child_keeps_its_own_sandbox(repo, home, monkeypatch):
+    # --allow-unsandboxed with a stray FLEET_SANDBOXED=1 in the supervisor's environment: the
+    # launch says "0", so Codex's own read-only sandbox still refuses a scout's write.
+    use_cli(monkeypatch, "codex")
+    monkeypatch.setenv("FLEET_SANDBOXED", "1")
+    write = {"name": "exec_command", "arguments": {"cmd": "echo owned > owned.txt"}}
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"tool_calls": [write]}, {"text": "## Summary\ntried"}])
+        config = Config(
+            home=home, session="t", workspace=repo, sandbox="off", allow_unsandboxed=True
+        )
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([spawn_request("codex", srv.base_url(CHILD), "write")])
+            note = await settle(sup, record.key)
+            peek = sup.peek([record.key])["agents"][0]
+            await sup.stop([record.key])
+    assert peek["sandboxed"] is False
+    assert note["report"] == "## Summary\ntried"
+    assert not (repo / "owned.txt").exists()

@@ -22,6 +22,37 @@ from tests.fakes.model_server import ModelServer
 ANTHROPIC_KEY_ENV = "FLEET_TEST_ANTHROPIC_KEY"
 
 
+#: Tool names (in any CLI's spelling) no fleet child may be offered.
+ESCAPES = {
+    "multi_agent_v1",
+    "spawn_agent",
+    "send_input",
+    "wait_agent",
+    "close_agent",
+    "web_search",
+    "request_user_input",
+    "update_plan",
+    "get_goal",
+    "create_goal",
+    "update_goal",
+    "Task",
+    "Agent",
+    "WebFetch",
+    "WebSearch",
+    "TodoWrite",
+    "AskUserQuestion",
+}
+
+
+def offered(request):
+    """The tool names of one model request (chat ``function.name``, else ``name``/``type``)."""
+    names = []
+    for tool in request.body.get("tools") or []:
+        function = tool.get("function")
+        names.append(function["name"] if isinstance(function, dict) else tool.get("name"))
+    return names
+
+
 def _openai_loadout(tmp_path, backend, base_url, fields):
     model = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{base_url}/v1")
     return make_loadout(tmp_path, **({"backend": backend, "model": model} | fields))
@@ -52,13 +83,23 @@ _BACKENDS = {
 def make_backend(binary, tmp_path, srv, *, stall=30.0, answers=(), **fields):
     """The backend of the CLI *binary* (``pi-next`` is a Pi) playing *srv*'s script ``"a"``,
     and the host that records what it did; *fields* go into its loadout."""
-    backend_class, loadout = _BACKENDS["pi" if binary.startswith("pi") else binary]
+    return make_backend_at(
+        binary,
+        str(NPM_BIN / binary),
+        tmp_path,
+        srv.base_url("a"),
+        stall=stall,
+        answers=answers,
+        **fields,
+    )
+
+
+def make_backend_at(kind, binary, tmp_path, base_url, *, stall=30.0, answers=(), **fields):
+    """:func:`make_backend` for the CLI at the path *binary*, its model at *base_url*."""
+    backend_class, loadout = _BACKENDS["pi" if kind.startswith("pi") else kind]
     host = Host(answers)
     backend = backend_class(
-        loadout=loadout(tmp_path, srv.base_url("a"), **fields),
-        host=host,
-        binary=str(NPM_BIN / binary),
-        stall=stall,
+        loadout=loadout(tmp_path, base_url, **fields), host=host, binary=binary, stall=stall
     )
     return backend, host
 
