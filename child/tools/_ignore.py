@@ -1,0 +1,258 @@
+"""Which files ``find`` and ``grep`` see: everything but what ripgrep would skip.
+
+A walk lists every file under a root except ``.git`` and what the ignore files exclude, the way
+``rg --files --hidden`` does: ``.gitignore`` (nested ones too, and the parents' up to the
+repository's top, inside a git repository only), ``.git/info/exclude``, and ``.ignore`` and
+``.rgignore`` (anywhere). Hidden files are kept; symlinks are not followed. When ``rg`` is on
+``PATH`` it does the listing; otherwise :func:`python_files` applies the same rules itself (the
+gitignore syntax: ``#`` comments, ``!`` re-includes, a trailing ``/`` for directories only, a
+``/`` at the start or in the middle anchors to the ignore file's directory, ``*``, ``?``,
+``[...]`` and ``**``; the last matching line wins and a deeper file beats a shallower one; a
+file under an ignored directory stays ignored). Directories are reported as the parents of the
+listed files, so both listings agree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+#: The per-directory ignore files, lowest precedence first (rg's order).
+_GIT_FILES = (".gitignore",)
+_ANY_FILES = (".ignore", ".rgignore")
+_RG_POLL_SECONDS = 0.1
+
+
+@attrs.frozen
+class _Rule:
+    regex: re.Pattern[str]
+    negated: bool
+    dir_only: bool
+    anchored: bool
+
+
+@attrs.frozen
+class _RuleFile:
+    base: Path  # the directory the patterns are relative to
+    rules: tuple[_Rule, ...]
+
+    def verdict(self, path: Path, is_dir: bool) -> bool | None:
+        """True (ignored), False (re-included) or None (no line matches)."""
+        try:
+            relative = path.relative_to(self.base).as_posix()
+        except ValueError:
+            return None
+        name = relative.rsplit("/", 1)[-1]
+        for rule in reversed(self.rules):
+            if rule.dir_only and not is_dir:
+                continue
+            if rule.regex.fullmatch(relative if rule.anchored else name):
+                return not rule.negated
+        return None
+
+
+def parse_ignore(text: str, base: Path) -> _RuleFile:
+    """The rules of one ignore file whose patterns are relative to ``base``."""
+    rules = []
+    for raw in text.splitlines():
+        line = _strip_trailing_spaces(raw)
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        if negated or line.startswith(("\\!", "\\#")):
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        if not line:
+            continue
+        anchored = "/" in line
+        line = line.removeprefix("/")
+        rules.append(_Rule(re.compile(_translate(line), re.DOTALL), negated, dir_only, anchored))
+    return _RuleFile(base, tuple(rules))
+
+
+def _strip_trailing_spaces(line: str) -> str:
+    stripped = line.rstrip(" ")
+    if stripped.endswith("\\") and len(stripped) < len(line):
+        return stripped[:-1] + " "  # "\ " keeps one escaped trailing space
+    return stripped
+
+
+def _translate(pattern: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
+            out.append("(?:.*/)?")
+            i += 3
+        elif (
+            pattern.startswith("**", i)
+            and (i == 0 or pattern[i - 1] == "/")
+            and i + 2 == len(pattern)
+        ):
+            out.append(".*")
+            i += 2
+        elif char == "*":
+            out.append("[^/]*")
+            i += 1
+        elif char == "?":
+            out.append("[^/]")
+            i += 1
+        elif char == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+        elif char == "[" and (end := pattern.find("]", i + 2)) > 0:
+            body = pattern[i + 1 : end]
+            negate = body[:1] in ("!", "^")
+            body = re.sub(r"([\\\[&~|^])", r"\\\1", body[1:] if negate else body)
+            out.append(f"[{'^/' if negate else ''}{body}]")
+            i = end + 1
+        else:
+            out.append(re.escape(char))
+            i += 1
+    return "".join(out)
+
+
+def _git_top(start: Path) -> Path | None:
+    for directory in (start, *start.parents):
+        if (directory / ".git").exists():
+            return directory
+    return None
+
+
+def _load(directory: Path, names: tuple[str, ...]) -> list[_RuleFile]:
+    files = []
+    for name in names:
+        try:
+            text = (directory / name).read_text(errors="replace")
+        except OSError:
+            continue
+        files.append(parse_ignore(text, directory))
+    return files
+
+
+def _rules_for(directory: Path, top: Path | None) -> list[_RuleFile]:
+    """One directory's own ignore files, lowest precedence first."""
+    in_repo = top is not None and directory.is_relative_to(top)
+    return _load(directory, (_GIT_FILES if in_repo else ()) + _ANY_FILES)
+
+
+def _ignored(stack: list[_RuleFile], path: Path, is_dir: bool) -> bool:
+    for rule_file in reversed(stack):
+        verdict = rule_file.verdict(path, is_dir)
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def python_files(root: Path, keep: Callable[[Path], bool]) -> Iterator[str]:
+    """The relative posix paths of the files under ``root`` that ripgrep would list."""
+    top = _git_top(root)
+    stack: list[_RuleFile] = []
+    if top is not None:
+        exclude = _load(top / ".git" / "info", ("exclude",))
+        stack += [attrs.evolve(rule_file, base=top) for rule_file in exclude]
+    for parent in reversed(root.parents):
+        stack += _rules_for(parent, top)
+    yield from _walk(root, root, stack, top, keep)
+
+
+def _walk(
+    root: Path,
+    directory: Path,
+    stack: list[_RuleFile],
+    top: Path | None,
+    keep: Callable[[Path], bool],
+) -> Iterator[str]:
+    trio.from_thread.check_cancelled()
+    stack = stack + _rules_for(directory, top)
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError:
+        return
+    subdirs = []
+    for entry in entries:
+        path = Path(entry.path)
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if entry.is_symlink() or entry.name == ".git" or not keep(path):
+            continue
+        if _ignored(stack, path, is_dir):
+            continue
+        if is_dir:
+            subdirs.append(path)
+        elif entry.is_file(follow_symlinks=False):
+            yield path.relative_to(root).as_posix()
+    for sub in subdirs:
+        yield from _walk(root, sub, stack, top, keep)
+
+
+def rg_files(rg: str, root: Path, keep: Callable[[Path], bool]) -> Iterator[str]:
+    """The same listing from ``rg --files``, polled so a cancelled search ends rg promptly."""
+    argv = [rg, "--files", "--hidden", "--null", "--no-config", "--no-ignore-global"]
+    argv += ["--no-messages", "--glob", "!.git"]
+    process = subprocess.Popen(
+        argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    try:
+        while True:
+            try:
+                out, _ = process.communicate(timeout=_RG_POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                trio.from_thread.check_cancelled()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    for raw in out.split(b"\0"):
+        if raw:
+            relative = os.fsdecode(raw).removeprefix("./")
+            if keep(root / relative):
+                yield relative
+
+
+def list_files(root: Path, keep: Callable[[Path], bool], *, use_rg: bool = True) -> list[str]:
+    """Every listed file under ``root``, by ``rg`` when present, else by the Python walk."""
+    rg = shutil.which("rg") if use_rg else None
+    files = rg_files(rg, root, keep) if rg else python_files(root, keep)
+    return list(files)
+
+
+def tree_order(files: list[str]) -> Iterator[tuple[str, bool]]:
+    """``(relative, is_dir)`` for the files and their parent directories, in a top-down walk's
+    order: a directory's subdirectories, then its files, then each subdirectory's contents."""
+    tree = _Dir()
+    for relative in files:
+        node = tree
+        *parents, name = relative.split("/")
+        for part in parents:
+            node = node.dirs.setdefault(part, _Dir())
+        node.files.append(name)
+    yield from _emit(tree, "")
+
+
+@attrs.define
+class _Dir:
+    dirs: dict[str, _Dir] = attrs.field(factory=dict)
+    files: list[str] = attrs.field(factory=list)
+
+
+def _emit(node: _Dir, prefix: str) -> Iterator[tuple[str, bool]]:
+    names = sorted(node.dirs)
+    for name in names:
+        yield prefix + name, True
+    for name in sorted(node.files):
+        yield prefix + name, False
+    for name in names:
+        yield from _emit(node.dirs[name], prefix + name + "/")

@@ -1,0 +1,134 @@
+"""find and grep skip what ripgrep skips, by rg and by the Python fallback, on a real git repo."""
+
+import shutil
+import subprocess
+
+import pytest
+import trio
+
+from child.tools import ToolContext, _fs, build_tools
+from child.tools._ignore import python_files, rg_files
+
+RG = shutil.which("rg")
+
+
+@pytest.fixture(params=["rg", "python"])
+def lister(request, monkeypatch):
+    if request.param == "rg":
+        assert RG, "rg is not on PATH (make test installs ripgrep)"
+    monkeypatch.setattr(_fs, "USE_RG", request.param == "rg")
+    return request.param
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    files = {
+        ".gitignore": ".venv/\nnode_modules\n*.log\n!keep.log\n/build\n",
+        "app.py": "hello = 1\n",
+        "keep.log": "hello log kept\n",
+        "debug.log": "hello log ignored\n",
+        ".venv/lib/python3/site-packages/pkg/mod.py": "hello = 'site-packages'\n",
+        "node_modules/left-pad/index.js": "hello\n",
+        "build/out.py": "hello = 'built'\n",
+        "src/build/gen.py": "hello = 'not the top build'\n",
+        "src/.gitignore": "secret.py\ncache/**\n!cache/readme.py\n",
+        "src/secret.py": "hello\n",
+        "src/cache/readme.py": "hello\n",
+        "src/cache/blob.py": "hello\n",
+        "src/sub/.ignore": "*.tmp.py\n",
+        "src/sub/x.tmp.py": "hello\n",
+        "src/sub/real.py": "hello\n",
+        "local.py": "hello = 'excluded locally'\n",
+        ".hidden/tool.py": "hello\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / ".git" / "info").mkdir(exist_ok=True)
+    (root / ".git" / "info" / "exclude").write_text("local.py\n")
+    return root
+
+
+VISIBLE_PY = [
+    ".hidden/tool.py",
+    "app.py",
+    "src/build/gen.py",
+    "src/cache/readme.py",
+    "src/sub/real.py",
+]
+
+
+async def call(root, name, **args):
+    ctx = ToolContext(workspace=root)
+    with trio.fail_after(10):
+        return await build_tools([name], ctx)[name].run(ctx, args)
+
+
+async def test_find_skips_git_ignored_trees_and_honours_nested_rules(repo, lister):
+    result = await call(repo, "find", pattern="*.py")
+    assert sorted(result.text.splitlines()) == VISIBLE_PY
+    logs = await call(repo, "find", pattern="*.log")
+    assert logs.text == "keep.log\n"
+    assert "No files match" in (await call(repo, "find", pattern="site-packages")).text
+    assert (await call(repo, "find", pattern="src/*")).text.splitlines() == [
+        "src/build/",
+        "src/cache/",
+        "src/sub/",
+        "src/.gitignore",
+    ]
+
+
+async def test_grep_skips_git_ignored_trees(repo, lister):
+    result = await call(repo, "grep", pattern="hello")
+    files = sorted({line.split(":", 1)[0] for line in result.text.splitlines()})
+    assert files == sorted([*VISIBLE_PY, "keep.log"])
+    # A search rooted inside a subdirectory still obeys the repository's rules above it.
+    inner = await call(repo, "grep", pattern="hello", path="src")
+    assert "secret" not in inner.text
+    assert "x.tmp" not in inner.text
+    assert "src/sub/real.py:1:hello" in inner.text
+
+
+async def test_gitignore_is_ignored_outside_a_repository_but_dot_ignore_is_not(tmp_path, lister):
+    (tmp_path / ".gitignore").write_text("*.py\n")
+    (tmp_path / ".ignore").write_text("*.txt\n")
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "a.txt").write_text("")
+    assert (await call(tmp_path, "find", pattern="a.*")).text == "a.py\n"
+
+
+@pytest.mark.parametrize(
+    ("rules", "names"),
+    [
+        ("*.py\n!b.py\n", ["a.py", "b.py", "c/b.py", "c/d.py"]),
+        ("c/\n", ["c/x", "cx", "d/c/y"]),
+        ("/c\n", ["c/x", "d/c/y"]),
+        ("**/foo\n", ["foo", "a/foo", "a/b/foo/x"]),
+        ("a/**/z\n", ["a/z", "a/b/z", "a/b/c/z", "b/a/z"]),
+        ("d/**\n!d/keep\n", ["d/keep", "d/drop", "d/e/f"]),
+        ("[ab]?.txt\n\\#x\n", ["a1.txt", "c1.txt", "#x", "b22.txt"]),
+        ("# comment\n\n*.o \n", ["x.o", "# comment", "y.c"]),
+        ("*\n!*/\n!*.md\n", ["r.md", "a/b.md", "a/c.txt"]),
+    ],
+)
+def test_the_python_fallback_lists_what_rg_lists(tmp_path, rules, names):
+    assert RG, "rg is not on PATH (make test installs ripgrep)"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text(rules)
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+
+    def keep(_path):
+        return True
+
+    async def both():
+        ours = await trio.to_thread.run_sync(lambda: sorted(python_files(tmp_path, keep)))
+        theirs = await trio.to_thread.run_sync(lambda: sorted(rg_files(RG, tmp_path, keep)))
+        return ours, theirs
+
+    ours, theirs = trio.run(both)
+    assert ours == theirs
