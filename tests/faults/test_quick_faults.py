@@ -1,7 +1,7 @@
-"""Fast real-child scenarios (not ``slow``): a child printing its own token, a question's pause.
+"""Fast real-child scenarios (not ``slow``): own-token redaction, a question's pause, ``ask``.
 
 Each is a quicker twin of a slow scenario in this suite, so a bug in redaction or in the
-question pause is caught by ``make test-fast`` too.
+question pause or in ``ask`` is caught by ``make test-fast`` too.
 """
 
 import trio
@@ -57,6 +57,35 @@ async def test_a_pending_question_pauses_both_budgets_through_the_supervisor(fau
             sup.answer(note["question"]["id"], "postgres")
             [note] = await sup.wait([record.key])
             assert (note["state"], note["report"]) == ("idle", "using postgres")
+            pids = faults.tree(record.pid)
+            await sup.stop([record.key])
+            await faults.ended(sup, record.key, state=State.STOPPED, pids=pids)
+
+
+async def test_ask_pauses_a_working_child_answers_and_the_task_continues(faults) -> None:
+    model = faults.script(
+        "side",
+        """
+        turns:
+          - steps:
+              - say: "reading"
+              - hang: true
+          - steps:
+              - reply: "resumed: {{task}}"
+        side:
+          - steps:
+              - reply: "BTW: I am reading README.md"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="long task")])
+            await faults.until(lambda: record.activity == "reading")
+            assert await sup.ask(record.key, "what are you doing?") == "BTW: I am reading README.md"
+            [note] = await sup.wait([record.key])
+            assert note["state"] == "idle"
+            assert note["report"].startswith("resumed: Continue the task")
+            assert "long task" in note["report"]
             pids = faults.tree(record.pid)
             await sup.stop([record.key])
             await faults.ended(sup, record.key, state=State.STOPPED, pids=pids)
