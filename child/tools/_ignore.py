@@ -2,14 +2,15 @@
 
 A walk lists every file under a root except ``.git`` and what the ignore files exclude, the way
 ``rg --files --hidden`` does: ``.gitignore`` (nested ones too, and the parents' up to the
-repository's top, inside a git repository only), ``.git/info/exclude``, and ``.ignore`` and
-``.rgignore`` (anywhere). Hidden files are kept; symlinks are not followed. When ``rg`` is on
-``PATH`` it does the listing; otherwise :func:`python_files` applies the same rules itself (the
-gitignore syntax: ``#`` comments, ``!`` re-includes, a trailing ``/`` for directories only, a
-``/`` at the start or in the middle anchors to the ignore file's directory, ``*``, ``?``,
-``[...]`` and ``**``; the last matching line wins and a deeper file beats a shallower one; a
-file under an ignored directory stays ignored). Directories are reported as the parents of the
-listed files, so both listings agree.
+repository's top, inside a git repository only; a nested repository starts afresh),
+``.git/info/exclude``, and ``.ignore`` and ``.rgignore`` (anywhere). Hidden files are kept;
+symlinks are not followed. When ``rg`` is on ``PATH`` it does the listing; otherwise
+:func:`python_files` applies the same rules itself (the gitignore syntax: ``#`` comments, ``!``
+re-includes, a trailing ``/`` for directories only, a ``/`` at the start or in the middle
+anchors to the ignore file's directory, ``*``, ``?``, ``[...]`` and ``**``; the last matching
+line wins and a deeper file beats a shallower one of its kind, ``.rgignore`` beats ``.ignore``
+beats ``.gitignore`` beats the exclude file; a file under an ignored directory stays ignored).
+Directories are reported as the parents of the listed files, so both listings agree.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-#: The per-directory ignore files, lowest precedence first (rg's order).
 _GIT_FILES = (".gitignore",)
 _ANY_FILES = (".ignore", ".rgignore")
+#: rg's precedence between kinds, whatever their depth: a match in an earlier kind decides;
+#: within one kind the deepest file's last matching line does.
+_KINDS = (".rgignore", ".ignore", ".gitignore", "exclude")
+_GIT_KINDS = frozenset({".gitignore", "exclude"})
 _RG_POLL_SECONDS = 0.1
 
 
@@ -44,6 +48,7 @@ class _Rule:
 @attrs.frozen
 class _RuleFile:
     base: Path  # the directory the patterns are relative to
+    kind: str  # one of _KINDS
     rules: tuple[_Rule, ...]
 
     def verdict(self, path: Path, is_dir: bool) -> bool | None:
@@ -61,8 +66,8 @@ class _RuleFile:
         return None
 
 
-def parse_ignore(text: str, base: Path) -> _RuleFile:
-    """The rules of one ignore file whose patterns are relative to ``base``."""
+def parse_ignore(text: str, base: Path, kind: str = ".gitignore") -> _RuleFile:
+    """The rules of one ignore file of ``kind`` whose patterns are relative to ``base``."""
     rules = []
     for raw in text.splitlines():
         line = _strip_trailing_spaces(raw)
@@ -78,7 +83,7 @@ def parse_ignore(text: str, base: Path) -> _RuleFile:
         anchored = "/" in line
         line = line.removeprefix("/")
         rules.append(_Rule(re.compile(_translate(line), re.DOTALL), negated, dir_only, anchored))
-    return _RuleFile(base, tuple(rules))
+    return _RuleFile(base, kind, tuple(rules))
 
 
 def _strip_trailing_spaces(line: str) -> str:
@@ -138,21 +143,27 @@ def _load(directory: Path, names: tuple[str, ...]) -> list[_RuleFile]:
             text = (directory / name).read_text(errors="replace")
         except OSError:
             continue
-        files.append(parse_ignore(text, directory))
+        files.append(parse_ignore(text, directory, name))
     return files
 
 
-def _rules_for(directory: Path, top: Path | None) -> list[_RuleFile]:
-    """One directory's own ignore files, lowest precedence first."""
-    in_repo = top is not None and directory.is_relative_to(top)
-    return _load(directory, (_GIT_FILES if in_repo else ()) + _ANY_FILES)
+def _enter(stack: list[_RuleFile], directory: Path, in_repo: bool) -> list[_RuleFile]:
+    """The rules in force below ``directory``: a repository's top (it holds ``.git``) drops the
+    git rules from above it and brings its own exclude file; then its own ignore files."""
+    if (directory / ".git").exists():
+        stack = [rule_file for rule_file in stack if rule_file.kind not in _GIT_KINDS]
+        exclude = _load(directory / ".git" / "info", ("exclude",))
+        stack += [attrs.evolve(rule_file, base=directory) for rule_file in exclude]
+    return stack + _load(directory, (_GIT_FILES if in_repo else ()) + _ANY_FILES)
 
 
 def _ignored(stack: list[_RuleFile], path: Path, is_dir: bool) -> bool:
-    for rule_file in reversed(stack):
-        verdict = rule_file.verdict(path, is_dir)
-        if verdict is not None:
-            return verdict
+    for kind in _KINDS:
+        for rule_file in reversed(stack):  # deepest first
+            if rule_file.kind == kind:
+                verdict = rule_file.verdict(path, is_dir)
+                if verdict is not None:
+                    return verdict
     return False
 
 
@@ -160,23 +171,21 @@ def python_files(root: Path, keep: Callable[[Path], bool]) -> Iterator[str]:
     """The relative posix paths of the files under ``root`` that ripgrep would list."""
     top = _git_top(root)
     stack: list[_RuleFile] = []
-    if top is not None:
-        exclude = _load(top / ".git" / "info", ("exclude",))
-        stack += [attrs.evolve(rule_file, base=top) for rule_file in exclude]
     for parent in reversed(root.parents):
-        stack += _rules_for(parent, top)
-    yield from _walk(root, root, stack, top, keep)
+        stack = _enter(stack, parent, top is not None and parent.is_relative_to(top))
+    yield from _walk(root, root, stack, top is not None, keep)
 
 
 def _walk(
     root: Path,
     directory: Path,
     stack: list[_RuleFile],
-    top: Path | None,
+    in_repo: bool,
     keep: Callable[[Path], bool],
 ) -> Iterator[str]:
     trio.from_thread.check_cancelled()
-    stack = stack + _rules_for(directory, top)
+    in_repo = in_repo or (directory / ".git").exists()
+    stack = _enter(stack, directory, in_repo)
     try:
         entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
     except OSError:
@@ -194,7 +203,7 @@ def _walk(
         elif entry.is_file(follow_symlinks=False):
             yield path.relative_to(root).as_posix()
     for sub in subdirs:
-        yield from _walk(root, sub, stack, top, keep)
+        yield from _walk(root, sub, stack, in_repo, keep)
 
 
 def rg_files(rg: str, root: Path, keep: Callable[[Path], bool]) -> Iterator[str]:

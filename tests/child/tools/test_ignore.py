@@ -132,3 +132,75 @@ def test_the_python_fallback_lists_what_rg_lists(tmp_path, rules, names):
 
     ours, theirs = trio.run(both)
     assert ours == theirs
+
+
+def _lay_out(root, files):
+    for name, text in files.items():
+        if name.endswith("/.git"):
+            subprocess.run(["git", "init", "-q", str(root / name[: -len("/.git")])], check=True)
+            continue
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+LAYOUTS = {
+    # A repository inside a plain directory whose .gitignore must not apply; a nested
+    # repository, where the outer repository's rules stop.
+    "nested-repos": {
+        ".gitignore": "*.x\n",
+        ".ignore": "*.y\n",
+        "repo/.git": "",
+        "repo/.gitignore": "*.z\n",
+        "repo/a.x": "",
+        "repo/a.y": "",
+        "repo/a.z": "",
+        "repo/a.w": "",
+        "repo/inner/.git": "",
+        "repo/inner/.gitignore": "*.w\n",
+        "repo/inner/b.x": "",
+        "repo/inner/b.z": "",
+        "repo/inner/deep/c.w": "",
+    },
+    # .ignore beats a deeper .gitignore's re-include; a directory rule cannot be re-opened.
+    "precedence": {
+        "repo/.git": "",
+        "repo/.gitignore": "build/\n!build/keep.txt\n*.tmp\n!important.tmp\na/**/c\n",
+        "repo/a/.ignore": "*.md\n",
+        "repo/a/b/.gitignore": "!s.md\n",
+        "repo/a/b/s.md": "",
+        "repo/a/r.md": "",
+        "repo/a/b/c/f": "",
+        "repo/a/b/g": "",
+        "repo/build/keep.txt": "",
+        "repo/x.tmp": "",
+        "repo/important.tmp": "",
+        "repo/deep/er/est/q": "",
+        "repo/foo ": "",
+        "repo/!bang": "",
+    },
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_python_fallback_agrees_with_rg_from_every_directory(tmp_path, layout):
+    assert RG, "rg is not on PATH (make test installs ripgrep)"
+    _lay_out(tmp_path, LAYOUTS[layout])
+    roots = [
+        tmp_path,
+        *(p for p in sorted(tmp_path.rglob("*")) if p.is_dir() and ".git" not in p.parts),
+    ]
+
+    def keep(_path):
+        return True
+
+    def both():
+        return [
+            (root, sorted(python_files(root, keep)), sorted(rg_files(RG, root, keep)))
+            for root in roots
+        ]
+
+    async def listed():
+        return await trio.to_thread.run_sync(both)
+
+    for root, ours, theirs in trio.run(listed):
+        assert ours == theirs, root
