@@ -136,6 +136,26 @@ def _git_top(start: Path) -> Path | None:
     return None
 
 
+def _git_dir(top: Path) -> Path:
+    """The directory holding ``info/exclude`` for the repository at ``top``: ``.git``, or for a
+    linked worktree (``.git`` is a ``gitdir:`` file) the main repository's common directory."""
+    dot_git = top / ".git"
+    if not dot_git.is_file():
+        return dot_git
+    try:
+        line = dot_git.read_text(errors="replace").strip()
+    except OSError:
+        return dot_git
+    if not line.startswith("gitdir:"):
+        return dot_git
+    git_dir = top / line.removeprefix("gitdir:").strip()  # an absolute path stays absolute
+    try:
+        common = (git_dir / "commondir").read_text(errors="replace").strip()
+    except OSError:
+        return git_dir
+    return git_dir / common
+
+
 def _load(directory: Path, names: tuple[str, ...]) -> list[_RuleFile]:
     files = []
     for name in names:
@@ -152,7 +172,7 @@ def _enter(stack: list[_RuleFile], directory: Path, in_repo: bool) -> list[_Rule
     git rules from above it and brings its own exclude file; then its own ignore files."""
     if (directory / ".git").exists():
         stack = [rule_file for rule_file in stack if rule_file.kind not in _GIT_KINDS]
-        exclude = _load(directory / ".git" / "info", ("exclude",))
+        exclude = _load(_git_dir(directory) / "info", ("exclude",))
         stack += [attrs.evolve(rule_file, base=directory) for rule_file in exclude]
     return stack + _load(directory, (_GIT_FILES if in_repo else ()) + _ANY_FILES)
 

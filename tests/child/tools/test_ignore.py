@@ -143,6 +143,27 @@ def _lay_out(root, files):
         (root / name).write_text(text)
 
 
+@pytest.fixture
+def linked_worktree(tmp_path):
+    """A linked worktree of a repository whose exclude file names local.txt (present)."""
+    main, linked = tmp_path / "main", tmp_path / "linked"
+    main.mkdir()
+    git = ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t", "-C", str(main)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (main / ".git" / "info").mkdir(exist_ok=True)
+    (main / ".git" / "info" / "exclude").write_text("local.txt\n")
+    (main / "a.txt").write_text("")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    subprocess.run([*git, "worktree", "add", "-q", str(linked)], check=True)
+    (linked / "local.txt").write_text("")
+    return linked
+
+
+async def test_a_linked_worktree_uses_its_main_repositorys_exclude_file(linked_worktree, lister):
+    assert (await call(linked_worktree, "find", pattern="*.txt")).text == "a.txt\n"
+
+
 LAYOUTS = {
     # A repository inside a plain directory whose .gitignore must not apply; a nested
     # repository, where the outer repository's rules stop.
