@@ -73,6 +73,9 @@ async def test_find_skips_git_ignored_trees_and_honours_nested_rules(repo, liste
     logs = await call(repo, "find", pattern="*.log")
     assert logs.text == "keep.log\n"
     assert "No files match" in (await call(repo, "find", pattern="site-packages")).text
+    # Named explicitly, an ignored tree is searched (as rg searches a path it is given).
+    inside = await call(repo, "find", pattern="*.py", path=".venv")
+    assert inside.text == ".venv/lib/python3/site-packages/pkg/mod.py\n"
     assert (await call(repo, "find", pattern="src/*")).text.splitlines() == [
         "src/build/",
         "src/cache/",
