@@ -226,13 +226,21 @@ def _walk(
         yield from _walk(root, sub, stack, in_repo, keep)
 
 
-def rg_files(rg: str, root: Path, keep: Callable[[Path], bool]) -> Iterator[str]:
-    """The same listing from ``rg --files``, polled so a cancelled search ends rg promptly."""
+def rg_files(rg: str, root: Path, keep: Callable[[Path], bool]) -> list[str] | None:
+    """The same listing from ``rg --files`` (polled, so a cancelled search ends rg promptly);
+    ``None`` when rg cannot list (it does not start, or fails with nothing listed)."""
     argv = [rg, "--files", "--hidden", "--null", "--no-config", "--no-ignore-global"]
     argv += ["--no-messages", "--glob", "!.git"]
-    process = subprocess.Popen(
-        argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
+    try:
+        process = subprocess.Popen(
+            argv,
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
     try:
         while True:
             try:
@@ -244,18 +252,20 @@ def rg_files(rg: str, root: Path, keep: Callable[[Path], bool]) -> Iterator[str]
         if process.poll() is None:
             process.kill()
             process.wait()
-    for raw in out.split(b"\0"):
-        if raw:
-            relative = os.fsdecode(raw).removeprefix("./")
-            if keep(root / relative):
-                yield relative
+    # 0: files listed; 1: none; 2: an error, with whatever it could list (an unreadable
+    # directory is skipped, as the Python walk skips it). A crash or nothing at all: not rg's.
+    if process.returncode not in (0, 1) and not out:
+        return None
+    listed = (os.fsdecode(raw).removeprefix("./") for raw in out.split(b"\0") if raw)
+    return [relative for relative in listed if keep(root / relative)]
 
 
 def list_files(root: Path, keep: Callable[[Path], bool], *, use_rg: bool = True) -> list[str]:
-    """Every listed file under ``root``, by ``rg`` when present, else by the Python walk."""
+    """Every listed file under ``root``: by ``rg`` when it is on PATH and works, else by the
+    Python walk."""
     rg = shutil.which("rg") if use_rg else None
-    files = rg_files(rg, root, keep) if rg else python_files(root, keep)
-    return list(files)
+    files = rg_files(rg, root, keep) if rg else None
+    return list(python_files(root, keep)) if files is None else files
 
 
 def tree_order(files: list[str]) -> Iterator[tuple[str, bool]]:

@@ -1,5 +1,6 @@
 """find and grep skip what ripgrep skips, by rg and by the Python fallback, on a real git repo."""
 
+import os
 import shutil
 import subprocess
 
@@ -59,6 +60,13 @@ VISIBLE_PY = [
     "src/cache/readme.py",
     "src/sub/real.py",
 ]
+
+
+def rg_sorted(root, keep):
+    assert RG, "rg is not on PATH (make test installs ripgrep)"
+    listed = rg_files(RG, root, keep)
+    assert listed is not None, "rg failed"
+    return sorted(listed)
 
 
 async def call(root, name, **args):
@@ -130,7 +138,7 @@ def test_the_python_fallback_lists_what_rg_lists(tmp_path, rules, names):
 
     async def both():
         ours = await trio.to_thread.run_sync(lambda: sorted(python_files(tmp_path, keep)))
-        theirs = await trio.to_thread.run_sync(lambda: sorted(rg_files(RG, tmp_path, keep)))
+        theirs = await trio.to_thread.run_sync(lambda: rg_sorted(tmp_path, keep))
         return ours, theirs
 
     ours, theirs = trio.run(both)
@@ -144,6 +152,17 @@ def _lay_out(root, files):
             continue
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
+
+
+async def test_an_rg_that_fails_leaves_the_listing_to_the_python_walk(repo, tmp_path, monkeypatch):
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "rg").write_text("#!/bin/sh\nexit 2\n")
+    (broken / "rg").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{broken}:{os.environ['PATH']}")
+    assert shutil.which("rg") == str(broken / "rg")
+    result = await call(repo, "find", pattern="*.py")
+    assert sorted(result.text.splitlines()) == VISIBLE_PY
 
 
 @pytest.fixture
@@ -219,7 +238,11 @@ def test_the_python_fallback_agrees_with_rg_from_every_directory(tmp_path, layou
 
     def both():
         return [
-            (root, sorted(python_files(root, keep)), sorted(rg_files(RG, root, keep)))
+            (
+                root,
+                sorted(python_files(root, keep)),
+                rg_sorted(root, keep),
+            )
             for root in roots
         ]
 
