@@ -81,8 +81,11 @@ def parse_ignore(text: str, base: Path, kind: str = ".gitignore") -> _RuleFile:
         if not line:
             continue
         anchored = "/" in line
-        line = line.removeprefix("/")
-        rules.append(_Rule(re.compile(_translate(line), re.DOTALL), negated, dir_only, anchored))
+        try:
+            regex = re.compile(_translate(line.removeprefix("/")), re.DOTALL)
+        except re.error:
+            continue  # a malformed line (an unclosed [, a reversed range) is skipped, as in rg
+        rules.append(_Rule(regex, negated, dir_only, anchored))
     return _RuleFile(base, kind, tuple(rules))
 
 
@@ -117,10 +120,14 @@ def _translate(pattern: str) -> str:
         elif char == "\\" and i + 1 < len(pattern):
             out.append(re.escape(pattern[i + 1]))
             i += 2
-        elif char == "[" and (end := pattern.find("]", i + 2)) > 0:
+        elif char == "[":
+            end = pattern.find("]", i + 2)
+            if end < 0:
+                raise re.error(f"unclosed [ in {pattern!r}")
             body = pattern[i + 1 : end]
             negate = body[:1] in ("!", "^")
             body = re.sub(r"([\\\[&~|^])", r"\\\1", body[1:] if negate else body)
+            body = re.sub(r"(?<=-)-", r"\\-", body)  # "--" would read as a set difference
             out.append(f"[{'^/' if negate else ''}{body}]")
             i = end + 1
         else:

@@ -123,6 +123,7 @@ async def test_gitignore_is_ignored_outside_a_repository_but_dot_ignore_is_not(t
         ("[ab]?.txt\n\\#x\n", ["a1.txt", "c1.txt", "#x", "b22.txt"]),
         ("# comment\n\n*.o \n", ["x.o", "# comment", "y.c"]),
         ("*\n!*/\n!*.md\n", ["r.md", "a/b.md", "a/c.txt"]),
+        ("[z-a]\n[unclosed\n*.o\n", ["x.o", "z", "[unclosed", "y.c"]),
     ],
 )
 def test_the_python_fallback_lists_what_rg_lists(tmp_path, rules, names):
