@@ -9,7 +9,8 @@ symlinks are not followed. When ``rg`` is on ``PATH`` it does the listing; other
 re-includes, a trailing ``/`` for directories only, a ``/`` at the start or in the middle
 anchors to the ignore file's directory, ``*``, ``?``, ``[...]`` and ``**``; the last matching
 line wins and a deeper file beats a shallower one of its kind, ``.rgignore`` beats ``.ignore``
-beats ``.gitignore`` beats the exclude file; a file under an ignored directory stays ignored).
+beats ``.gitignore`` beats the exclude file; a file under an ignored directory stays ignored;
+unlike rg's, a ``[...]`` class never matches ``/``).
 Directories are reported as the parents of the listed files, so both listings agree.
 """
 
@@ -76,8 +77,10 @@ def parse_ignore(text: str, base: Path, kind: str = ".gitignore") -> _RuleFile:
         negated = line.startswith("!")
         if negated or line.startswith(("\\!", "\\#")):
             line = line[1:]
+        if not line and negated:
+            line = "**"  # a lone "!" re-includes everything, as in rg
         dir_only = line.endswith("/")
-        line = line.rstrip("/")
+        line = line.removesuffix("/")  # one only: "a//" keeps a slash, so it names nothing
         if not line:
             continue
         anchored = "/" in line
@@ -102,7 +105,8 @@ def _translate(pattern: str) -> str:
     while i < len(pattern):
         char = pattern[i]
         if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
-            out.append("(?:.*/)?")
+            # "**/" alone (from "**//") matches anything, as in rg.
+            out.append(".*" if pattern == "**/" else "(?:.*/)?")
             i += 3
         elif (
             pattern.startswith("**", i)

@@ -1,6 +1,8 @@
 """find and grep skip what ripgrep skips, by rg and by the Python fallback, on a real git repo."""
 
+import contextlib
 import os
+import random
 import shutil
 import subprocess
 
@@ -124,6 +126,11 @@ async def test_gitignore_is_ignored_outside_a_repository_but_dot_ignore_is_not(t
         ("# comment\n\n*.o \n", ["x.o", "# comment", "y.c"]),
         ("*\n!*/\n!*.md\n", ["r.md", "a/b.md", "a/c.txt"]),
         ("[z-a]\n[unclosed\n*.o\n", ["x.o", "z", "[unclosed", "y.c"]),
+        ("ab//\n", ["ab/c", "d"]),
+        ("*\n!\n", ["a", "b/c"]),
+        ("b/*\n!/\n", ["a", "b/c"]),
+        ("**//\n", ["a", "b/c", "d/e/f"]),
+        ("*/**//\n", ["a", "b/c", "d/e/f"]),
     ],
 )
 def test_the_python_fallback_lists_what_rg_lists(tmp_path, rules, names):
@@ -252,3 +259,38 @@ def test_the_python_fallback_agrees_with_rg_from_every_directory(tmp_path, layou
 
     for root, ours, theirs in trio.run(listed):
         assert ours == theirs, root
+
+
+def test_random_ignore_files_list_the_same_by_rg_and_by_the_python_walk(tmp_path):
+    """A seeded fuzz: small trees, random gitignore lines from the syntax's pieces."""
+    assert RG, "rg is not on PATH (make test installs ripgrep)"
+    rng = random.Random(20261202)  # noqa: S311 - a reproducible fuzz, not a secret
+    names = ["a", "b", "ab", "a.py", "b.md", ".h", "x y"]
+    atoms = ["a", "b", "*", "?", "**", "/", "!", ".py", "\\", " ", "#", "/**/", "b/", "[ab]"]
+    root = tmp_path / "fuzz"
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+
+    def keep(_path):
+        return True
+
+    def trial():
+        for entry in root.iterdir():
+            if entry.name != ".git":
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        for _ in range(10):
+            path = root.joinpath(*(rng.choice(names) for _ in range(rng.randint(1, 3))))
+            with contextlib.suppress(OSError):  # a name already taken by a file or a directory
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+        lines = [
+            "".join(rng.choice(atoms) for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(1, 4))
+        ]
+        (root / ".gitignore").write_text("\n".join(lines) + "\n")
+        return lines, sorted(python_files(root, keep)), rg_sorted(root, keep)
+
+    async def run():
+        return [await trio.to_thread.run_sync(trial) for _ in range(40)]
+
+    for lines, ours, theirs in trio.run(run):
+        assert ours == theirs, lines
