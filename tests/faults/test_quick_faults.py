@@ -45,13 +45,13 @@ async def test_a_pending_question_pauses_both_budgets_through_the_supervisor(fau
               - reply: "using {{last}}"
         """,
     )
-    config = faults.config(model=asks, idle_timeout_ms=200, max_total_ms=400)
+    config = faults.config(model=asks, idle_timeout_ms=300, max_total_ms=600)
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="pick")])
             [note] = await sup.wait([record.key])
             assert note["question"]["text"] == "Which database?"
-            await trio.sleep(0.9)  # both budgets would have run out twice over
+            await trio.sleep(1.3)  # both budgets would have run out twice over
             assert record.state is State.WAITING
             assert "failure" not in note
             sup.answer(note["question"]["id"], "postgres")
