@@ -5,7 +5,8 @@ pane's child reads a loadout file and connects to the supervisor's socket.
 
 One turn runs at a time. Activity events are coalesced and sent at most every
 :data:`EVENT_INTERVAL` seconds (tool start/end are never dropped; streamed-text updates are);
-the buffer is flushed before a turn's ``settled`` so the parent sees events in order. The
+the buffer is flushed before a turn's ``settled``, behind any batch the pump is still writing,
+so the parent sees every event of a turn before its ``settled``. The
 process exits when the IPC connection ends.
 """
 
@@ -68,6 +69,10 @@ class Runtime:
     backend: Backend | None = None
     _events: list[ipc.Event] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
+    # Held while a batch of events (and a turn's ``settled`` after the last one) is written, so
+    # a turn that ends while the pump is mid-batch sends ``settled`` after that batch, never
+    # between its events (trio's Lock is fair: the pump's next batch waits behind it).
+    _sending: trio.Lock = attrs.Factory(trio.Lock)
     _turn: trio.CancelScope | None = None
     _busy: bool = False
     _nursery: trio.Nursery | None = None
@@ -132,6 +137,7 @@ class Runtime:
     # -- event pump ----------------------------------------------------------------------
 
     async def _flush(self) -> None:
+        """Send the buffered events; the caller holds ``_sending``."""
         batch, self._events = self._events, []
         self._wake = trio.Event()
         for event in batch:
@@ -140,7 +146,8 @@ class Runtime:
     async def pump_events(self) -> None:
         while True:
             await self._wake.wait()
-            await self._flush()
+            async with self._sending:
+                await self._flush()
             await trio.sleep(EVENT_INTERVAL)
 
     # -- commands ------------------------------------------------------------------------
@@ -197,8 +204,9 @@ class Runtime:
         if self.view is not None:
             self.view.on_settled(settled)
         try:
-            await self._flush()
-            await self.channel.send_event(settled)
+            async with self._sending:
+                await self._flush()
+                await self.channel.send_event(settled)
         except ipc.ChannelClosed:
             log.info("settled turn %s could not be delivered: channel closed", body.turn)
 

@@ -106,7 +106,7 @@ class ChildRecord:
         return f"{self.key} {self.name} {self.state}{done_total} — {self.activity}"
 
     def handoff(self) -> dict[str, Any]:
-        """What ``stop`` returns (CLI.md's shape)."""
+        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report."""
         return {
             "key": self.key,
             "name": self.name,
@@ -117,7 +117,7 @@ class ChildRecord:
             "applied": list(self.applied),
             "remaining": list(self.remaining),
             "conflicts": list(self.conflicts),
-            "last": self.report,
+            "last": clip(self.report),
             "error": self.error,
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,

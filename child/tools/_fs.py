@@ -1,9 +1,10 @@
 """The read-only file tools: ``read``, ``ls``, ``find`` and ``grep``.
 
 They may look outside the workspace (a scout reads the whole repository; the OS sandbox is what
-confines a child), never follow symlinked directories while walking, skip ``.git`` and binary
-files, and keep every result within the output caps. The blocking file work runs in a worker
-thread that polls for cancellation, so an abandoned walk stops promptly.
+confines a child), never follow symlinked directories while walking, skip ``.git``, what
+``.gitignore``/``.ignore`` exclude (``_ignore``, as ripgrep does) and binary files, and keep
+every result within the output caps. The blocking file work runs in a worker thread that polls
+for cancellation, so an abandoned walk stops promptly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import itertools
 import os
 import re
 import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
@@ -33,9 +33,11 @@ from ._base import (
     require_str,
 )
 from ._glob import compile_glob
+from ._ignore import list_files, tree_order
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
+    from pathlib import Path
     from typing import BinaryIO
 
 MAX_LINE_CHARS = 2000
@@ -45,24 +47,17 @@ MAX_GREP_MATCHES = 200
 MAX_GREP_LINE_CHARS = 500
 #: grep skips files larger than this: generated blobs and logs drown the useful matches.
 MAX_GREP_FILE_BYTES = 10 * 1024 * 1024
-SKIPPED_DIRS = frozenset({".git"})
+#: Whether ``rg`` lists the files when it is on PATH (the tests turn it off for the fallback).
+USE_RG = True
 
 
 def _walk(root: Path, ctx: ToolContext) -> Iterator[tuple[str, bool]]:
-    """Yield ``(relative-posix, is_dir)`` under ``root`` in sorted order, without ``.git`` and
-    without anything the context forbids (the state directory, symlinks into it)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        trio.from_thread.check_cancelled()
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIPPED_DIRS and not ctx.forbidden(Path(dirpath, d))
-        )
-        base = os.path.relpath(dirpath, root)
-        prefix = "" if base == "." else base.replace(os.sep, "/") + "/"
-        for name in dirnames:
-            yield prefix + name, True
-        for name in sorted(filenames):
-            if not ctx.forbidden(Path(dirpath, name)):
-                yield prefix + name, False
+    """Yield ``(relative-posix, is_dir)`` under ``root`` in a top-down walk's order: the files
+    ripgrep would list (no ``.git``, nothing git-ignored or in ``.ignore``; see ``_ignore``) and
+    their directories, without anything the context forbids (the state directory, symlinks into
+    it)."""
+    files = list_files(root, lambda path: not ctx.forbidden(path), use_rg=USE_RG)
+    return tree_order(files)
 
 
 class ReadTool(BaseTool):
@@ -183,9 +178,10 @@ class FindTool(BaseTool):
     name = "find"
     description = (
         "Find files and directories by glob under path (default: the workspace), skipping "
-        ".git. A pattern without '/' matches names at any depth ('*.py'); with '/' it matches "
-        "the path relative to path ('src/**/test_*.py'). '**' spans directories, '{a,b}' "
-        f"alternates. At most {MAX_FIND_RESULTS} results."
+        ".git and what .gitignore or .ignore exclude. A pattern without '/' matches names "
+        "at any depth ('*.py'); with '/' it matches the path relative to path "
+        "('src/**/test_*.py'). '**' spans directories, '{a,b}' alternates. "
+        f"At most {MAX_FIND_RESULTS} results."
     )
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -231,7 +227,8 @@ class GrepTool(BaseTool):
     name = "grep"
     description = (
         "Search file contents with a Python regular expression under path (a file or "
-        "directory, default: the workspace), skipping .git, binary and huge files. Prints "
+        "directory, default: the workspace), skipping .git, git-ignored, binary and huge "
+        "files. Prints "
         f"'file:line:text'. glob filters files like find's pattern. At most {MAX_GREP_MATCHES} "
         "matches."
     )

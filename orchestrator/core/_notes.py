@@ -15,6 +15,18 @@ import trio
 from orchestrator._records import ACTIVE, ChildRecord, clip
 
 
+def _note(record: ChildRecord, *, report: str, error: str) -> dict[str, Any]:
+    """The one place a note is built: its report is always clipped (``REPORT_CLIP``)."""
+    return {
+        "key": record.key,
+        "name": record.name,
+        "state": str(record.state),
+        "peek": record.peek_line(),
+        "report": clip(report),
+        "error": error,
+    }
+
+
 @attrs.define(eq=False)
 class Notes:
     """The queue of settle notes and the waiters on it."""
@@ -31,14 +43,7 @@ class Notes:
         question: tuple[str, str] | None = None,
         failure: bool = False,
     ) -> None:
-        note: dict[str, Any] = {
-            "key": record.key,
-            "name": record.name,
-            "state": str(record.state),
-            "peek": record.peek_line(),
-            "report": clip(report),
-            "error": error,
-        }
+        note = _note(record, report=report, error=error)
         if question is not None:
             note["question"] = {"id": question[0], "text": question[1]}
         if failure and record.failure is not None:
@@ -102,16 +107,7 @@ class Notes:
         for key in settled - noted:
             record = records.get(key)
             if record is not None:
-                notes.append(
-                    {
-                        "key": key,
-                        "name": record.name,
-                        "state": str(record.state),
-                        "peek": record.peek_line(),
-                        "report": clip(record.report),
-                        "error": record.error,
-                    }
-                )
+                notes.append(_note(record, report=record.report, error=record.error))
         return notes
 
     async def stream(self, records: dict[str, ChildRecord]) -> AsyncIterator[list[dict[str, Any]]]:

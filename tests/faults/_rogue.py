@@ -7,6 +7,7 @@ does one wrong thing:
 
 - ``flood``: prints its own token (split across writes) and 5 MiB to stdout and stderr, then
   becomes the real child.
+- ``leak``: the same without the flood (its own token only), for a fast test.
 - ``late``: answers a prompt with its ``settled`` frame twice, one for a turn that never ran and
   one for a side turn nobody asked, then idles.
 - ``garbage``: after the hello, sends frames with a wrong token until the supervisor hangs up.
@@ -41,7 +42,7 @@ def inherited() -> tuple[int, int] | None:
     return int(args[args.index("--fd") + 1]), int(args[args.index("--loadout-fd") + 1])
 
 
-def flood(token: str) -> None:
+def flood(token: str, *, kib: int = 5 * 1024 // 2) -> None:
     half = len(token) // 2
     for stream in (sys.stdout.buffer, sys.stderr.buffer):
         stream.write(f"my token is {token[:half]}".encode())
@@ -49,7 +50,7 @@ def flood(token: str) -> None:
         stream.write(f"{token[half:]} (leaked)\n".encode())
         stream.flush()
         chunk = (b"x" * 1023) + b"\n"
-        for _ in range(5 * 1024 // 2):
+        for _ in range(kib):
             stream.write(chunk)
         stream.write(f"and again {token}\n".encode())
         stream.flush()
@@ -136,8 +137,8 @@ def main() -> None:
         become_real_child()
     loadout = ipc.Loadout.from_json(data)
     act_name = name.removeprefix("rogue-")
-    if act_name == "flood":
-        flood(loadout.token)
+    if act_name in ("flood", "leak"):
+        flood(loadout.token, kib=5 * 1024 // 2 if act_name == "flood" else 0)
         become_real_child()
     try:
         trio.run(act, act_name, loadout)

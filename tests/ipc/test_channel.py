@@ -280,9 +280,15 @@ def bad_frames(wire):
         "type": wire.raw_frame(wire.envelope("format_disk", {})),
         "type-response-as-request": wire.frame(Reply(ok=True), kind="request"),
         "token": wire.frame(ipc.Steer(text="x"), token="0" * 64),
+        "token-last-char": wire.frame(ipc.Steer(text="x"), token=near_miss(wire.token())),
         "owner": wire.frame(ipc.Steer(text="x"), owner="a2", token=wire.token("a1")),
         "corr": wire.frame(Reply(ok=True), kind="response", corr="999"),
     }
+
+
+def near_miss(token):
+    """*token* with only its last character changed."""
+    return token[:-1] + ("0" if token[-1] != "0" else "1")
 
 
 REASONS = {
@@ -291,6 +297,7 @@ REASONS = {
     "type": "type",
     "type-response-as-request": "type",
     "token": "token",
+    "token-last-char": "token",
     "owner": "owner",
     "corr": "corr",
 }

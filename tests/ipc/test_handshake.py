@@ -66,6 +66,19 @@ async def test_a_wrong_token_closes(listener, raw_client, wire):
         assert await stream.receive_some() == b""
 
 
+def near_miss(token):
+    """*token* with only its last character changed."""
+    return token[:-1] + ("0" if token[-1] != "0" else "1")
+
+
+async def test_a_token_differing_only_in_its_last_character_closes(listener, raw_client, wire):
+    stream = await raw_client()
+    await stream.send_all(wire.frame(ipc.Hello(pid=1), corr="0", token=near_miss(wire.token())))
+    assert (await refused(listener, wire)).reason == "token"
+    with trio.fail_after(10):
+        assert await stream.receive_some() == b""
+
+
 async def test_another_owners_token_closes(listener, raw_client, wire):
     wire.owners.add("a2")
     stream = await raw_client()
@@ -155,12 +168,17 @@ async def test_open_client_reports_a_refused_hello(listener, sock_path, wire, nu
     assert str(caught.value) == "supervisor closed the connection at hello"
 
 
-async def test_open_client_refuses_a_reply_with_the_wrong_token(listener, sock_path, wire, nursery):
+@pytest.mark.parametrize("near", [False, True], ids=["other", "last-char"])
+async def test_open_client_refuses_a_reply_with_the_wrong_token(
+    near, listener, sock_path, wire, nursery
+):
+    bad_token = near_miss(wire.token()) if near else "f" * 64
+
     async def impostor():
         stream = await listener.accept()
         await stream.receive_some()
         await stream.send_all(
-            wire.frame(ipc.Reply(ok=True), kind="response", corr="0", token="f" * 64)
+            wire.frame(ipc.Reply(ok=True), kind="response", corr="0", token=bad_token)
         )
         await stream.receive_some()  # until the client hangs up
         await stream.aclose()

@@ -1,6 +1,7 @@
 """The kill ladder's process table: real processes, read from the real ``/proc``."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,6 +111,58 @@ async def test_kill_tree_ends_a_group_and_an_escaped_marked_process(processes) -
             await kill_tree(leader.pid, exited=exited, grace=1.0, marker=marker)
     assert leader.returncode == -15
     assert escaped.wait(timeout=CEILING) in {-15, -9}
+
+
+IGNORES_SIGTERM = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _start_ignoring_sigterm(
+    started: list[subprocess.Popen[bytes]], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """A process in a session of its own that ignores SIGTERM (once this returns)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", IGNORES_SIGTERM],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    started.append(process)
+    assert process.stdout is not None
+    with process.stdout:
+        assert process.stdout.readline() == b"ready\n"
+    return process
+
+
+async def test_an_escaped_marked_process_that_ignores_sigterm_ends_by_sigkill(processes) -> None:
+    grace = 1.0
+    marker = f"kill-test/{os.getpid()}"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin"), MARKER_ENV: marker}
+    leader = _start(processes, [sys.executable, "-c", "import time; time.sleep(60)"], env)
+    # Its own session, so not in the leader's group: only the marker finds it.
+    escaped = _start_ignoring_sigterm(processes, env)
+    exited = trio.Event()
+
+    async def reap() -> None:
+        await trio.to_thread.run_sync(leader.wait)
+        exited.set()
+
+    started = time.monotonic()
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reap)
+            await kill_tree(leader.pid, exited=exited, grace=grace, marker=marker)
+    budget = 2 * grace + 1 - (time.monotonic() - started)
+    try:
+        code = escaped.wait(timeout=max(budget, 0.01))
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the escaped process outlived the kill ladder") from None
+    assert code == -signal.SIGKILL
+    assert leader.returncode == -signal.SIGTERM
 
 
 def test_in_child_tree_finds_descendants_and_our_markers_only(processes) -> None:

@@ -1,0 +1,84 @@
+"""The child runtime's event pump on a real channel: a turn's events come before its settled."""
+
+import attrs
+import pytest
+import trio
+
+import ipc
+from child import _runtime
+from child._runtime import Runtime
+from child.backends import TurnResult
+
+TOOLS_BEFORE_THE_END = 60
+
+
+@attrs.define(eq=False)
+class BurstBackend:
+    """A backend whose turn ends with a burst of tool events, right after the pump took them."""
+
+    host: Runtime
+
+    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        for n in range(TOOLS_BEFORE_THE_END):
+            self.host.emit(ipc.Event(activity="tool_start", tool="read", text=str(n)))
+        # Let the pump take the whole burst and start writing it; then end the turn at once.
+        while self.host._events:
+            await trio.lowlevel.checkpoint()
+        return TurnResult(text="done")
+
+    async def steer(self, text: str) -> None:
+        pass
+
+    async def abort(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def one_turn(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Serve a real runtime over a socket pair, prompt one turn; what the parent received."""
+    key = ipc.new_session_key()
+    token = ipc.derive_token(key, "a1")
+    loadout = ipc.Loadout(
+        session="t", owner="a1", name="n", agent="scout", token=token, socket="", workspace="/"
+    )
+    monkeypatch.setattr(_runtime, "make_backend", lambda _loadout, host: BurstBackend(host))
+    near, far = trio.socket.socketpair()
+    child = ipc.Channel(stream=trio.SocketStream(near), owner="a1", token=token)
+    parent = ipc.Channel(stream=trio.SocketStream(far), owner="a1", token=token)
+    received: list[str] = []
+    settled = trio.Event()
+
+    async def on_event(envelope: ipc.Envelope) -> None:
+        body = envelope.body
+        if isinstance(body, ipc.Settled):
+            received.append("settled")
+            settled.set()
+        elif isinstance(body, ipc.Event) and body.activity == "tool_start":
+            received.append(body.text)
+
+    async def no_requests(envelope: ipc.Envelope) -> ipc.Message:
+        return ipc.Reply(ok=False, error="none")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Runtime(loadout=loadout, channel=child).serve)
+            nursery.start_soon(parent.serve, no_requests, on_event)
+            while True:
+                try:
+                    await parent.request(ipc.Prompt(text="go", turn=1))
+                    break
+                except ipc.RemoteError:  # "the child is still starting"
+                    await trio.sleep(0.01)
+            await settled.wait()
+            # Anything the pump still had in flight would arrive now.
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    return received
+
+
+async def test_every_event_of_a_turn_arrives_before_its_settled(monkeypatch):
+    for _ in range(5):
+        received = await one_turn(monkeypatch)
+        assert received == [*map(str, range(TOOLS_BEFORE_THE_END)), "settled"]
