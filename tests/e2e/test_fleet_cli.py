@@ -249,3 +249,46 @@ def test_agent_dirs_bring_claude_code_agents_to_listing_and_spawn(fleet):
     [note] = fleet.json("wait", key, "--timeout", "30")["settled"]
     assert "look -> " in note["report"]
     fleet.json("stop", key)
+
+
+def test_wait_and_spawn_wait_exit_1_when_the_childs_turn_failed(fleet):
+    # A model nothing listens on: the turn fails, the child stays idle with the error.
+    dead = "openai:m@http://127.0.0.1:9/v1"
+    result = fleet.run("spawn", "--model", dead, "--wait", "look", "--json", timeout=90)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    [note] = json.loads(result.stdout)["settled"]
+    assert note["state"] == "idle"
+    assert note["error"]
+    result = fleet.run("wait", note["key"], "--timeout", "30")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "error: " in result.stdout
+    fleet.json("stop", note["key"])
+
+
+def test_wait_exits_1_when_the_childs_cli_is_missing(tmp_path):
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+
+    with running_fleet(tmp_path, env={"FLEET_PI_BIN": str(tmp_path / "no-pi")}) as fleet:
+        model = "openai:m@http://127.0.0.1:9/v1"
+        fleet.json("spawn", "--backend", "pi", "--model", model, "look")
+        result = fleet.run("wait", "a1", "--timeout", "60", "--json")
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        [note] = json.loads(result.stdout)["settled"]
+        assert "is not on PATH" in note["error"]
+        result = fleet.run("wait", "a1", "--timeout", "30")
+        assert result.returncode == 1
+        assert "is not on PATH" in result.stdout
+        fleet.json("stop", "a1")
+
+
+def test_a_good_turn_after_a_failed_one_waits_with_exit_0(fleet):
+    command = "sh -c 'read t; case \"$t\" in fail*) echo broke >&2; exit 3;; esac; echo fine'"
+    fleet.json("spawn", "--agent", "worker", "--backend", "command", "--command", command, "fail")
+    assert fleet.run("wait", "a1", "--timeout", "30").returncode == 1
+    fleet.json("resume", "a1", "go")
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert (note["error"], note["report"].strip()) == ("", "fine")
+    # The note is taken: a second wait reads the record, whose error is the last turn's.
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert note["error"] == ""
+    fleet.json("stop", "a1")
