@@ -40,13 +40,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
         return _wait(args, keys, every=True, timeout=None)
-    out(
-        args,
-        data,
-        lambda d: "\n".join(
-            f"{a['key']} {a['name']} ({a['agent']}, {a['mode']}) {a['state']}" for a in d["agents"]
-        ),
-    )
+    out(args, data, lambda d: "\n".join(_render.spawned_line(a) for a in d["agents"]))
     return 0
 
 

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 
@@ -297,11 +297,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit code when the reader of our output went away (``fleet peek | head -1``): what a
+#: shell reports for a process that SIGPIPE ended.
+CLOSED_PIPE: Final = 141
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be said, and Python must not complain again when it flushes at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        code = CLOSED_PIPE
+    sys.exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = _parse(parser, argv)
     try:
-        code = args.func(args)
+        code: int = args.func(args)
+    except BrokenPipeError:
+        raise
     except FleetError as exc:
         message = str(exc)
         prefix = f"{args.verb}: "
@@ -322,4 +342,4 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             file=sys.stderr,
         )
         code = 1
-    sys.exit(code)
+    return code

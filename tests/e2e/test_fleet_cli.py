@@ -4,7 +4,10 @@ Real supervisor daemon, real child processes, real sockets, real git repository.
 """
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -292,3 +295,57 @@ def test_a_good_turn_after_a_failed_one_waits_with_exit_0(fleet):
     [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
     assert note["error"] == ""
     fleet.json("stop", "a1")
+
+
+def test_a_closed_pipe_ends_the_command_quietly(fleet):
+    model = fleet.script("report", REPORT)
+    read, write = os.pipe()
+    os.close(read)  # the reader (head -1) is gone before we write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "spawn", "--model", model, "look"],
+            cwd=fleet.repo,
+            env=fleet.env,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")
+    # The spawn itself happened: the child is there and settles.
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert note["report"].startswith("## Summary")
+    fleet.json("stop", "a1")
+
+
+def test_a_cli_child_reads_starting_pi_while_its_cli_boots(tmp_path):
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+
+    # A stand-in for Pi's slow start: its version probe takes 3 s, then it is too old to run.
+    pi = tmp_path / "bin" / "pi"
+    pi.parent.mkdir()
+    pi.write_text("#!/bin/sh\nsleep 3\necho 0.0.1\n")
+    pi.chmod(0o755)
+    # Unsandboxed: the sandbox hides the test's temporary directory, where the stand-in lives.
+    env = {"FLEET_PI_BIN": str(pi), "FLEET_SANDBOX": "off", "FLEET_ALLOW_UNSANDBOXED": "1"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        fleet.json("spawn", "--backend", "pi", "--model", "openai:m@http://127.0.0.1:9/v1", "x")
+        deadline, seen = time.monotonic() + 30, []
+        while time.monotonic() < deadline:
+            [agent] = fleet.json("peek", "a1")["agents"]
+            seen.append((agent["state"], agent["activity"]))
+            if agent["activity"] == "starting pi":
+                break
+            time.sleep(0.1)
+        assert seen[-1] == ("working", "starting pi"), seen
+        line = next(r for r in fleet.run("peek").stdout.splitlines() if r.startswith("a1"))
+        assert line.split()[3:4] == ["working"]
+        assert line.endswith("starting pi")
+        result = fleet.run("wait", "a1", "--timeout", "30", "--json")
+        assert result.returncode == 1
+        [note] = json.loads(result.stdout)["settled"]
+        assert "0.0.1" in note["error"]
+        fleet.json("stop", "a1")
