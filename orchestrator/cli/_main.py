@@ -72,17 +72,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def cmd_agents(args: argparse.Namespace) -> int:
     data = call(args, "agents", {"scope": args.scope})
-    out(
-        args,
-        data,
-        lambda d: _render.table(
-            ["NAME", "MODE", "SOURCE", "TOOLS", "DESCRIPTION"],
-            [
-                [a["name"], a["mode"], a["source"], ",".join(a["tools"]), a["description"]]
-                for a in d["agents"]
-            ],
-        ),
-    )
+    out(args, data, lambda d: _render.agents_text(d["agents"]))
     return 0
 
 

@@ -275,3 +275,17 @@ def spawned_line(agent: Mapping[str, Any]) -> str:
         agent["agent"] if agent["mode"] == agent["agent"] else f"{agent['agent']}, {agent['mode']}"
     )
     return f"{agent['key']} {agent['name']} ({kind}) {agent['state']}"
+
+
+def agents_text(agents: Sequence[Mapping[str, Any]]) -> str:
+    """``fleet agents``: the table, then one line per import warning (docs/agents.md)."""
+    rows = [
+        [a["name"], a["mode"], a["source"], ",".join(a["tools"]), a["description"]] for a in agents
+    ]
+    lines = [table(["NAME", "MODE", "SOURCE", "TOOLS", "DESCRIPTION"], rows)]
+    lines += [
+        f"warning: {a['name']} ({a.get('path') or a['source']}): {warning}"
+        for a in agents
+        for warning in a.get("warnings", [])
+    ]
+    return "\n".join(line for line in lines if line)

@@ -129,6 +129,8 @@ async def _agents(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
                 "tools": list(d.tools),
                 "backend": d.backend,
                 "source": d.source,
+                "path": str(d.path),
+                "warnings": list(d.warnings),
             }
             for d in sup.agents(scope).values()
         ]

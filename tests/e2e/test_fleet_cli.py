@@ -349,3 +349,30 @@ def test_a_cli_child_reads_starting_pi_while_its_cli_boots(tmp_path):
         [note] = json.loads(result.stdout)["settled"]
         assert "0.0.1" in note["error"]
         fleet.json("stop", "a1")
+
+
+def test_fleet_agents_shows_the_import_warnings(fleet):
+    claude = fleet.repo / ".claude" / "agents"
+    claude.mkdir(parents=True)
+    (claude / "differ.md").write_text(
+        "---\nname: differ\ndescription: Reads diffs\ntools: Read, Bash(git diff:*)\n"
+        "color: blue\n---\nRead the diff.\n"
+    )
+    listed = {a["name"]: a for a in fleet.json("agents", "--agent-dirs", "claude")["agents"]}
+    differ = listed["differ"]
+    assert differ["tools"] == ["read"]
+    assert differ["path"] == str(claude / "differ.md")
+    assert sorted(differ["warnings"]) == [
+        (
+            "dropped tool 'Bash(git diff:*)': fleet cannot enforce a restricted form, "
+            "so 'Bash' is not given"
+        ),
+        "ignored front-matter key 'color'",
+    ]
+    assert listed["scout"]["warnings"] == []
+    result = fleet.run("agents")
+    assert result.returncode == 0
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: differ ({claude / 'differ.md'}): {w}" for w in differ["warnings"]
+    ]
