@@ -2,7 +2,8 @@
 
 Settings come from (later wins): defaults, ``$FLEET_HOME/config.yaml``, environment variables
 (``FLEET_MAX_SUBAGENTS``, ``FLEET_LANE``, ``FLEET_IDLE_TIMEOUT_MS``, ``FLEET_MAX_TOTAL_MS``,
-``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``, ``FLEET_REJECT_LOG``), then explicit arguments.
+``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``, ``FLEET_REJECT_LOG``, ``FLEET_IDLE_EXIT_S``), then
+explicit arguments.
 Watchdog budgets are global only: never a spawn parameter.
 """
 
@@ -24,6 +25,7 @@ from orchestrator._errors import UsageError
 CAPS: Final = (2, 4, 6, 8, 16)
 DEFAULT_CAP: Final = 4
 DEFAULT_LANE: Final = 3
+DEFAULT_IDLE_EXIT_S: Final = 1800.0
 _SESSION_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
 
 
@@ -35,6 +37,11 @@ def _check_cap(_: object, __: object, value: int) -> None:
 def _check_lane(_: object, __: object, value: int) -> None:
     if not 1 <= value <= 64:
         raise UsageError(f"lane capacity {value} is outside 1..64")
+
+
+def _check_idle_exit(_: object, __: object, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise UsageError(f"idle_exit_s {value!r} must be a number of seconds >= 0 (0: never)")
 
 
 def _endpoints(value: object) -> tuple[str, ...]:
@@ -83,6 +90,10 @@ class Config:
     agent_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: ``host:port`` pairs every model-using child may reach besides its model (a gateway).
     egress: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
+    #: The ``fleet serve`` daemon exits after this many seconds with nothing to keep it (no
+    #: live child, no unread note, no open question, no unresolved worktree, no request);
+    #: 0: never.
+    idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -210,6 +221,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("fork_server", "fork_server"),
         ("agent_dirs", "agent_dirs"),
         ("egress", "egress"),
+        ("idle_exit_s", "idle_exit_s"),
     ):
         if key in sub:
             settings[target] = sub[key]
@@ -223,6 +235,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
+        ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),
     ):
         if env.get(name):
             try:

@@ -279,6 +279,11 @@ class ControlServer:
 
     #: Control connections refused because their peer is inside a child's process tree.
     refused: int = 0
+    #: When the last control request began or ended (``trio.current_time()``): the idle exit
+    #: counts from it.
+    last_request: float = 0.0
+    #: Requests being served now (a ``wait`` may last long: it is not idleness).
+    serving: int = 0
 
     def _lookup(self, owner: str) -> str | None:
         return self.token if owner == CONTROL_OWNER else None
@@ -338,10 +343,15 @@ class ControlServer:
         # Every reply is scrubbed of every secret the supervisor holds: a child's report, log
         # tail or failure may quote a sibling's token or the control token.
         scrub = self.sup.secrets.scrub_value
+        self.serving += 1
+        self.last_request = trio.current_time()
         try:
             data = await op(self.sup, body.args)
         except FleetError as exc:
             return ipc.Reply(ok=False, error=scrub(str(exc)), data={"kind": exc.kind})
+        finally:
+            self.serving -= 1
+            self.last_request = trio.current_time()
         if body.op in {"peek", "ping"}:
             data = {**data, "control": {"refused": self.refused}}
         return ipc.Reply(ok=True, data=scrub(data))
