@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import trio
 
 import ipc
-from orchestrator._config import Config
+from orchestrator._config import Config, drifted, start_digests
 from orchestrator._errors import Unreachable
 from orchestrator.control._client import call_async, read_token
 
@@ -52,10 +53,40 @@ async def _ping(config: Config) -> dict[str, Any] | None:
         return None
 
 
+_warned: set[str] = set()
+
+
+def warn_if_drifted(config: Config, answer: Mapping[str, Any], token: str) -> None:
+    """One stderr line when the running supervisor started with other settings than this
+    command's: it keeps its own for every child it spawns until it is restarted."""
+    names = [
+        name
+        for name in drifted(start_digests(config, os.environ, token), answer.get("settings", {}))
+        if name not in _warned
+    ]
+    if not names:
+        return
+    _warned.update(names)
+    pid = answer.get("pid", "?")
+    print(
+        f"fleet: warning: the running supervisor (pid {pid}) started with another "
+        f"{', '.join(names)} than this command's and keeps its own for every child it spawns "
+        "(restart it: fleet serve --stop stops it and its children; the next command starts "
+        "one with yours)",
+        file=sys.stderr,
+    )
+
+
 def ensure_daemon(config: Config) -> str:
-    """Start the session's supervisor unless one answers; return the control token."""
-    if trio.run(_ping, config) is not None:
-        return read_token(config.paths.control_token)
+    """Start the session's supervisor unless one answers; return the control token.
+
+    A supervisor that answers but started with other settings than this command's is
+    reported in one line (:func:`warn_if_drifted`)."""
+    answer = trio.run(_ping, config)
+    if answer is not None:
+        token = read_token(config.paths.control_token)
+        warn_if_drifted(config, answer, token)
+        return token
     paths = config.paths
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")

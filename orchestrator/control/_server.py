@@ -17,7 +17,7 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._config import agent_dir_entries
+from orchestrator._config import agent_dir_entries, start_digests
 from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
@@ -354,4 +354,7 @@ class ControlServer:
             self.last_request = trio.current_time()
         if body.op in {"peek", "ping"}:
             data = {**data, "control": {"refused": self.refused}}
+        if body.op == "ping":
+            # What this supervisor started with, so a verb can say when its own differ.
+            data["settings"] = start_digests(self.sup.config, os.environ, self.token)
         return ipc.Reply(ok=True, data=scrub(data))
