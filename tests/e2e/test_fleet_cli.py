@@ -376,3 +376,34 @@ def test_fleet_agents_shows_the_import_warnings(fleet):
     assert warnings == [
         f"warning: differ ({claude / 'differ.md'}): {w}" for w in differ["warnings"]
     ]
+
+
+async def test_a_real_pi_child_reads_starting_pi_then_done(tmp_path):
+    import trio  # noqa: PLC0415
+
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+    from tests.fakes._agent_clis import NPM_BIN  # noqa: PLC0415
+    from tests.fakes.model_server import ModelServer  # noqa: PLC0415
+
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nThe answer is 42."}])
+        env = {"FLEET_PI_BIN": str(NPM_BIN / "pi")}
+        with running_fleet(tmp_path, env=env) as fleet:
+            model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+            spawn = ("spawn", "--backend", "pi", "--model", model, "find it")
+            await trio.to_thread.run_sync(lambda: fleet.json(*spawn))
+            seen: list[str] = []
+            with trio.fail_after(90):
+                while True:
+                    peek = await trio.to_thread.run_sync(lambda: fleet.json("peek", "a1"))
+                    [agent] = peek["agents"]
+                    seen.append(agent["activity"])
+                    if agent["state"] == "idle":
+                        break
+                    await trio.sleep(0.05)
+            assert "starting pi" in seen, seen
+            assert seen[-1] == "idle"
+            text = await trio.to_thread.run_sync(lambda: fleet.run("peek").stdout)
+            row = next(line for line in text.splitlines() if line.startswith("a1"))
+            assert row.split()[3] == "done"
+            await trio.to_thread.run_sync(lambda: fleet.json("stop", "a1"))
