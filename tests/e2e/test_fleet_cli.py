@@ -299,25 +299,32 @@ def test_a_good_turn_after_a_failed_one_waits_with_exit_0(fleet):
 
 def test_a_closed_pipe_ends_the_command_quietly(fleet):
     model = fleet.script("report", REPORT)
-    read, write = os.pipe()
-    os.close(read)  # the reader (head -1) is gone before we write
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "spawn", "--model", model, "look"],
-            cwd=fleet.repo,
-            env=fleet.env,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(write)
+
+    def closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+        read, write = os.pipe()
+        os.close(read)  # the reader (head -1) is gone before we write
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "orchestrator", *args],
+                cwd=fleet.repo,
+                env=fleet.env,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            os.close(write)
+
+    result = closed_pipe("spawn", "--model", model, "look")
     assert (result.returncode, result.stderr) == (141, "")
     # The spawn itself happened: the child is there and settles.
     [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
     assert note["report"].startswith("## Summary")
+    # The live view too: it ends at its first line instead of watching for nobody.
+    result = closed_pipe("peek", "--watch")
+    assert (result.returncode, result.stderr) == (141, "")
     fleet.json("stop", "a1")
 
 
