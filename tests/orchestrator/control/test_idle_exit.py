@@ -1,13 +1,21 @@
 """The supervisor daemon exits when it has held nothing for ``subagents.idle_exit_s``."""
 
+import secrets
+import shutil
+import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
+import trio
 
-from orchestrator._config import load_config
+from orchestrator._config import Config, load_config
 from orchestrator._errors import UsageError
-from tests.e2e.conftest import fleet_processes, running_fleet
+from orchestrator.control._daemon import exit_when_idle
+from orchestrator.control._server import ControlServer
+from orchestrator.core._requests import Question
+from orchestrator.core._supervisor import open_supervisor
+from tests.e2e.conftest import fleet_processes, make_repo, running_fleet
 
 REPORT = "turns:\n  - steps:\n      - reply: done\n"
 
@@ -59,3 +67,26 @@ def test_idle_exit_is_read_from_the_config_file_and_checked(tmp_path, monkeypatc
     monkeypatch.setenv("FLEET_IDLE_EXIT_S", "soon")
     with pytest.raises(UsageError, match="FLEET_IDLE_EXIT_S"):
         load_config(session="s", cwd=tmp_path, home=home)
+
+
+async def test_the_idle_rule_waits_for_quiet_with_nothing_held(tmp_path):
+    home = Path(tempfile.mkdtemp(prefix="fli-", dir="/tmp"))
+    try:
+        config = Config(home=home, session="t", workspace=make_repo(tmp_path / "repo"))
+        async with open_supervisor(config) as sup:
+            server = ControlServer(sup=sup, token=secrets.token_hex(8))
+            sup.questions["q1"] = Question(id="q1", key="a1", text="which?")
+            with trio.move_on_after(0.8):
+                await exit_when_idle(server, 0.2)
+            assert not server.shutdown.is_set()  # an open question holds it
+            del sup.questions["q1"]
+            server.serving = 1
+            with trio.move_on_after(0.8):
+                await exit_when_idle(server, 0.2)
+            assert not server.shutdown.is_set()  # so does a request being served
+            server.serving = 0
+            with trio.fail_after(2):
+                await exit_when_idle(server, 0.2)
+            assert server.shutdown.is_set()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
