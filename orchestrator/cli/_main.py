@@ -14,7 +14,7 @@ from typing import Any, Final, NoReturn
 
 import trio
 
-from orchestrator._errors import FleetError, UsageError
+from orchestrator._errors import FleetError, TimedOut, UsageError
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, config_of, out
 from orchestrator.cli._coordination import cmd_brief, cmd_discuss, cmd_vote
@@ -33,7 +33,7 @@ from orchestrator.cli._drive import (
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
 from orchestrator.control._client import call_async, read_token
-from orchestrator.control._daemon_client import ensure_daemon
+from orchestrator.control._daemon_client import STOP_TIMEOUT, ensure_daemon, wait_released
 
 
 class _ArgumentError(Exception):
@@ -91,6 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 0
         token = read_token(paths.control_token)
         trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
+        # Stopped means ended: its children reaped and the session free for the next one.
+        holder = wait_released(paths.lock)
+        if holder is not None:
+            raise TimedOut(
+                f"the supervisor (pid {holder}) is still stopping its children after "
+                f"{STOP_TIMEOUT:g} s (see {paths.daemon_log})"
+            )
         out(args, {"stopped": True}, lambda _: "supervisor stopped")
         return 0
     if args.foreground:
