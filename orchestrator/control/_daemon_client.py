@@ -138,6 +138,8 @@ def ensure_daemon(config: Config) -> str:
                 warn_if_drifted(config, answer, found)
                 return found
         if time.monotonic() >= deadline:
+            if holder is None:
+                raise Unreachable(f"no supervisor started (see {paths.daemon_log})")
             raise Unreachable(
                 f"the session's supervisor (pid {holder}) neither answers nor ends within "
                 f"{STOP_TIMEOUT:g} s (see {paths.daemon_log}; end it with kill {holder})"
