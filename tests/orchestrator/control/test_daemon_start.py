@@ -10,7 +10,9 @@ import time
 import psutil
 import pytest
 
-from orchestrator.control._daemon_client import lock_holder
+from orchestrator.cli import _common
+from orchestrator.cli._main import build_parser
+from orchestrator.control._daemon_client import ensure_daemon, lock_holder
 from tests.e2e.conftest import fleet_processes, running_fleet
 
 pytestmark = pytest.mark.slow
@@ -72,3 +74,23 @@ def test_a_verb_waits_for_a_supervisor_that_still_holds_the_session(tmp_path):
             releaser.join()
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["agents"] == []
+
+
+# The supervisor this process starts outlives its Popen object, as a daemon should.
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
+def test_a_request_that_finds_the_supervisor_gone_goes_to_a_fresh_one(tmp_path, monkeypatch):
+    with running_fleet(tmp_path) as fleet:
+        assert fleet.run("peek").returncode == 0
+        token = (fleet.home / "sessions" / "t" / "control.token").read_text().strip()
+        # It ends (its idle exit) just after it answered this command's ping.
+        assert fleet.run("serve", "--stop").returncode == 0
+        for name, value in fleet.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(fleet.repo)
+        pinged = iter([token])
+        monkeypatch.setattr(
+            _common, "ensure_daemon", lambda c: next(pinged, None) or ensure_daemon(c)
+        )
+        args = build_parser().parse_args(["peek"])
+        assert _common.call(args, "peek", {"agents": []})["agents"] == []
+        assert next(pinged, None) is None  # the stale token was used, then a fresh supervisor
