@@ -2,11 +2,13 @@
 
 Settings come from (later wins): defaults, ``$FLEET_HOME/config.yaml``, environment variables
 (``FLEET_MAX_SUBAGENTS``, ``FLEET_LANE``, ``FLEET_IDLE_TIMEOUT_MS``, ``FLEET_MAX_TOTAL_MS``,
-``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``, ``FLEET_REJECT_LOG``), then explicit arguments.
+``FLEET_MODEL``, ``FLEET_ALLOW_UNSANDBOXED``, ``FLEET_REJECT_LOG``, ``FLEET_IDLE_EXIT_S``), then
+explicit arguments.
 Watchdog budgets are global only: never a spawn parameter.
 """
 
 import hashlib
+import hmac
 import os
 import re
 import subprocess
@@ -24,6 +26,7 @@ from orchestrator._errors import UsageError
 CAPS: Final = (2, 4, 6, 8, 16)
 DEFAULT_CAP: Final = 4
 DEFAULT_LANE: Final = 3
+DEFAULT_IDLE_EXIT_S: Final = 1800.0
 _SESSION_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
 
 
@@ -35,6 +38,11 @@ def _check_cap(_: object, __: object, value: int) -> None:
 def _check_lane(_: object, __: object, value: int) -> None:
     if not 1 <= value <= 64:
         raise UsageError(f"lane capacity {value} is outside 1..64")
+
+
+def _check_idle_exit(_: object, __: object, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise UsageError(f"idle_exit_s {value!r} must be a number of seconds >= 0 (0: never)")
 
 
 def _endpoints(value: object) -> tuple[str, ...]:
@@ -83,6 +91,10 @@ class Config:
     agent_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: ``host:port`` pairs every model-using child may reach besides its model (a gateway).
     egress: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
+    #: The ``fleet serve`` daemon exits after this many seconds with nothing to keep it (no
+    #: live child, no unread note, no open question, no unresolved worktree, no request);
+    #: 0: never.
+    idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -210,6 +222,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("fork_server", "fork_server"),
         ("agent_dirs", "agent_dirs"),
         ("egress", "egress"),
+        ("idle_exit_s", "idle_exit_s"),
     ):
         if key in sub:
             settings[target] = sub[key]
@@ -223,6 +236,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
+        ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),
     ):
         if env.get(name):
             try:
@@ -267,3 +281,52 @@ def _int_or_text(value: str) -> object:
         return int(value)
     except ValueError:
         return value  # the watchdog policy check reports it and falls back
+
+
+#: What a supervisor reads once, when it starts, and hands to every child it spawns: the
+#: environment variables its children read, and the settings no verb can change in a running
+#: supervisor (``configure`` changes the cap, the lane and the agent directories). Each name
+#: is what the user sets, for the one-line warning of a verb whose own differ.
+START_ENVIRONMENT: Final = (
+    "FLEET_PI_BIN",
+    "FLEET_CLAUDE_BIN",
+    "FLEET_CODEX_BIN",
+    "FLEET_STALL_TIMEOUT",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+)
+START_SETTINGS: Final = {
+    "sandbox": "FLEET_SANDBOX",
+    "allow_unsandboxed": "--allow-unsandboxed",
+    "model": "--default-model/FLEET_MODEL",
+    "surface": "FLEET_SURFACE",
+    "idle_timeout_ms": "FLEET_IDLE_TIMEOUT_MS",
+    "max_total_ms": "FLEET_MAX_TOTAL_MS",
+    "fork_server": "FLEET_FORK_SERVER",
+    "reject_log": "FLEET_REJECT_LOG",
+    "egress": "subagents.egress",
+    "idle_exit_s": "FLEET_IDLE_EXIT_S",
+}
+
+
+def start_digests(config: Config, environ: Mapping[str, str], key: str) -> dict[str, str]:
+    """The settings a supervisor started with, as keyed hashes (a key's value never leaves
+    the process, not even as a plain hash): the caller's and the supervisor's compare equal
+    exactly when the values do. An unset *model* is no opinion, not a difference."""
+    values = {name: environ.get(name, "") for name in START_ENVIRONMENT}
+    values |= {name: repr(getattr(config, field)) for field, name in START_SETTINGS.items()}
+    if not config.model:
+        del values[START_SETTINGS["model"]]
+    secret = key.encode()
+    return {
+        name: hmac.new(secret, f"{name}={value}".encode(), hashlib.sha256).hexdigest()[:24]
+        for name, value in values.items()
+    }
+
+
+def drifted(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+    """The settings of *mine* that *theirs* has otherwise (nothing when *theirs* is empty: a
+    supervisor that does not report them)."""
+    if not theirs:
+        return []
+    return [name for name, digest in mine.items() if theirs.get(name) != digest]

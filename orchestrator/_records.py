@@ -36,6 +36,14 @@ def clip(text: str, limit: int = REPORT_CLIP) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def shown_state(state: str, activity: str) -> tuple[str, str]:
+    """The state and activity a person reads: ``idle`` after a good turn (activity ``idle``)
+    is ``done``, and an activity that only repeats the state is left out."""
+    if state == "idle" and activity == "idle":
+        return "done", ""
+    return state, "" if activity == state else activity
+
+
 @attrs.define(eq=False)
 class ChildRecord:
     """What the supervisor knows about one child. Mutated only by its run."""
@@ -100,10 +108,14 @@ class ChildRecord:
         }
 
     def peek_line(self) -> str:
-        """One human line: ``a1 scout-1 idle 2/5 — reading README.md``."""
+        """One human line: ``a1 scout-1 working 2/5 — reading README.md``; a child whose last
+        turn ended well and that waits for more is ``done``, and no word is said twice."""
         progress = self.progress
         done_total = f" {progress['done']}/{progress['total']}" if progress["total"] else ""
-        return f"{self.key} {self.name} {self.state}{done_total} — {self.activity}"
+        state, activity = shown_state(str(self.state), self.activity)
+        return f"{self.key} {self.name} {state}{done_total}" + (
+            f" — {activity}" if activity else ""
+        )
 
     def handoff(self) -> dict[str, Any]:
         """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report."""

@@ -322,11 +322,17 @@ class CliBackend:
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
         turn = self._turn = CliTurn()
+        booting = self._cli is None
+        if booting:
+            # The version probe and the CLI's boot take seconds (Pi: ~6 s): say so in peek.
+            self.host.emit(ipc.Event(activity="status", text=f"starting {self.name}"))
         try:
             cli = await self._start()
         except CliError as exc:
             self._turn = None
             return TurnResult(text="", ok=False, error=str(exc))
+        if booting:
+            self.host.emit(ipc.Event(activity="status", text="started"))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

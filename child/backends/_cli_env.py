@@ -145,7 +145,10 @@ async def probe_version(
 ) -> Version:
     """Run ``binary --version``; refuse a missing, broken or too-old CLI with one line."""
     found = shutil.which(binary, path=env.get("PATH"))
-    hint = f"install {package}@{minimum} or newer, or point FLEET_{backend.upper()}_BIN at it"
+    hint = (
+        f"install {package}@{minimum} or newer, or point FLEET_{backend.upper()}_BIN at it "
+        "and restart the supervisor: fleet serve --stop"
+    )
     if found is None:
         raise CliError(
             f"backend {backend}: {binary} is not on PATH ({hint})", backend=backend, binary=binary

@@ -10,7 +10,7 @@ import trio
 
 from orchestrator._config import Config, load_config
 from orchestrator._errors import UsageError
-from orchestrator.control._client import call_async, op_timeout
+from orchestrator.control._client import NotConnected, call_async, op_timeout
 from orchestrator.control._daemon_client import ensure_daemon
 
 
@@ -27,7 +27,17 @@ def config_of(args: argparse.Namespace) -> Config:
 
 def call(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any]:
     config = config_of(args)
-    token = ensure_daemon(config)
+    try:
+        return _call(args, config, ensure_daemon(config), op, payload)
+    except NotConnected:
+        # The supervisor ended between its answer to our ping and this request (its idle
+        # exit): the request never reached it, so a fresh supervisor gets it.
+        return _call(args, config, ensure_daemon(config), op, payload)
+
+
+def _call(
+    args: argparse.Namespace, config: Config, token: str, op: str, payload: dict[str, Any]
+) -> dict[str, Any]:
     paths = config.paths
     settings: dict[str, Any] = {"max_subagents": args.max_subagents, "lane": args.lane}
     if args.agent_dirs is not None:

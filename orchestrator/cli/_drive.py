@@ -40,13 +40,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
         return _wait(args, keys, every=True, timeout=None)
-    out(
-        args,
-        data,
-        lambda d: "\n".join(
-            f"{a['key']} {a['name']} ({a['agent']}, {a['mode']}) {a['state']}" for a in d["agents"]
-        ),
-    )
+    out(args, data, lambda d: "\n".join(_render.spawned_line(a) for a in d["agents"]))
     return 0
 
 
@@ -65,8 +59,14 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
                     f"nothing settled within {timeout:g} s (try again, or fleet peek)"
                 ) from None
     out(args, data, lambda d: _render.settled_text(d["settled"]))
-    failed = any(n.get("state") == "failed" for n in data["settled"])
-    return 1 if failed else 0
+    return 1 if any(note_failed(n) for n in data["settled"]) else 0
+
+
+def note_failed(note: Mapping[str, Any]) -> bool:
+    """Whether a settle note is a failure: the child failed, or its turn did (a model that is
+    unreachable or answers 500, a missing CLI, a CLI that is not logged in) and left it idle
+    with the turn's error. A question is not a failure."""
+    return note.get("state") == "failed" or (bool(note.get("error")) and "question" not in note)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

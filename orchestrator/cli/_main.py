@@ -10,11 +10,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 
-from orchestrator._errors import FleetError, UsageError
+from orchestrator._errors import FleetError, TimedOut, UsageError
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, config_of, out
 from orchestrator.cli._coordination import cmd_brief, cmd_discuss, cmd_vote
@@ -33,7 +33,7 @@ from orchestrator.cli._drive import (
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
 from orchestrator.control._client import call_async, read_token
-from orchestrator.control._daemon_client import ensure_daemon
+from orchestrator.control._daemon_client import STOP_TIMEOUT, ensure_daemon, wait_released
 
 
 class _ArgumentError(Exception):
@@ -72,17 +72,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def cmd_agents(args: argparse.Namespace) -> int:
     data = call(args, "agents", {"scope": args.scope})
-    out(
-        args,
-        data,
-        lambda d: _render.table(
-            ["NAME", "MODE", "SOURCE", "TOOLS", "DESCRIPTION"],
-            [
-                [a["name"], a["mode"], a["source"], ",".join(a["tools"]), a["description"]]
-                for a in d["agents"]
-            ],
-        ),
-    )
+    out(args, data, lambda d: _render.agents_text(d["agents"]))
     return 0
 
 
@@ -101,6 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 0
         token = read_token(paths.control_token)
         trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
+        # Stopped means ended: its children reaped and the session free for the next one.
+        holder = wait_released(paths.lock)
+        if holder is not None:
+            raise TimedOut(
+                f"the supervisor (pid {holder}) is still stopping its children after "
+                f"{STOP_TIMEOUT:g} s (see {paths.daemon_log})"
+            )
         out(args, {"stopped": True}, lambda _: "supervisor stopped")
         return 0
     if args.foreground:
@@ -298,11 +295,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit code when the reader of our output went away (``fleet peek | head -1``): what a
+#: shell reports for a process that SIGPIPE ended.
+CLOSED_PIPE: Final = 141
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be said, and Python must not complain again when it flushes at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        code = CLOSED_PIPE
+    sys.exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = _parse(parser, argv)
     try:
-        code = args.func(args)
+        code: int = args.func(args)
+    except BrokenPipeError:
+        raise
     except FleetError as exc:
         message = str(exc)
         prefix = f"{args.verb}: "
@@ -323,4 +340,4 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             file=sys.stderr,
         )
         code = 1
-    sys.exit(code)
+    return code

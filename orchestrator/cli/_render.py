@@ -4,6 +4,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TextIO
 
+from orchestrator._records import shown_state
+
 TERMINAL_STATES: Final = frozenset({"stopped", "failed"})
 
 
@@ -33,6 +35,11 @@ def _head(data: Mapping[str, Any]) -> str:
     )
 
 
+def waiting_first(agents: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """*agents* with those asking the parent a question (``waiting``) first, else in order."""
+    return sorted(agents, key=lambda a: a["state"] != "waiting")
+
+
 def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     head = _head(data)
     rows = [
@@ -41,8 +48,7 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
             a["name"],
             a["agent"],
             # A child launched under another workflow mode keeps that mode's toolset.
-            a["state"]
-            + (" (queued)" if a.get("queued") else "")
+            _state(a)
             + (
                 f" [{a['workflow_mode']}]"
                 if a.get("workflow_mode", data["mode"]) != data["mode"]
@@ -50,9 +56,9 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
             ),
             _progress(a["progress"]),
             f"{a['last_event_age_s']:.0f}s",
-            a["activity"],
+            _activity(a),
         ]
-        for a in data["agents"]
+        for a in waiting_first(data["agents"])
     ]
     stale = [
         f"stale {s['key']} {s['name']} ({s['state']}, pid {s['pid']}): log {s['log']}"
@@ -77,7 +83,14 @@ def _age(seconds: float) -> str:
 
 
 def _state(agent: Mapping[str, Any]) -> str:
-    return str(agent["state"]) + (" (queued)" if agent.get("queued") else "")
+    state, _ = shown_state(str(agent["state"]), str(agent["activity"]))
+    return state + (" (queued)" if agent.get("queued") else "")
+
+
+def _activity(agent: Mapping[str, Any]) -> str:
+    """The activity, unless it only repeats the state (``idle idle``, ``starting starting``)."""
+    _, activity = shown_state(str(agent["state"]), str(agent["activity"]))
+    return activity
 
 
 def live_agents(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -99,9 +112,9 @@ def fleet_view(data: Mapping[str, Any], *, width: int = 120) -> list[str]:
             _progress(a["progress"]),
             _age(a["last_event_age_s"]),
             a.get("surface", "process"),
-            a["activity"],
+            _activity(a),
         ]
-        for a in agents
+        for a in waiting_first(agents)
     ]
     headers = ["KEY", "NAME", "STATE", "MODE", "DONE", "AGE", "SURFACE", "ACTIVITY"]
     return [_head(data), *table(headers, rows, width=width).splitlines()]
@@ -109,9 +122,11 @@ def fleet_view(data: Mapping[str, Any], *, width: int = 120) -> list[str]:
 
 def watch_line(agent: Mapping[str, Any]) -> str:
     """One plain line for a changed entry (the non-TTY live view)."""
+    activity = _activity(agent)
     return (
         f"{agent['key']} {agent['name']} {_state(agent)} {agent['mode']} "
-        f"{_progress(agent['progress'])} {agent.get('surface', 'process')}: {agent['activity']}"
+        f"{_progress(agent['progress'])} {agent.get('surface', 'process')}"
+        + (f": {activity}" if activity else "")
     )
 
 
@@ -252,3 +267,25 @@ def render_outcome(data: Mapping[str, Any]) -> str:
     else:
         lines.append(data["reason"])
     return "\n".join(lines)
+
+
+def spawned_line(agent: Mapping[str, Any]) -> str:
+    """``a1 scout-1 (scout) starting``; the mode is named only when it differs from the agent."""
+    kind = (
+        agent["agent"] if agent["mode"] == agent["agent"] else f"{agent['agent']}, {agent['mode']}"
+    )
+    return f"{agent['key']} {agent['name']} ({kind}) {agent['state']}"
+
+
+def agents_text(agents: Sequence[Mapping[str, Any]]) -> str:
+    """``fleet agents``: the table, then one line per import warning (docs/agents.md)."""
+    rows = [
+        [a["name"], a["mode"], a["source"], ",".join(a["tools"]), a["description"]] for a in agents
+    ]
+    lines = [table(["NAME", "MODE", "SOURCE", "TOOLS", "DESCRIPTION"], rows)]
+    lines += [
+        f"warning: {a['name']} ({a.get('path') or a['source']}): {warning}"
+        for a in agents
+        for warning in a.get("warnings", [])
+    ]
+    return "\n".join(line for line in lines if line)

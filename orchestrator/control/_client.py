@@ -19,6 +19,10 @@ CONTROL_OWNER: Final = "control"
 WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap
 
 
+class NotConnected(Unreachable):
+    """No connection to the supervisor: the request never reached it (safe to send again)."""
+
+
 async def ignore_event(envelope: ipc.Envelope) -> None:
     """Neither end of a control connection sends events."""
     return
@@ -59,7 +63,7 @@ async def call_async(
             request_timeout=min(max(timeout, 1.0), ipc.check_timeout(120.0)),
         )
     except (OSError, ipc.HandshakeError) as exc:
-        raise Unreachable(f"supervisor at {socket} is unreachable: {exc}") from None
+        raise NotConnected(f"supervisor at {socket} is unreachable: {exc}") from None
     reply: ipc.Message | None = None
     error: FleetError | None = None
     # Errors are kept out of the nursery so the caller sees the FleetError itself, not an

@@ -81,6 +81,8 @@ async def serve(
                     nursery.start_soon(keep_registry, sup)
                     await nursery.start(listener.serve, server.handle_connection)
                     nursery.start_soon(_on_signals, server.shutdown)
+                    if config.idle_exit_s > 0:
+                        nursery.start_soon(exit_when_idle, server, config.idle_exit_s)
                     task_status.started()
                     await server.shutdown.wait()
                     nursery.cancel_scope.cancel()
@@ -253,6 +255,27 @@ def adopt_stale(sup: Supervisor, stale: dict[str, Any]) -> None:
         if running:
             line += f"; still running: pid {', '.join(running)} (stop them with kill)"
         sup.warnings.append(line)
+
+
+async def exit_when_idle(server: ControlServer, idle_s: float) -> None:
+    """Shut down once the supervisor has held nothing and served nothing for *idle_s*.
+
+    A supervisor with live or retained children (idle ones too), an unread note, an open
+    question or an unresolved worktree stays; so does one that is serving a request.
+    """
+    sup = server.sup
+    quiet_since = trio.current_time()
+    while True:
+        await trio.sleep(min(max(idle_s / 4, 0.05), 5.0))
+        now = trio.current_time()
+        if server.serving or not sup.holds_nothing():
+            quiet_since = now
+            continue
+        since = max(quiet_since, server.last_request)
+        if now - since >= idle_s:
+            log.warning("no child and no request for %g s: the supervisor exits", idle_s)
+            server.shutdown.set()
+            return
 
 
 async def _on_signals(shutdown: trio.Event) -> None:

@@ -5,21 +5,55 @@ in the background (its own session, its output in the daemon log) and waits for 
 answer. The daemon itself is :mod:`orchestrator.control._daemon`.
 """
 
+import fcntl
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import trio
 
 import ipc
-from orchestrator._config import Config
+from orchestrator._config import Config, drifted, start_digests
 from orchestrator._errors import Unreachable
 from orchestrator.control._client import call_async, read_token
 
 START_TIMEOUT: Final = 20.0
+#: How long a verb waits for the session's previous supervisor to finish stopping (it stops
+#: and reaps its children, copies worktrees back, before it lets go of the session lock).
+STOP_TIMEOUT: Final = 90.0
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid written in the session lock while a supervisor holds it (alive, or still
+    stopping its children), else ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 32).decode(errors="replace").strip() or "?"
+        return None
+    finally:
+        os.close(fd)  # and with it our shared lock, at once
+
+
+#: What a daemon that lost the session lock says (``_daemon.session_lock``).
+LOST_LOCK: Final = "another supervisor already runs"
+
+
+def wait_released(path: Path, timeout: float = STOP_TIMEOUT) -> str | None:
+    """Wait until no supervisor holds the session lock; the holder's pid if one still does."""
+    deadline = time.monotonic() + timeout
+    while (holder := lock_holder(path)) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return holder
 
 
 def _daemon_env(config: Config) -> dict[str, str]:
@@ -52,10 +86,70 @@ async def _ping(config: Config) -> dict[str, Any] | None:
         return None
 
 
+_warned: set[str] = set()
+
+
+def warn_if_drifted(config: Config, answer: Mapping[str, Any], token: str) -> None:
+    """One stderr line when the running supervisor started with other settings than this
+    command's: it keeps its own for every child it spawns until it is restarted."""
+    names = [
+        name
+        for name in drifted(start_digests(config, os.environ, token), answer.get("settings", {}))
+        if name not in _warned
+    ]
+    if not names:
+        return
+    _warned.update(names)
+    pid = answer.get("pid", "?")
+    print(
+        f"fleet: warning: the running supervisor (pid {pid}) started with another "
+        f"{', '.join(names)} than this command's and keeps its own for every child it spawns "
+        "(restart it: fleet serve --stop stops it and its children; the next command starts "
+        "one with yours)",
+        file=sys.stderr,
+    )
+
+
 def ensure_daemon(config: Config) -> str:
-    """Start the session's supervisor unless one answers; return the control token."""
-    if trio.run(_ping, config) is not None:
-        return read_token(config.paths.control_token)
+    """Start the session's supervisor unless one answers; return the control token.
+
+    A supervisor that answers but started with other settings than this command's is
+    reported in one line (:func:`warn_if_drifted`). One that holds the session but does not
+    answer is starting (another command's) or stopping (its children first): this waits for
+    it to answer or to end, up to :data:`STOP_TIMEOUT`, and then starts a fresh one.
+    """
+    answer = trio.run(_ping, config)
+    if answer is not None:
+        token = read_token(config.paths.control_token)
+        warn_if_drifted(config, answer, token)
+        return token
+    paths = config.paths
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while True:
+        holder = lock_holder(paths.lock)
+        if holder is None:
+            started = _start(config)
+            if started is not None:
+                return started
+        else:
+            answer = trio.run(_ping, config)
+            if answer is not None:
+                found = read_token(paths.control_token)
+                warn_if_drifted(config, answer, found)
+                return found
+        if time.monotonic() >= deadline:
+            if holder is None:
+                raise Unreachable(f"no supervisor started (see {paths.daemon_log})")
+            raise Unreachable(
+                f"the session's supervisor (pid {holder}) neither answers nor ends within "
+                f"{STOP_TIMEOUT:g} s (see {paths.daemon_log}; end it with kill {holder})"
+            )
+        time.sleep(0.1)
+
+
+def _start(config: Config) -> str | None:
+    """Start a supervisor and wait for it to answer: its token, or ``None`` when it lost the
+    session to another supervisor (one starting or stopping) and the caller should wait."""
     paths = config.paths
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
@@ -84,12 +178,10 @@ def ensure_daemon(config: Config) -> str:
             for warning in answer.get("warnings", []):
                 print(f"fleet: warning: {warning}", file=sys.stderr)
             return read_token(paths.control_token)
-        if process.poll() is not None and trio.run(_ping, config) is None:
-            # It may have lost the start race to another daemon that is still binding.
-            time.sleep(0.1)
-            if trio.run(_ping, config) is not None:
-                return read_token(paths.control_token)
+        if process.poll() is not None:
             tail = _tail(paths.daemon_log)
+            if LOST_LOCK in tail:
+                return None  # another supervisor holds the session: wait for it
             raise Unreachable(f"supervisor exited with code {process.returncode}: {tail}")
         time.sleep(0.05)
     raise Unreachable(

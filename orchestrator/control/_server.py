@@ -17,7 +17,7 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._config import agent_dir_entries
+from orchestrator._config import agent_dir_entries, start_digests
 from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
@@ -129,6 +129,8 @@ async def _agents(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
                 "tools": list(d.tools),
                 "backend": d.backend,
                 "source": d.source,
+                "path": str(d.path),
+                "warnings": list(d.warnings),
             }
             for d in sup.agents(scope).values()
         ]
@@ -277,6 +279,11 @@ class ControlServer:
 
     #: Control connections refused because their peer is inside a child's process tree.
     refused: int = 0
+    #: When the last control request began or ended (``trio.current_time()``): the idle exit
+    #: counts from it.
+    last_request: float = 0.0
+    #: Requests being served now (a ``wait`` may last long: it is not idleness).
+    serving: int = 0
 
     def _lookup(self, owner: str) -> str | None:
         return self.token if owner == CONTROL_OWNER else None
@@ -336,10 +343,18 @@ class ControlServer:
         # Every reply is scrubbed of every secret the supervisor holds: a child's report, log
         # tail or failure may quote a sibling's token or the control token.
         scrub = self.sup.secrets.scrub_value
+        self.serving += 1
+        self.last_request = trio.current_time()
         try:
             data = await op(self.sup, body.args)
         except FleetError as exc:
             return ipc.Reply(ok=False, error=scrub(str(exc)), data={"kind": exc.kind})
+        finally:
+            self.serving -= 1
+            self.last_request = trio.current_time()
         if body.op in {"peek", "ping"}:
             data = {**data, "control": {"refused": self.refused}}
+        if body.op == "ping":
+            # What this supervisor started with, so a verb can say when its own differ.
+            data["settings"] = start_digests(self.sup.config, os.environ, self.token)
         return ipc.Reply(ok=True, data=scrub(data))

@@ -257,6 +257,12 @@ class _Reader:
             mapped = CLAUDE_TOOLS.get(item) if self.source == "claude" else item
             if mapped in KNOWN_TOOLS:
                 tools.append(mapped)
+            elif self.foreign and "(" in item:
+                # Claude Code's restricted forms (Bash(git diff:*)): never widened to the tool.
+                self.warnings.append(
+                    f"dropped tool {item!r}: fleet cannot enforce a restricted form, "
+                    f"so {item.partition('(')[0].strip()!r} is not given"
+                )
             elif self.foreign:
                 self.warnings.append(f"dropped tool {item!r}: fleet has no equivalent")
             else:

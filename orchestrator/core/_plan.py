@@ -119,7 +119,8 @@ def plan_spawn(
         if not model_text:
             raise UsageError(
                 "spawn: no model configured for the builtin agent (pass --model "
-                "scripted:FILE or openai:MODEL, or set FLEET_MODEL)"
+                "scripted:FILE or openai:MODEL, or set FLEET_MODEL and restart the supervisor: "
+                "fleet serve --stop)"
             )
         model = parse_model(model_text, config.workspace)
     elif backend in MODEL_KINDS:

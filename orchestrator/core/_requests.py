@@ -106,6 +106,11 @@ class ChildRequests:
             record.touch(clip(event.text.splitlines()[0] if event.text else "", 120))
         elif event.activity == "todo" and record.progress.get("current"):
             record.touch(clip(f"todo: {record.progress['current']}", 120))
+        elif event.activity == "status" and event.text.startswith("starting "):
+            record.touch(clip(event.text, 120))  # a CLI backend boots: "starting pi"
+        elif event.activity == "status" and event.text == "started":
+            side = self.run.side_turn is not None
+            record.touch("answering a side question" if side else "working")
         else:
             record.touch()
 

@@ -319,8 +319,8 @@ class ChildRun:
         report, error = scrub(result.text), scrub(result.error)
         if report:
             record.report = report
-        if not result.ok:
-            record.error = error
+        # The last turn's error, or none: a later good turn clears an earlier failure's.
+        record.error = "" if result.ok else error
         notify = not (result.aborted and (self.pausing or self.stopping))
         if self.pausing or result.aborted:
             record.state = State.PAUSED

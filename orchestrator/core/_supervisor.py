@@ -318,6 +318,18 @@ class Supervisor:
         )
         return render(facts)
 
+    def holds_nothing(self) -> bool:
+        """Whether nothing would be lost if this supervisor ended now: no live or retained
+        child, no unread note, no open question, no unresolved worktree, no vote."""
+        return not (
+            self.registry.records
+            or self.runs
+            or self.notes.pending
+            or self.questions
+            or self.worktrees.unresolved()
+            or self.democracy.current is not None
+        )
+
     def set_mode(self, mode: str | None) -> str:
         if mode is not None:
             self.mode = check_mode(mode)

@@ -56,7 +56,10 @@ def policy_for(mode: str, requested: str | None) -> str:
     return "worker" if mode == "worktree" else "read_only"
 
 
-HOW_TO_SANDBOX = "install bubblewrap (Linux) or run on macOS, or pass --allow-unsandboxed"
+HOW_TO_SANDBOX = (
+    "install bubblewrap (Linux) or run on macOS, or pass --allow-unsandboxed (read when the "
+    "supervisor starts: fleet serve --stop first)"
+)
 
 
 def unsandboxed_reason(config: Config) -> str | None:
@@ -70,7 +73,8 @@ def unsandboxed_reason(config: Config) -> str | None:
             return "sandbox turned off (--allow-unsandboxed)"
         raise PolicyError(
             "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed; "
-            "turn it back on, or pass --allow-unsandboxed"
+            "turn it back on, or pass --allow-unsandboxed (either read when the supervisor "
+            "starts: fleet serve --stop first)"
         )
     result = sandbox.probe()
     if result.available:

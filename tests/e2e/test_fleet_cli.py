@@ -4,7 +4,10 @@ Real supervisor daemon, real child processes, real sockets, real git repository.
 """
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -249,3 +252,165 @@ def test_agent_dirs_bring_claude_code_agents_to_listing_and_spawn(fleet):
     [note] = fleet.json("wait", key, "--timeout", "30")["settled"]
     assert "look -> " in note["report"]
     fleet.json("stop", key)
+
+
+def test_wait_and_spawn_wait_exit_1_when_the_childs_turn_failed(fleet):
+    # A model nothing listens on: the turn fails, the child stays idle with the error.
+    dead = "openai:m@http://127.0.0.1:9/v1"
+    result = fleet.run("spawn", "--model", dead, "--wait", "look", "--json", timeout=90)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    [note] = json.loads(result.stdout)["settled"]
+    assert note["state"] == "idle"
+    assert note["error"]
+    result = fleet.run("wait", note["key"], "--timeout", "30")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "error: " in result.stdout
+    fleet.json("stop", note["key"])
+
+
+def test_wait_exits_1_when_the_childs_cli_is_missing(tmp_path):
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+
+    with running_fleet(tmp_path, env={"FLEET_PI_BIN": str(tmp_path / "no-pi")}) as fleet:
+        model = "openai:m@http://127.0.0.1:9/v1"
+        fleet.json("spawn", "--backend", "pi", "--model", model, "look")
+        result = fleet.run("wait", "a1", "--timeout", "60", "--json")
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        [note] = json.loads(result.stdout)["settled"]
+        assert "is not on PATH" in note["error"]
+        result = fleet.run("wait", "a1", "--timeout", "30")
+        assert result.returncode == 1
+        assert "is not on PATH" in result.stdout
+        fleet.json("stop", "a1")
+
+
+def test_a_good_turn_after_a_failed_one_waits_with_exit_0(fleet):
+    command = "sh -c 'read t; case \"$t\" in fail*) echo broke >&2; exit 3;; esac; echo fine'"
+    fleet.json("spawn", "--agent", "worker", "--backend", "command", "--command", command, "fail")
+    assert fleet.run("wait", "a1", "--timeout", "30").returncode == 1
+    fleet.json("resume", "a1", "go")
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert (note["error"], note["report"].strip()) == ("", "fine")
+    # The note is taken: a second wait reads the record, whose error is the last turn's.
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert note["error"] == ""
+    fleet.json("stop", "a1")
+
+
+def test_a_closed_pipe_ends_the_command_quietly(fleet):
+    model = fleet.script("report", REPORT)
+
+    def closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+        read, write = os.pipe()
+        os.close(read)  # the reader (head -1) is gone before we write
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "orchestrator", *args],
+                cwd=fleet.repo,
+                env=fleet.env,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            os.close(write)
+
+    result = closed_pipe("spawn", "--model", model, "look")
+    assert (result.returncode, result.stderr) == (141, "")
+    # The spawn itself happened: the child is there and settles.
+    [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
+    assert note["report"].startswith("## Summary")
+    # The live view too: it ends at its first line instead of watching for nobody.
+    result = closed_pipe("peek", "--watch")
+    assert (result.returncode, result.stderr) == (141, "")
+    fleet.json("stop", "a1")
+
+
+def test_a_cli_child_reads_starting_pi_while_its_cli_boots(tmp_path):
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+
+    # A stand-in for Pi's slow start: its version probe takes 3 s, then it is too old to run.
+    pi = tmp_path / "bin" / "pi"
+    pi.parent.mkdir()
+    pi.write_text("#!/bin/sh\nsleep 3\necho 0.0.1\n")
+    pi.chmod(0o755)
+    # Unsandboxed: the sandbox hides the test's temporary directory, where the stand-in lives.
+    env = {"FLEET_PI_BIN": str(pi), "FLEET_SANDBOX": "off", "FLEET_ALLOW_UNSANDBOXED": "1"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        fleet.json("spawn", "--backend", "pi", "--model", "openai:m@http://127.0.0.1:9/v1", "x")
+        deadline, seen = time.monotonic() + 30, []
+        while time.monotonic() < deadline:
+            [agent] = fleet.json("peek", "a1")["agents"]
+            seen.append((agent["state"], agent["activity"]))
+            if agent["activity"] == "starting pi":
+                break
+            time.sleep(0.1)
+        assert seen[-1] == ("working", "starting pi"), seen
+        line = next(r for r in fleet.run("peek").stdout.splitlines() if r.startswith("a1"))
+        assert line.split()[3:4] == ["working"]
+        assert line.endswith("starting pi")
+        result = fleet.run("wait", "a1", "--timeout", "30", "--json")
+        assert result.returncode == 1
+        [note] = json.loads(result.stdout)["settled"]
+        assert "0.0.1" in note["error"]
+        fleet.json("stop", "a1")
+
+
+def test_fleet_agents_shows_the_import_warnings(fleet):
+    claude = fleet.repo / ".claude" / "agents"
+    claude.mkdir(parents=True)
+    (claude / "differ.md").write_text(
+        "---\nname: differ\ndescription: Reads diffs\ntools: Read, Bash(git diff:*)\n"
+        "color: blue\n---\nRead the diff.\n"
+    )
+    listed = {a["name"]: a for a in fleet.json("agents", "--agent-dirs", "claude")["agents"]}
+    differ = listed["differ"]
+    assert differ["tools"] == ["read"]
+    assert differ["path"] == str(claude / "differ.md")
+    assert sorted(differ["warnings"]) == [
+        (
+            "dropped tool 'Bash(git diff:*)': fleet cannot enforce a restricted form, "
+            "so 'Bash' is not given"
+        ),
+        "ignored front-matter key 'color'",
+    ]
+    assert listed["scout"]["warnings"] == []
+    result = fleet.run("agents")
+    assert result.returncode == 0
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: differ ({claude / 'differ.md'}): {w}" for w in differ["warnings"]
+    ]
+
+
+async def test_a_real_pi_child_reads_starting_pi_then_done(tmp_path):
+    import trio  # noqa: PLC0415
+
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+    from tests.fakes._agent_clis import NPM_BIN  # noqa: PLC0415
+    from tests.fakes.model_server import ModelServer  # noqa: PLC0415
+
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nThe answer is 42."}])
+        env = {"FLEET_PI_BIN": str(NPM_BIN / "pi")}
+        with running_fleet(tmp_path, env=env) as fleet:
+            model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+            spawn = ("spawn", "--backend", "pi", "--model", model, "find it")
+            await trio.to_thread.run_sync(lambda: fleet.json(*spawn))
+            seen: list[str] = []
+            with trio.fail_after(90):
+                while True:
+                    peek = await trio.to_thread.run_sync(lambda: fleet.json("peek", "a1"))
+                    [agent] = peek["agents"]
+                    seen.append(agent["activity"])
+                    if agent["state"] == "idle":
+                        break
+                    await trio.sleep(0.05)
+            assert "starting pi" in seen, seen
+            assert seen[-1] == "idle"
+            text = await trio.to_thread.run_sync(lambda: fleet.run("peek").stdout)
+            row = next(line for line in text.splitlines() if line.startswith("a1"))
+            assert row.split()[3] == "done"
+            await trio.to_thread.run_sync(lambda: fleet.json("stop", "a1"))

@@ -129,7 +129,7 @@ async def test_a_missing_cli_is_a_one_line_error(tmp_path):
     assert not result.ok
     assert result.error == (
         "backend claude: no-such-claude is not on PATH (install @anthropic-ai/claude-code@2.1.0 "
-        "or newer, or point FLEET_CLAUDE_BIN at it)"
+        "or newer, or point FLEET_CLAUDE_BIN at it and restart the supervisor: fleet serve --stop)"
     )
     assert srv.requests() == []
 

@@ -90,7 +90,10 @@ async def test_probe_refuses_old_or_broken_clis_in_one_line(tmp_path, output, co
     text = str(caught.value)
     assert message in text
     assert text.startswith(f"backend claude: {cli} ")
-    assert text.endswith("(install pkg@2.0.0 or newer, or point FLEET_CLAUDE_BIN at it)")
+    assert text.endswith(
+        "(install pkg@2.0.0 or newer, or point FLEET_CLAUDE_BIN at it and restart the "
+        "supervisor: fleet serve --stop)"
+    )
     assert "\n" not in text
 
 

@@ -130,7 +130,7 @@ async def test_a_missing_cli_is_a_one_line_error(tmp_path):
     assert not result.ok
     assert result.error == (
         "backend codex: no-such-codex is not on PATH (install @openai/codex@0.171.0 or newer, "
-        "or point FLEET_CODEX_BIN at it)"
+        "or point FLEET_CODEX_BIN at it and restart the supervisor: fleet serve --stop)"
     )
 
 

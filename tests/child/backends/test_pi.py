@@ -116,7 +116,7 @@ async def test_a_missing_cli_is_a_one_line_error(tmp_path):
     assert result.error == (
         f"backend pi: {tmp_path / 'no-such-pi'} is not on PATH (install "
         "@earendil-works/pi-coding-agent (or @mariozechner/pi-coding-agent)@0.73.1 or newer, "
-        "or point FLEET_PI_BIN at it)"
+        "or point FLEET_PI_BIN at it and restart the supervisor: fleet serve --stop)"
     )
     assert "\n" not in result.error
     assert srv.requests() == []

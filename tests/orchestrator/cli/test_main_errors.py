@@ -82,3 +82,35 @@ def test_stop_exits_1_when_a_handoff_did_not_resolve(monkeypatch, capsys, handof
     got, out, _err = _run(capsys, "stop", "a1", "--json")
     assert got == code
     assert json.loads(out)["handoffs"] == [handoff]
+
+
+def _note(**fields: Any) -> dict[str, Any]:
+    base = {"key": "a1", "name": "scout-1", "state": "idle", "peek": "a1 scout-1 done"}
+    return {**base, "report": "", "error": "", **fields}
+
+
+@pytest.mark.parametrize(
+    ("note", "code"),
+    [
+        (_note(report="## Summary"), 0),
+        (_note(error="model unreachable: connection refused"), 1),
+        (_note(state="failed", error="killed"), 1),
+        (_note(state="waiting", question={"id": "q1", "text": "which?"}), 0),
+    ],
+    ids=["settled", "turn-failed", "failed", "question"],
+)
+@pytest.mark.parametrize(
+    "argv", [["wait", "a1"], ["spawn", "--wait", "look"]], ids=["wait", "spawn"]
+)
+def test_wait_exits_1_when_a_returned_turn_failed(monkeypatch, capsys, note, code, argv):
+    def call(args: Any, op: str, payload: Any) -> dict[str, Any]:
+        if op == "spawn":
+            return {"agents": [{"key": "a1"}]}
+        return {"settled": [note]}
+
+    monkeypatch.setattr(_drive, "call", call)
+    assert _run(capsys, *argv, "--json")[0] == code
+    got, out, _err = _run(capsys, *argv)
+    assert got == code
+    if note["error"]:
+        assert f"error: {note['error']}" in out

@@ -1,4 +1,7 @@
-from orchestrator.cli._render import peek_table
+import itertools
+
+from orchestrator._records import ChildRecord, State
+from orchestrator.cli._render import fleet_view, peek_table, spawned_line, watch_line
 
 
 def _peek(agents, **extra):
@@ -52,4 +55,55 @@ def test_stale_children_of_a_dead_supervisor_are_listed_even_with_no_live_child(
     assert (
         "stale a3 worker-3 (working, pid 4242): log /s/logs/a3.log, worktree /s/worktrees/a3"
         in text
+    )
+
+
+def _row(lines: list[str], key: str) -> str:
+    return next(line for line in lines if line.startswith(key))
+
+
+def test_peek_lists_waiting_children_first_in_key_order_otherwise():
+    agents = [_agent("a1", "plan"), _agent("a2", "plan", "waiting"), _agent("a3", "plan")]
+    agents.append(_agent("a4", "plan", "waiting"))
+    lines = peek_table(_peek(agents)).splitlines()
+    assert [line.split()[0] for line in lines[2:6]] == ["a2", "a4", "a1", "a3"]
+    view = fleet_view(_peek([{**a, "mode": "scout"} for a in agents]))
+    assert [line.split()[0] for line in view[2:6]] == ["a2", "a4", "a1", "a3"]
+
+
+def test_a_settled_child_reads_done_and_no_word_is_said_twice():
+    agents = [
+        {**_agent("a1", "plan", "idle"), "activity": "idle"},
+        {**_agent("a2", "plan", "starting"), "activity": "starting"},
+        {**_agent("a3", "plan", "idle"), "activity": "turn failed: HTTP 500"},
+        {**_agent("a4", "plan"), "activity": "starting pi"},
+    ]
+    lines = peek_table(_peek(agents)).splitlines()
+    assert _row(lines, "a1").split()[3:] == ["done", "1/3", "2s"]
+    assert _row(lines, "a2").split()[3:] == ["starting", "1/3", "2s"]
+    assert "idle" in _row(lines, "a3")
+    assert _row(lines, "a3").endswith("turn failed: HTTP 500")
+    assert _row(lines, "a4").split()[3:] == ["working", "1/3", "2s", "starting", "pi"]
+    for agent in agents:
+        words = watch_line({**agent, "mode": "scout"}).replace(":", "").split()
+        assert not any(a == b for a, b in itertools.pairwise(words)), words
+    assert watch_line({**agents[0], "mode": "scout"}) == "a1 na1 done scout 1/3 process"
+
+
+def test_the_peek_line_of_a_record_says_done_once():
+    record = ChildRecord(
+        key="a1", name="scout-1", agent="scout", mode="scout", task="t", workspace="/w", backend="b"
+    )
+    assert record.peek_line() == "a1 scout-1 starting"
+    record.state, record.activity = State.IDLE, "idle"
+    assert record.peek_line() == "a1 scout-1 done"
+    record.state, record.activity = State.WORKING, "read README.md"
+    assert record.peek_line() == "a1 scout-1 working — read README.md"
+
+
+def test_a_spawned_line_names_the_mode_only_when_it_is_not_the_agents_name():
+    row = {"key": "a1", "name": "scout-1", "agent": "scout", "mode": "scout", "state": "starting"}
+    assert spawned_line(row) == "a1 scout-1 (scout) starting"
+    assert spawned_line({**row, "agent": "worker", "mode": "worktree"}) == (
+        "a1 scout-1 (worker, worktree) starting"
     )

@@ -261,7 +261,10 @@ def test_claude_code_agents_map_tools_and_record_what_was_dropped(isolated, tmp_
     assert reviewer.model is None
     assert reviewer.warnings == (
         "ignored front-matter key 'color'",
-        "dropped tool 'Bash(git diff:*)': fleet has no equivalent",
+        (
+            "dropped tool 'Bash(git diff:*)': fleet cannot enforce a restricted form, "
+            "so 'Bash' is not given"
+        ),
         "dropped tool 'WebFetch': fleet has no equivalent",
     )
     fixer = agents["fixer"]

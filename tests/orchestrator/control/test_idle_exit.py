@@ -1,0 +1,92 @@
+"""The supervisor daemon exits when it has held nothing for ``subagents.idle_exit_s``."""
+
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from orchestrator._config import Config, load_config
+from orchestrator._errors import UsageError
+from orchestrator.control._daemon import exit_when_idle
+from orchestrator.control._server import ControlServer
+from orchestrator.core._requests import Question
+from orchestrator.core._supervisor import open_supervisor
+from tests.e2e.conftest import fleet_processes, make_repo, running_fleet
+
+REPORT = "turns:\n  - steps:\n      - reply: done\n"
+
+
+def _daemon_pid(home: Path) -> int:
+    [pid] = [p.pid for p in fleet_processes(home) if "serve" in p.cmdline() and "-m" in p.cmdline()]
+    return pid
+
+
+def _ends_within(pid: int, seconds: float) -> bool:
+    try:
+        psutil.Process(pid).wait(seconds)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_an_idle_supervisor_exits_and_one_with_a_retained_child_stays(tmp_path):
+    with running_fleet(tmp_path, env={"FLEET_IDLE_EXIT_S": "1"}) as fleet:
+        model = fleet.script("report", REPORT)
+        fleet.json("spawn", "--model", model, "look")
+        fleet.json("wait", "a1", "--timeout", "30")
+        pid = _daemon_pid(fleet.home)
+        # An idle child is retained: the supervisor keeps it, well past the idle period.
+        assert not _ends_within(pid, 3.0)
+        assert fleet.json("peek")["agents"][0]["key"] == "a1"
+        fleet.json("stop", "a1")
+        assert _ends_within(pid, 10.0)
+        control = fleet.home / "sessions" / "t" / "control.sock"
+        assert not control.exists()
+        # The next verb starts a fresh supervisor.
+        assert fleet.json("peek")["agents"] == []
+        assert _daemon_pid(fleet.home) != pid
+
+
+def test_idle_exit_is_read_from_the_config_file_and_checked(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEET_IDLE_EXIT_S", raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    assert load_config(session="s", cwd=tmp_path, home=home).idle_exit_s == 1800
+    (home / "config.yaml").write_text("subagents:\n  idle_exit_s: 0\n")
+    assert load_config(session="s", cwd=tmp_path, home=home).idle_exit_s == 0
+    (home / "config.yaml").write_text("subagents:\n  idle_exit_s: -1\n")
+    with pytest.raises(UsageError, match="idle_exit_s -1"):
+        load_config(session="s", cwd=tmp_path, home=home)
+    monkeypatch.setenv("FLEET_IDLE_EXIT_S", "soon")
+    with pytest.raises(UsageError, match="FLEET_IDLE_EXIT_S"):
+        load_config(session="s", cwd=tmp_path, home=home)
+
+
+async def test_the_idle_rule_waits_for_quiet_with_nothing_held(tmp_path):
+    home = Path(tempfile.mkdtemp(prefix="fli-", dir="/tmp"))
+    try:
+        config = Config(home=home, session="t", workspace=make_repo(tmp_path / "repo"))
+        async with open_supervisor(config) as sup:
+            server = ControlServer(sup=sup, token=secrets.token_hex(8))
+            sup.questions["q1"] = Question(id="q1", key="a1", text="which?")
+            with trio.move_on_after(0.8):
+                await exit_when_idle(server, 0.2)
+            assert not server.shutdown.is_set()  # an open question holds it
+            del sup.questions["q1"]
+            server.serving = 1
+            with trio.move_on_after(0.8):
+                await exit_when_idle(server, 0.2)
+            assert not server.shutdown.is_set()  # so does a request being served
+            server.serving = 0
+            with trio.fail_after(2):
+                await exit_when_idle(server, 0.2)
+            assert server.shutdown.is_set()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
