@@ -12,8 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import trio
-
 from orchestrator._errors import FleetError, UsageError
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, config_of, out
@@ -32,7 +30,8 @@ from orchestrator.cli._drive import (
 )
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
-from orchestrator.control._client import call_async, read_token
+from orchestrator.control._client import call as call_control
+from orchestrator.control._client import read_token
 from orchestrator.control._daemon_client import ensure_daemon
 
 
@@ -100,11 +99,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
             return 0
         token = read_token(paths.control_token)
-        trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
+        call_control(paths.control_socket, token, "shutdown", {}, timeout=60)
         out(args, {"stopped": True}, lambda _: "supervisor stopped")
         return 0
     if args.foreground:
         # The daemon alone needs the supervisor: every other verb starts without it.
+        import trio  # noqa: PLC0415
+
         from orchestrator.control._daemon import serve  # noqa: PLC0415
 
         trio.run(serve, config)

@@ -12,12 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-import trio
-
-import ipc
 from orchestrator._config import Config
 from orchestrator._errors import Unreachable
-from orchestrator.control._client import call_async, read_token
+from orchestrator.control._client import call, read_token
 
 START_TIMEOUT: Final = 20.0
 
@@ -41,21 +38,23 @@ def _daemon_env(config: Config) -> dict[str, str]:
     return env
 
 
-async def _ping(config: Config) -> dict[str, Any] | None:
+def _ping(config: Config) -> dict[str, Any] | None:
     paths = config.paths
     if not paths.control_socket.exists():
         return None
     try:
         token = read_token(paths.control_token)
-        return await call_async(paths.control_socket, token, "ping", {}, timeout=5.0)
+        return call(paths.control_socket, token, "ping", {}, timeout=5.0)
     except Unreachable:
         return None
 
 
 def ensure_daemon(config: Config) -> str:
     """Start the session's supervisor unless one answers; return the control token."""
-    if trio.run(_ping, config) is not None:
+    if _ping(config) is not None:
         return read_token(config.paths.control_token)
+    import ipc  # noqa: PLC0415 - only a start pays for it
+
     paths = config.paths
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
@@ -78,16 +77,16 @@ def ensure_daemon(config: Config) -> str:
         os.close(log_fd)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        answer = trio.run(_ping, config)
+        answer = _ping(config)
         if answer is not None:
             # This command started the supervisor: it shows what the start found, once.
             for warning in answer.get("warnings", []):
                 print(f"fleet: warning: {warning}", file=sys.stderr)
             return read_token(paths.control_token)
-        if process.poll() is not None and trio.run(_ping, config) is None:
+        if process.poll() is not None and _ping(config) is None:
             # It may have lost the start race to another daemon that is still binding.
             time.sleep(0.1)
-            if trio.run(_ping, config) is not None:
+            if _ping(config) is not None:
                 return read_token(paths.control_token)
             tail = _tail(paths.daemon_log)
             raise Unreachable(f"supervisor exited with code {process.returncode}: {tail}")
