@@ -133,6 +133,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if all(c["ok"] or not c.get("required") for c in checks) else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from orchestrator.cli._bench import cmd_bench as bench  # noqa: PLC0415
+
+    return bench(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestrator.cli._demo import run_demo  # noqa: PLC0415
 
@@ -294,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
 
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
+    p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
+    p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")
+    p.add_argument("--spawns", type=int, default=3, help="children of each kind (1-4, default 3)")
     verb("demo", cmd_demo, "three scouts on a sample repository")
     return parser
 
