@@ -160,10 +160,13 @@ def test_a_warm_verb_imports_only_what_one_request_needs():
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "Unreachable"  # the request was made, and failed cleanly
-    loaded = {name.split(".")[0] for name in json.loads(result.stdout)}
+    modules = set(json.loads(result.stdout))
+    loaded = {name.split(".")[0] for name in modules}
     heavy = {"trio", "ipc", "cattrs", "orjson", "rich", "psutil", "libtmux", "yaml"}
     heavy |= {"platformdirs", "httpx", "mcp", "cryptography", "sandbox", "child"}
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
+    ours = {"orchestrator._records", "orchestrator.core", "orchestrator.control._server"}
+    assert modules.isdisjoint(ours), sorted(modules & ours)
 
 
 # -- the rooms inside orchestrator/ and child/ (DESIGN §1) -----------------------------------------
