@@ -37,7 +37,7 @@ import ipc
 OWNER = "bench"
 HEADER = struct.Struct(">I")
 SYNC = b"sync"
-TARGET = 0.6
+TARGET = 0.8
 PAYLOAD = ipc.Ownership(paths=["src/fleet/orchestrator/core/_supervisor.py", "docs/*.md"])
 EVENT = ipc.Event(activity="tool_update", tool="bash", text="running pytest -q tests/ipc")
 

@@ -152,16 +152,33 @@ class Runtime:
 
     # -- commands ------------------------------------------------------------------------
 
+    def immediate(self, body: ipc.Message) -> ipc.Message | None:
+        """Start a turn on the reader itself, in frame order: an abort sent right behind the
+        prompt then finds the turn begun, never a child that is not busy yet (through the
+        handler task, the abort's task could run first and the turn would never be aborted).
+        """
+        if isinstance(body, (ipc.Prompt, ipc.Ask)) and self.backend is not None:
+            return self._start_turn(body)
+        return None  # the handler answers (a child still starting says so)
+
+    def _start_turn(self, body: ipc.Prompt | ipc.Ask) -> ipc.Message | None:
+        nursery = self._nursery
+        if nursery is None:
+            return None
+        if self._busy:
+            return ipc.Reply(ok=False, error="a turn is already running")
+        self._busy = True
+        nursery.start_soon(self._run_turn, body)
+        return ipc.Reply(ok=True)
+
     async def handle(self, envelope: ipc.Envelope) -> ipc.Message:
         body = envelope.body
         if self.backend is None or self._nursery is None:
             return ipc.Reply(ok=False, error="the child is still starting")
         if isinstance(body, (ipc.Prompt, ipc.Ask)):
-            if self._busy:
-                return ipc.Reply(ok=False, error="a turn is already running")
-            self._busy = True
-            self._nursery.start_soon(self._run_turn, body)
-            return ipc.Reply(ok=True)
+            return self._start_turn(body) or ipc.Reply(
+                ok=False, error="the child is still starting"
+            )
         if isinstance(body, ipc.Steer):
             if not self._busy:
                 return ipc.Reply(ok=False, error="no turn is running to steer")
@@ -231,7 +248,7 @@ class Runtime:
                     self.view = ActivityView.for_loadout(self.loadout, sys.stdout)
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
-                await self.channel.serve(self.handle, self.on_event)
+                await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import attrs
 import cattrs
+import orjson
 from cattrs.cols import list_structure_factory
 from cattrs.preconf.json import make_converter
 from cattrs.v import format_exception
@@ -241,12 +242,8 @@ class FrameWriter:
         return size.to_bytes(4, "big") + data  # encode_frame's prefix, a call fewer
 
 
-def decode_frame(data: bytes) -> Decoded:
-    """Parse one frame body into its parts; raise :class:`SchemaError` naming the bad field.
-
-    :func:`decode_envelope` without building the :class:`Envelope` (the channel's hot path);
-    the version is always :data:`PROTOCOL_VERSION`.
-    """
+def _strict_loads(data: bytes) -> Any:
+    """The strict decoder: what a frame's JSON means, or a ``json`` :class:`SchemaError`."""
     try:
         # Decode strictly ourselves: json.loads(bytes) would also take UTF-16/32 and let
         # encoded surrogates through ("surrogatepass").
@@ -265,6 +262,34 @@ def decode_frame(data: bytes) -> Decoded:
     except (UnicodeError, ValueError, RecursionError) as exc:
         # ValueError also covers an integer past the interpreter's digit limit.
         raise SchemaError(f"frame is not UTF-8 JSON: {exc}", reason="json") from None
+    return obj
+
+
+def loads(data: bytes) -> Any:
+    """A frame body's JSON value: orjson's reading where it is the strict decoder's too.
+
+    Raises :class:`SchemaError` (reason ``json``) for what the strict decoder refuses.
+    """
+    # orjson keeps the last of two equal keys and reads an integer past 64 bits as a float.
+    # A text that is exactly what orjson writes for the value it read has neither (a dropped
+    # key or a rewritten number would make it differ), no whitespace and no escape but the
+    # ones orjson writes, which are FrameWriter's too. Any other text, and whatever orjson
+    # refuses, is read by the strict decoder, which takes it or says why not.
+    try:
+        obj = orjson.loads(data)
+        canonical = orjson.dumps(obj) == data
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        canonical = False
+    return obj if canonical else _strict_loads(data)
+
+
+def decode_frame(data: bytes) -> Decoded:
+    """Parse one frame body into its parts; raise :class:`SchemaError` naming the bad field.
+
+    :func:`decode_envelope` without building the :class:`Envelope` (the channel's hot path);
+    the version is always :data:`PROTOCOL_VERSION`.
+    """
+    obj = loads(data)
     if type(obj) is not dict:
         raise SchemaError("frame is not a JSON object @ $", reason="schema")
     if list(obj) == _KEY_ORDER:  # how every FrameWriter writes it

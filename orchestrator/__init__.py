@@ -38,10 +38,10 @@ from orchestrator._errors import (
     Unreachable,
     UsageError,
 )
-from orchestrator._records import ChildRecord, SpawnRequest, State
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from orchestrator._records import ChildRecord, SpawnRequest, State
     from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 __all__ = [
@@ -71,4 +71,9 @@ def __getattr__(name: str) -> object:
         from orchestrator.core import _supervisor  # noqa: PLC0415
 
         return getattr(_supervisor, name)
+    if name in {"ChildRecord", "SpawnRequest", "State"}:
+        # The record classes too: a one-shot verb needs none of them.
+        from orchestrator import _records  # noqa: PLC0415
+
+        return getattr(_records, name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import platformdirs
-import yaml
 
 from orchestrator._errors import UsageError
 
@@ -56,7 +54,11 @@ def _endpoints(value: object) -> tuple[str, ...]:
 def default_home() -> Path:
     """``$FLEET_HOME``, else the platform's user state directory."""
     env = os.environ.get("FLEET_HOME")
-    return Path(env) if env else Path(platformdirs.user_state_dir("fleet"))
+    if env:
+        return Path(env)
+    import platformdirs  # noqa: PLC0415 - a verb starts without it when FLEET_HOME is set
+
+    return Path(platformdirs.user_state_dir("fleet"))
 
 
 @attrs.frozen(kw_only=True)
@@ -190,10 +192,16 @@ def resolve_session(explicit: str | None, workspace: Path) -> str:
 def _file_settings(home: Path) -> Mapping[str, Any]:
     path = home / "config.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        raise UsageError(f"config {path}: {exc} (fix or remove the file)") from None
+    import yaml  # noqa: PLC0415 - only a config file pays for it
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise UsageError(f"config {path}: {exc} (fix or remove the file)") from None
     if data is None:
         return {}

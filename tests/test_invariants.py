@@ -8,6 +8,7 @@ entry points (importing one would run it), so their own imports are read with ``
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,51 @@ def test_a_fleet_verb_starts_without_the_supervisor():
     # Yet the API is still there, imported on first use.
     result = _python("import orchestrator; print(orchestrator.open_supervisor.__module__)")
     assert result.stdout.strip() == "orchestrator.core._supervisor", result.stderr
+
+
+WARM_VERB = """
+import json, os, socket, sys, tempfile, threading
+from pathlib import Path
+import orchestrator.cli._main
+from orchestrator._config import load_config
+from orchestrator.control._client import call
+load_config(cwd=Path.cwd())
+path = Path(tempfile.mkdtemp()) / "control.sock"
+server = socket.socket(socket.AF_UNIX)
+server.bind(str(path))
+server.listen(1)
+threading.Thread(target=lambda: server.accept()[0].close(), daemon=True).start()
+try:
+    call(path, "0" * 64, "peek", {"agents": []}, timeout=5)
+except Exception as exc:
+    print(type(exc).__name__, file=sys.stderr)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_warm_verb_imports_only_what_one_request_needs():
+    # An LLM parent calls `fleet peek --json` in a loop (DESIGN §13: <= 3x `python -c pass`):
+    # the verb's whole path, config and one control request, stays off the event loop, the
+    # ipc codec and the renderers' and launchers' libraries.
+    result = subprocess.run(
+        [sys.executable, "-c", WARM_VERB],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "FLEET_HOME"}
+        | {"FLEET_HOME": "/nonexistent"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "Unreachable"  # the request was made, and failed cleanly
+    modules = set(json.loads(result.stdout))
+    loaded = {name.split(".")[0] for name in modules}
+    heavy = {"trio", "ipc", "cattrs", "orjson", "rich", "psutil", "libtmux", "yaml"}
+    heavy |= {"platformdirs", "httpx", "mcp", "cryptography", "sandbox", "child"}
+    assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
+    ours = {"orchestrator._records", "orchestrator.core", "orchestrator.control._server"}
+    assert modules.isdisjoint(ours), sorted(modules & ours)
 
 
 # -- the rooms inside orchestrator/ and child/ (DESIGN §1) -----------------------------------------

@@ -6,11 +6,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import trio
-
 from orchestrator._config import Config, load_config
 from orchestrator._errors import UsageError
-from orchestrator.control._client import NotConnected, call_async, op_timeout
+from orchestrator.control._client import NotConnected, op_timeout
+from orchestrator.control._client import call as call_control
 from orchestrator.control._daemon_client import ensure_daemon
 
 
@@ -43,12 +42,8 @@ def _call(
     if args.agent_dirs is not None:
         settings["agent_dirs"] = list(config.agent_dirs)  # made absolute here, where we are
     if any(value is not None for value in settings.values()):
-        trio.run(
-            lambda: call_async(paths.control_socket, token, "configure", settings, timeout=10.0)
-        )
-    return trio.run(
-        lambda: call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
-    )
+        call_control(paths.control_socket, token, "configure", settings, timeout=10.0)
+    return call_control(paths.control_socket, token, op, payload, timeout=op_timeout(op))
 
 
 def out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:

@@ -12,8 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-import trio
-
 from orchestrator._errors import FleetError, TimedOut, UsageError
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, config_of, out
@@ -32,7 +30,8 @@ from orchestrator.cli._drive import (
 )
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
-from orchestrator.control._client import call_async, read_token
+from orchestrator.control._client import call as call_control
+from orchestrator.control._client import read_token
 from orchestrator.control._daemon_client import STOP_TIMEOUT, ensure_daemon, wait_released
 
 
@@ -90,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             out(args, {"stopped": False}, lambda _: "no supervisor runs for this session")
             return 0
         token = read_token(paths.control_token)
-        trio.run(lambda: call_async(paths.control_socket, token, "shutdown", {}, timeout=60))
+        call_control(paths.control_socket, token, "shutdown", {}, timeout=60)
         # Stopped means ended: its children reaped and the session free for the next one.
         holder = wait_released(paths.lock)
         if holder is not None:
@@ -102,6 +101,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     if args.foreground:
         # The daemon alone needs the supervisor: every other verb starts without it.
+        import trio  # noqa: PLC0415
+
         from orchestrator.control._daemon import serve  # noqa: PLC0415
 
         trio.run(serve, config)
@@ -127,6 +128,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ),
     )
     return 0 if all(c["ok"] or not c.get("required") for c in checks) else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from orchestrator.cli._bench import cmd_bench as bench  # noqa: PLC0415
+
+    return bench(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -291,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
 
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
+    p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
+    p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")
+    p.add_argument("--spawns", type=int, default=3, help="children of each kind (1-4, default 3)")
     verb("demo", cmd_demo, "three scouts on a sample repository")
     return parser
 

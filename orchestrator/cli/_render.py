@@ -4,8 +4,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TextIO
 
-from orchestrator._records import shown_state
-
 TERMINAL_STATES: Final = frozenset({"stopped", "failed"})
 
 
@@ -83,12 +81,16 @@ def _age(seconds: float) -> str:
 
 
 def _state(agent: Mapping[str, Any]) -> str:
+    from orchestrator._records import shown_state  # noqa: PLC0415 - a --json verb needs none
+
     state, _ = shown_state(str(agent["state"]), str(agent["activity"]))
     return state + (" (queued)" if agent.get("queued") else "")
 
 
 def _activity(agent: Mapping[str, Any]) -> str:
     """The activity, unless it only repeats the state (``idle idle``, ``starting starting``)."""
+    from orchestrator._records import shown_state  # noqa: PLC0415 - a --json verb needs none
+
     _, activity = shown_state(str(agent["state"]), str(agent["activity"]))
     return activity
 

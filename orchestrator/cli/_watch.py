@@ -7,8 +7,6 @@ import subprocess
 import sys
 from typing import Any, NoReturn
 
-import trio
-
 from orchestrator._errors import FleetError, UsageError
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, config_of, out
@@ -36,6 +34,8 @@ def _watch(args: argparse.Namespace, refs: list[str]) -> int:
 
     It ends when the fleet, having had children, is empty again (or on Ctrl-C).
     """
+    import trio  # noqa: PLC0415 - a one-shot verb starts without it
+
     config = config_of(args)
     token = ensure_daemon(config)
     socket = config.paths.control_socket

@@ -14,12 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import trio
-
-import ipc
 from orchestrator._config import Config, drifted, start_digests
 from orchestrator._errors import Unreachable
-from orchestrator.control._client import call_async, read_token
+from orchestrator.control._client import call, read_token
 
 START_TIMEOUT: Final = 20.0
 #: How long a verb waits for the session's previous supervisor to finish stopping (it stops
@@ -75,13 +72,13 @@ def _daemon_env(config: Config) -> dict[str, str]:
     return env
 
 
-async def _ping(config: Config) -> dict[str, Any] | None:
+def _ping(config: Config) -> dict[str, Any] | None:
     paths = config.paths
     if not paths.control_socket.exists():
         return None
     try:
         token = read_token(paths.control_token)
-        return await call_async(paths.control_socket, token, "ping", {}, timeout=5.0)
+        return call(paths.control_socket, token, "ping", {}, timeout=5.0)
     except Unreachable:
         return None
 
@@ -118,7 +115,7 @@ def ensure_daemon(config: Config) -> str:
     answer is starting (another command's) or stopping (its children first): this waits for
     it to answer or to end, up to :data:`STOP_TIMEOUT`, and then starts a fresh one.
     """
-    answer = trio.run(_ping, config)
+    answer = _ping(config)
     if answer is not None:
         token = read_token(config.paths.control_token)
         warn_if_drifted(config, answer, token)
@@ -132,7 +129,7 @@ def ensure_daemon(config: Config) -> str:
             if started is not None:
                 return started
         else:
-            answer = trio.run(_ping, config)
+            answer = _ping(config)
             if answer is not None:
                 found = read_token(paths.control_token)
                 warn_if_drifted(config, answer, found)
@@ -150,6 +147,8 @@ def ensure_daemon(config: Config) -> str:
 def _start(config: Config) -> str | None:
     """Start a supervisor and wait for it to answer: its token, or ``None`` when it lost the
     session to another supervisor (one starting or stopping) and the caller should wait."""
+    import ipc  # noqa: PLC0415 - only a start pays for it
+
     paths = config.paths
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
@@ -172,7 +171,7 @@ def _start(config: Config) -> str | None:
         os.close(log_fd)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        answer = trio.run(_ping, config)
+        answer = _ping(config)
         if answer is not None:
             # This command started the supervisor: it shows what the start found, once.
             for warning in answer.get("warnings", []):

@@ -243,11 +243,17 @@ class ChildRun:
         with trio.CancelScope() as queued:
             self._queued_scope = queued
             await self._slot.take()
-        self._queued_scope = None
         if queued.cancel_called:
+            self._queued_scope = None
             self._slot.give_back()  # paused after the slot was granted: give it back
             return
         async with self._turn_lock:
+            self._queued_scope = None
+            if _cancel_called(queued):  # (re-read after the await: mypy keeps it narrowed)
+                # Paused while waiting for the lock (an ask's side turn takes it next): the
+                # prompt is dropped, or it would start the turn the pause meant to stop.
+                self._slot.give_back()
+                return
             await self._run_prompt(text)
 
     async def _run_prompt(self, text: str) -> None:
@@ -474,3 +480,7 @@ class ChildRun:
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)
         self.done.set()
+
+
+def _cancel_called(scope: trio.CancelScope) -> bool:
+    return scope.cancel_called

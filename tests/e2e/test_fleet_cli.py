@@ -126,6 +126,9 @@ def test_ask_answers_a_side_question_and_the_task_continues(fleet):
         """,
     )
     fleet.json("spawn", "--model", model, "long task")
+    # Asked before the prompt went out, the pause drops it and the resumed prompt would be
+    # the script's first turn (the hang).
+    _until_working(fleet, "a1")
     answer = fleet.json("ask", "a1", "what", "are", "you", "doing?")
     assert answer == {"key": "a1", "answer": "BTW: I am reading README.md"}
     [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]

@@ -573,3 +573,29 @@ async def test_the_reject_log_is_off_unless_asked_for(
     assert load_config(cwd=env.repo, home=env.home).reject_log is False
     (env.home / "config.yaml").write_text("subagents:\n  reject_log: true\n")
     assert load_config(cwd=env.repo, home=env.home).reject_log is True
+
+
+# -- a side question right behind the spawn ----------------------------------------------------
+
+HANG_THEN_SIDE = """
+turns:
+  - steps:
+      - hang: true
+side:
+  - steps:
+      - reply: "side: still here"
+"""
+
+
+async def test_an_ask_right_after_the_spawn_is_answered_every_time(env: Env) -> None:
+    # The ask's pause races the first prompt: it used to lose its abort (the child had not
+    # begun the turn when the abort ran) or let a prompt waiting for the turn lock start the
+    # hanging turn; either way the ask never returned. Several tries, as the race is timing.
+    model = env.script("hang", HANG_THEN_SIDE)
+    with trio.fail_after(4 * CEILING):
+        async with open_supervisor(env.config(model=model)) as sup:
+            for attempt in range(4):
+                [child] = await sup.spawn([SpawnRequest(task=f"hang {attempt}")])
+                with trio.fail_after(30):
+                    assert await sup.ask(child.key, "are you there?") == "side: still here"
+                await sup.stop([child.key])

@@ -1,0 +1,73 @@
+"""A warm CLI verb's wall time against ``python -c pass``, measured interleaved in one run.
+
+An LLM parent calls ``fleet peek --json`` and ``fleet wait --timeout 0`` in a loop, so a verb
+on a running supervisor must cost little more than starting an interpreter (DESIGN §13:
+<= 3x, stretch 2x). A throwaway session (its own ``FLEET_HOME`` and git repository) is
+started with ``fleet serve``; then each round times ``python -c pass``, ``fleet peek --json``
+and ``fleet wait --timeout 0 --json`` back to back, each as a fresh process (the ``fleet``
+console script beside this interpreter). Each ratio is the median of the per-round ratios.
+The last line printed is one JSON object.
+
+Usage: ``python benchmarks/cli_latency.py [--rounds N]``
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from orchestrator.cli._bench import Session, timed
+
+TARGET = 3.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
+    args = parser.parse_args()
+    python = [sys.executable, "-c", "pass"]
+    samples: dict[str, list[float]] = {"python": [], "peek": [], "wait": []}
+    with tempfile.TemporaryDirectory(prefix="fleet-cli-latency-") as tmp:
+        session = Session(Path(tmp))
+        session.verb("serve")
+        try:
+            session.verb("peek", "--json")  # warm the caches once
+            for _ in range(args.rounds):
+                samples["python"].append(timed(python, session.env, session.repo))
+                samples["peek"].append(session.verb("peek", "--json"))
+                samples["wait"].append(session.verb("wait", "--timeout", "0", "--json"))
+        finally:
+            session.verb("serve", "--stop")
+    ratios = {
+        verb: statistics.median(
+            v / p for v, p in zip(samples[verb], samples["python"], strict=True)
+        )
+        for verb in ("peek", "wait")
+    }
+    print(f"{'process':28} {'p50 ms':>8} {'min-max ms':>16} {'ratio':>6}")
+    for name, label in (
+        ("python", "python -c pass"),
+        ("peek", "fleet peek --json"),
+        ("wait", "fleet wait --timeout 0"),
+    ):
+        values = samples[name]
+        ratio = f"{ratios[name]:.2f}" if name in ratios else "1"
+        spread = f"{min(values):.1f}-{max(values):.1f}"
+        print(f"{label:28} {statistics.median(values):8.1f} {spread:>16} {ratio:>6}")
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} rounds")
+    result = {
+        "benchmark": "cli_latency",
+        "peek_ratio": round(ratios["peek"], 3),
+        "wait_ratio": round(ratios["wait"], 3),
+        "python_pass_ms": round(statistics.median(samples["python"]), 1),
+        "target": TARGET,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
