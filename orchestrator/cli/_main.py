@@ -30,6 +30,7 @@ from orchestrator.cli._drive import (
     cmd_stop,
     cmd_wait,
 )
+from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
 from orchestrator.control._client import call_async, read_token
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", action="store_true")
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
 
+    add_parent_verbs(verb)
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
     verb("demo", cmd_demo, "three scouts on a sample repository")
     return parser
