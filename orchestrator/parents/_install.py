@@ -24,6 +24,17 @@ Scope = Literal["project", "user"]
 SERVER: Final = "fleet"
 CLAUDE_RULE: Final = "mcp__fleet"  # every tool of the fleet server, nothing else
 CREATED_DIRS: Final = frozenset({".claude", ".codex", ".gemini", "opencode", ".config"})
+FLEET_VARIABLES: Final = (
+    "FLEET_HOME",
+    "FLEET_SESSION",
+    "FLEET_MODEL",
+    "FLEET_MAX_SUBAGENTS",
+    "FLEET_LANE",
+    "FLEET_ALLOW_UNSANDBOXED",
+    "FLEET_AGENT_DIRS",
+    "FLEET_SANDBOX",
+    "FLEET_SURFACE",
+)
 CODEX_TIMEOUT: Final = 120  # seconds: wait may block up to 100
 
 
@@ -126,7 +137,8 @@ class JsonInstaller:
 
 def _claude(scope: Scope, home: Path, project: Path) -> list[tuple[Path, list[tuple[Edit, Edit]]]]:
     command, *args = fleet_argv()
-    entry = {"type": "stdio", "command": command, "args": args}
+    # alwaysLoad: connected before the first turn and never deferred behind tool search.
+    entry = {"type": "stdio", "command": command, "args": args, "alwaysLoad": True}
     if scope == "user":
         return [
             (home / ".claude.json", [_member(["mcpServers", SERVER], entry)]),
@@ -192,6 +204,10 @@ class CodexInstaller:
             # codex exec refuses every MCP call under its default policy unless approved here.
             "default_tools_approval_mode": "approve",
             "tool_timeout_sec": CODEX_TIMEOUT,
+            # Started before the first turn (else codex exec's first calls find no tools).
+            "required": True,
+            # Codex gives a server a bare environment: the session's fleet variables pass.
+            "env_vars": list(FLEET_VARIABLES),
         }
         servers = doc.get("mcp_servers")
         if servers is not None and servers.get(SERVER) is not None:

@@ -9,6 +9,7 @@ asks, the parent also gets a ``notifications/message``. The loop runs on trio (t
 the control client's own event loop.
 """
 
+import contextlib
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -46,13 +47,23 @@ class Fleet:
         self.config = config
         self.settings = {k: v for k, v in (settings or {}).items() if v is not None}
         self.token: str | None = None
+        self._starting = trio.Lock()
 
     async def start(self) -> None:
-        self.token = await trio.to_thread.run_sync(ensure_daemon, self.config)
-        if self.settings:
-            await self._raw("configure", self.settings)
+        """Start (or find) the supervisor; concurrent callers share one start."""
+        async with self._starting:
+            self.token = await trio.to_thread.run_sync(ensure_daemon, self.config)
+            if self.settings:
+                await self._raw("configure", self.settings)
+
+    async def start_early(self) -> None:
+        """Begin the start while the parent is still connecting; a failure waits for a call."""
+        with contextlib.suppress(FleetError):
+            await self.start()
 
     async def call(self, op: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        if self.token is None:
+            await self.start()
         try:
             return await self._raw(op, payload)
         except Unreachable:
@@ -233,10 +244,10 @@ class Watcher:
 
 
 async def serve_stdio(fleet: Fleet) -> None:
-    await fleet.start()
     server, watcher = build_server(fleet)
     options = server.create_initialization_options(NotificationOptions(resources_changed=False))
     async with stdio_server() as (read_stream, write_stream), trio.open_nursery() as nursery:
+        nursery.start_soon(fleet.start_early)  # the parent need not wait for it to list tools
         nursery.start_soon(watcher.run)
         await server.run(read_stream, write_stream, options)
         nursery.cancel_scope.cancel()
