@@ -67,15 +67,23 @@ class Fleet:
         try:
             return await self._raw(op, payload)
         except Unreachable:
-            # The supervisor ended (idle rule, crash): start the next one, then try once more.
-            if self.config.paths.control_socket.exists() and op not in {"peek", "brief"}:
+            # A supervisor that still answers had its reasons (a timeout): no second try. One
+            # that ended (idle rule, crash) never ran the request: start the next, try again.
+            if await self._alive():
                 raise
             await self.start()
             return await self._raw(op, payload)
 
+    async def _alive(self) -> bool:
+        try:
+            await self._raw("ping", {})
+        except FleetError:
+            return False
+        return True
+
     async def _raw(self, op: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         paths = self.config.paths
-        token = self.token if self.token is not None else read_token(paths.control_token)
+        token = read_token(paths.control_token)  # a restarted supervisor has a new one
         return await call_async(paths.control_socket, token, op, payload, timeout=op_timeout(op))
 
 

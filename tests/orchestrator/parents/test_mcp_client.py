@@ -173,6 +173,17 @@ async def _session(fleet: Fleet) -> None:
         asked_tool = await client.call_tool("ask", {"agent": "a1", "text": "why?"})
         assert asked_tool.is_error  # a stopped child answers nothing: an error, not a hang
 
+        # The supervisor ends (its idle rule, a crash): the next call starts the next one.
+        ended = await anyio.run_process(
+            [sys.executable, "-m", "orchestrator", "serve", "--stop"],
+            cwd=fleet.repo,
+            env=fleet.env,
+            check=False,
+        )
+        assert ended.returncode == 0
+        assert (await _call(client, "mode", {}))["mode"]
+        assert (await _call(client, "peek", {}))["agents"] == []
+
 
 async def _until_state(client: Client, agent: str, state: str) -> None:
     with anyio.fail_after(30):
