@@ -10,6 +10,7 @@ let the parent call fleet's tools without a prompt nobody can answer.
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -63,7 +64,9 @@ def _read(path: Path) -> str | None:
 def _write(path: Path, before: str | None, after: str, lines: list[str]) -> None:
     if after == (before if before is not None else ""):
         return
-    if before is not None and after in {"", "{}\n"}:
+    if path.is_symlink():
+        path = path.resolve()  # a managed dotfile stays a link: its target is what changes
+    elif before is not None and after in {"", "{}\n"}:
         path.unlink()
         lines.append(f"removed {path}")
         parent = path.parent
@@ -72,12 +75,25 @@ def _write(path: Path, before: str | None, after: str, lines: list[str]) -> None
             parent = parent.parent
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.fleet-tmp")
-    tmp.write_text(after, encoding="utf-8")
-    if path.exists():
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-    tmp.replace(path)
+    # A fresh name (O_EXCL), never a fixed one a planted symlink could redirect.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".fleet", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(after)
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     lines.append(f"{'wrote' if before is None else 'updated'} {path}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 Edit = Callable[[str, Path], str]

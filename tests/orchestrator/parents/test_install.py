@@ -144,3 +144,21 @@ def _fleet(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str
         timeout=60,
         check=False,
     )
+
+
+def test_a_linked_dotfile_stays_a_link_and_keeps_its_mode(places) -> None:
+    root, home, project = places
+    real = root / "dotfiles" / "claude.json"
+    real.parent.mkdir()
+    real.write_text('{"numStartups": 1}\n')
+    real.chmod(0o600)
+    (home / ".claude.json").symlink_to(real)
+    before = real.read_bytes()
+    INSTALLERS["claude"].install("user", home=home, project=project)
+    assert (home / ".claude.json").is_symlink()
+    assert "fleet" in json.loads(real.read_text())["mcpServers"]
+    assert real.stat().st_mode & 0o777 == 0o600
+    INSTALLERS["claude"].uninstall("user", home=home, project=project)
+    assert (home / ".claude.json").is_symlink()
+    assert real.read_bytes() == before
+    assert not [p for p in real.parent.iterdir() if p.name != "claude.json"]  # no temp left
