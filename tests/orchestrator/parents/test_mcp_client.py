@@ -34,6 +34,15 @@ turns:
       - reply: "Using {{last}}"
 """
 
+HANG = """
+turns:
+  - steps:
+      - hang: true
+side:
+  - steps:
+      - reply: "BTW: still reading"
+"""
+
 
 def _params(fleet: Fleet) -> StdioServerParameters:
     return StdioServerParameters(
@@ -156,13 +165,15 @@ async def _session(fleet: Fleet) -> None:
         assert both.structured_content["error"]["kind"] == "usage"
 
         # ask / pause / steer on a live child, then stop and discard.
-        hang = fleet.script("hang", "turns:\n  - steps:\n      - hang: true\n")
+        hang = fleet.script("hang", HANG)
         await _call(client, "spawn", {"task": "long", "model": hang, "name": "long"})
         await _until_state(client, "long", "working")
         timed = await client.call_tool("wait", {"agents": ["long"], "timeout": 0.2})
         assert timed.structured_content["error"]["kind"] == "timeout"
         steered = await _call(client, "steer", {"agent": "long", "text": "faster"})
         assert steered["key"] == "a3"
+        side = await _call(client, "ask", {"agent": "long", "text": "what now?"})
+        assert side == {"key": "a3", "answer": "BTW: still reading"}
         paused = await _call(client, "pause", {"agent": "long"})
         assert paused["state"] == "paused"
         stopped = await _call(client, "stop", {"all": True})
