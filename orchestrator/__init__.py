@@ -4,7 +4,8 @@ Layering: ``orchestrator`` may import ``ipc`` and ``sandbox``; it never imports 
 child is launched as its own process, ``python -m child <loadout>``). Inside, imports point one
 way (``tests/test_invariants.py`` checks every import statement)::
 
-    cli ─► control ─► core ─► governance · workspace · coordination · launch ─► foundation
+    cli ─► parents ─► control ─► core ─► governance · workspace · coordination · launch
+                                                                               ─► foundation
 
 - foundation (``_errors``, ``_config``, ``_records``, ``_sync``): errors, configuration, the
   record/spawn-request value types, small trio helpers; imported by every room.
@@ -15,7 +16,10 @@ way (``tests/test_invariants.py`` checks every import statement)::
   placement, tmux, cmux (``ipc``, ``sandbox`` and the foundation only).
 - ``coordination``: the paper, democracy rounds, ballots, outcome, the moderator brief.
 - ``control``: the control server and client, the daemon, doctor.
-- ``cli``: the ``fleet`` verbs, rendering, watch, demo (through ``control`` and this facade).
+- ``parents``: ``fleet mcp`` (the MCP server a parent agent talks to) and ``fleet install``
+  (registering it in a parent's configuration); the ``control`` client side only, never ``core``.
+- ``cli``: the ``fleet`` verbs, rendering, watch, demo (through ``control``, ``parents`` and this
+  facade).
 
 This module is the public facade; it imports the supervisor only on first use.
 

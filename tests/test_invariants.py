@@ -202,7 +202,14 @@ ROOMS: dict[str, set[str]] = {
         "sandbox",
     },
     # A verb is a client: it reaches the fleet through the control client or the public facade.
-    "orchestrator.cli": {FOUNDATION, FACADE, "orchestrator.control"},
+    # A parent (fleet mcp, fleet install) is a client too: the control client side, never core.
+    "orchestrator.parents": {
+        FOUNDATION,
+        "orchestrator.control",
+        "orchestrator.coordination",
+        "ipc",
+    },
+    "orchestrator.cli": {FOUNDATION, FACADE, "orchestrator.control", "orchestrator.parents"},
     FACADE: {FOUNDATION, "orchestrator.core"},
     "orchestrator.__main__": {"orchestrator.cli"},
     "child.tools": {"ipc"},

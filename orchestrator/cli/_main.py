@@ -28,6 +28,7 @@ from orchestrator.cli._drive import (
     cmd_stop,
     cmd_wait,
 )
+from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
 from orchestrator.control._client import call as call_control
@@ -297,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", action="store_true")
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
 
+    add_parent_verbs(verb)
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
     p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
     p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")

@@ -3,7 +3,7 @@
 Owns the control server (``_server``, its argument checks ``_args`` and review verbs
 ``_review``), the control client every verb uses (``_client``), the ``fleet serve`` daemon and
 the client that finds or starts it (``_daemon``, ``_daemon_client``), and ``fleet doctor``'s checks
-(``_doctor``). Next: the MCP server.
+(``_doctor``). The MCP server a parent agent talks to is a client of it (``orchestrator.parents``).
 
 Imports: the foundation, ``core`` (the server and daemon sit above the supervisor they serve),
 ``coordination``, ``launch``, ``workspace``, ``ipc`` and ``sandbox``. ``_client`` and

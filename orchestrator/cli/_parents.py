@@ -1,0 +1,76 @@
+"""``fleet mcp``, ``fleet install`` and ``fleet uninstall``: fleet inside a parent agent.
+
+The MCP server and the installers live in :mod:`orchestrator.parents`, imported on use: the
+MCP SDK is heavy and every other verb starts without it.
+"""
+
+import argparse
+from pathlib import Path
+from typing import Literal
+
+from orchestrator._errors import UsageError
+from orchestrator.cli._common import config_of, out
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from orchestrator.parents._mcp import run  # noqa: PLC0415
+
+    settings = {"max_subagents": args.max_subagents, "lane": args.lane}
+    run(config_of(args), settings=settings)
+    return 0
+
+
+def _changed(lines: list[str]) -> list[dict[str, str]]:
+    rows = []
+    for line in lines:
+        if line.endswith(" already up to date"):
+            rows.append({"path": line.removesuffix(" already up to date"), "action": "unchanged"})
+        elif line.endswith(" not installed"):
+            rows.append({"path": line.removesuffix(" not installed"), "action": "unchanged"})
+        else:
+            action, _, path = line.partition(" ")
+            rows.append({"path": path, "action": action})
+    return rows
+
+
+def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
+    from orchestrator.parents._install import INSTALLERS, UNAVAILABLE  # noqa: PLC0415
+
+    installer = INSTALLERS.get(args.parent)
+    if installer is None:
+        reason = UNAVAILABLE.get(args.parent, "no such parent")
+        raise UsageError(f"{args.parent}: {reason}")
+    scope: Literal["project", "user"] = "user" if args.user else "project"
+    home, project = Path.home(), Path.cwd()
+    action = installer.uninstall if remove else installer.install
+    lines = action(scope, home=home, project=project)
+    out(args, {"parent": args.parent, "changed": _changed(lines)}, lambda _: "\n".join(lines))
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    return _installer_run(args, remove=False)
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    return _installer_run(args, remove=True)
+
+
+def add_verbs(verb: "VerbFactory") -> None:
+    verb("mcp", cmd_mcp, "an MCP server on stdio for a parent agent (the verbs as tools)")
+    for name, func, help_text in (
+        ("install", cmd_install, "register fleet in a parent agent's configuration"),
+        ("uninstall", cmd_uninstall, "remove what fleet install added"),
+    ):
+        p = verb(name, func, help_text)
+        p.add_argument("parent", choices=["claude", "codex", "gemini", "opencode", "pi"])
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--project", action="store_true", help="this project (default)")
+        where.add_argument("--user", action="store_true", help="your user configuration")
+
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    VerbFactory = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]

@@ -1,0 +1,268 @@
+"""``fleet install``/``uninstall``: registering ``fleet mcp`` in a parent's own configuration.
+
+Each parent has an :class:`Installer`; :data:`INSTALLERS` is the table the CLI reads. Install
+is idempotent and prints what it changed; uninstall removes exactly what install added (the
+other bytes of each file stay as they were). The registered command is this interpreter's
+``python -m orchestrator mcp``, so the parent starts the very fleet that installed it. No
+installer reads or writes a credential: they add one server entry and the allow rules that
+let the parent call fleet's tools without a prompt nobody can answer.
+"""
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+
+import tomlkit
+import tomlkit.exceptions
+
+from orchestrator._errors import UsageError
+from orchestrator.parents import _install_json as js
+
+Scope = Literal["project", "user"]
+SERVER: Final = "fleet"
+CLAUDE_RULE: Final = "mcp__fleet"  # every tool of the fleet server, nothing else
+CREATED_DIRS: Final = frozenset({".claude", ".codex", ".gemini", "opencode", ".config"})
+FLEET_VARIABLES: Final = (
+    "FLEET_HOME",
+    "FLEET_SESSION",
+    "FLEET_MODEL",
+    "FLEET_MAX_SUBAGENTS",
+    "FLEET_LANE",
+    "FLEET_ALLOW_UNSANDBOXED",
+    "FLEET_AGENT_DIRS",
+    "FLEET_SANDBOX",
+    "FLEET_SURFACE",
+)
+CODEX_TIMEOUT: Final = 120  # seconds: wait may block up to 100
+
+
+class Installer(Protocol):
+    name: str
+
+    def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]: ...
+
+    def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]: ...
+
+
+def fleet_argv() -> list[str]:
+    """The command a parent runs: this interpreter's fleet, whatever the parent's PATH."""
+    return [str(Path(sys.executable).absolute()), "-m", "orchestrator", "mcp"]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
+
+
+def _write(path: Path, before: str | None, after: str, lines: list[str]) -> None:
+    if after == (before if before is not None else ""):
+        return
+    if path.is_symlink():
+        path = path.resolve()  # a managed dotfile stays a link: its target is what changes
+    elif before is not None and after in {"", "{}\n"}:
+        path.unlink()
+        lines.append(f"removed {path}")
+        parent = path.parent
+        while parent.name in CREATED_DIRS and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh name (O_EXCL), never a fixed one a planted symlink could redirect.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".fleet", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(after)
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    lines.append(f"{'wrote' if before is None else 'updated'} {path}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+Edit = Callable[[str, Path], str]
+
+
+def _edit_json(path: Path, edits: list[Edit], lines: list[str], *, remove: bool) -> None:
+    before = _read(path)
+    if before is None and remove:
+        lines.append(f"{path} not installed")
+        return
+    text = before if before is not None else "{}\n"
+    for edit in edits:
+        text = edit(text, path)
+    if text == (before if before is not None else "{}\n"):
+        lines.append(f"{path} {'not installed' if remove else 'already up to date'}")
+        return
+    _write(path, before, text, lines)
+
+
+def _member(keys: list[str], value: Any) -> tuple[Edit, Edit]:
+    return (
+        lambda text, path: js.set_member(text, keys, value, path),
+        lambda text, path: js.remove_member(text, keys, path),
+    )
+
+
+def _item(keys: list[str], item: Any) -> tuple[Edit, Edit]:
+    return (
+        lambda text, path: js.add_item(text, keys, item, path),
+        lambda text, path: js.remove_item(text, keys, item, path),
+    )
+
+
+class JsonInstaller:
+    """A parent whose registration is members of JSON files."""
+
+    def __init__(
+        self,
+        name: str,
+        files: Callable[[Scope, Path, Path], list[tuple[Path, list[tuple[Edit, Edit]]]]],
+    ) -> None:
+        self.name = name
+        self._files = files
+
+    def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
+        lines: list[str] = []
+        for path, edits in self._files(scope, home, project):
+            _edit_json(path, [add for add, _ in edits], lines, remove=False)
+        return lines
+
+    def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
+        lines: list[str] = []
+        for path, edits in self._files(scope, home, project):
+            _edit_json(path, [rm for _, rm in reversed(edits)], lines, remove=True)
+        return lines
+
+
+def _claude(scope: Scope, home: Path, project: Path) -> list[tuple[Path, list[tuple[Edit, Edit]]]]:
+    command, *args = fleet_argv()
+    # alwaysLoad: connected before the first turn and never deferred behind tool search.
+    entry = {"type": "stdio", "command": command, "args": args, "alwaysLoad": True}
+    if scope == "user":
+        return [
+            (home / ".claude.json", [_member(["mcpServers", SERVER], entry)]),
+            (home / ".claude" / "settings.json", [_item(["permissions", "allow"], CLAUDE_RULE)]),
+        ]
+    return [
+        (project / ".mcp.json", [_member(["mcpServers", SERVER], entry)]),
+        (
+            project / ".claude" / "settings.local.json",
+            [
+                _item(["permissions", "allow"], CLAUDE_RULE),
+                _item(["enabledMcpjsonServers"], SERVER),
+            ],
+        ),
+    ]
+
+
+def _gemini(scope: Scope, home: Path, project: Path) -> list[tuple[Path, list[tuple[Edit, Edit]]]]:
+    command, *args = fleet_argv()
+    # trust: this server's tool calls need no confirmation (the other servers' still do).
+    entry = {"command": command, "args": args, "trust": True}
+    base = home if scope == "user" else project
+    return [(base / ".gemini" / "settings.json", [_member(["mcpServers", SERVER], entry)])]
+
+
+def _opencode(
+    scope: Scope, home: Path, project: Path
+) -> list[tuple[Path, list[tuple[Edit, Edit]]]]:
+    entry = {"type": "local", "command": fleet_argv(), "enabled": True}
+    path = (
+        home / ".config" / "opencode" / "opencode.json"
+        if scope == "user"
+        else project / "opencode.json"
+    )
+    return [(path, [_member(["mcp", SERVER], entry)])]
+
+
+class CodexInstaller:
+    """Codex reads ``config.toml``: one ``[mcp_servers.fleet]`` table, comments kept."""
+
+    name = "codex"
+
+    def _path(self, scope: Scope, home: Path, project: Path) -> Path:
+        if scope == "project":
+            return project / ".codex" / "config.toml"
+        codex_home = os.environ.get("CODEX_HOME")
+        return (Path(codex_home) if codex_home else home / ".codex") / "config.toml"
+
+    def _load(self, path: Path) -> tuple[str | None, tomlkit.TOMLDocument]:
+        before = _read(path)
+        try:
+            return before, tomlkit.parse(before or "")
+        except tomlkit.exceptions.ParseError as exc:
+            raise UsageError(f"{path}: not valid TOML ({exc}); fix it first") from None
+
+    def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
+        path = self._path(scope, home, project)
+        before, doc = self._load(path)
+        command, *args = fleet_argv()
+        want = {
+            "command": command,
+            "args": args,
+            # codex exec refuses every MCP call under its default policy unless approved here.
+            "default_tools_approval_mode": "approve",
+            "tool_timeout_sec": CODEX_TIMEOUT,
+            # Started before the first turn (else codex exec's first calls find no tools).
+            "required": True,
+            # Codex gives a server a bare environment: the session's fleet variables pass.
+            "env_vars": list(FLEET_VARIABLES),
+        }
+        servers = doc.get("mcp_servers")
+        if servers is not None and servers.get(SERVER) is not None:
+            if dict(servers[SERVER]) == want:
+                return [f"{path} already up to date"]
+            del servers[SERVER]
+        if servers is None:
+            servers = tomlkit.table(is_super_table=True)
+            doc["mcp_servers"] = servers
+        table = tomlkit.table()
+        for key, value in want.items():
+            table[key] = value
+        servers[SERVER] = table
+        lines: list[str] = []
+        _write(path, before, tomlkit.dumps(doc), lines)
+        return lines
+
+    def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
+        path = self._path(scope, home, project)
+        before, doc = self._load(path)
+        servers = doc.get("mcp_servers")
+        if before is None or servers is None or SERVER not in servers:
+            return [f"{path} not installed"]
+        del servers[SERVER]
+        if not servers:
+            del doc["mcp_servers"]
+        after = tomlkit.dumps(doc)
+        headers = [line for line in before.splitlines() if line.lstrip().startswith("[")]
+        if headers and headers[-1].strip() == f"[mcp_servers.{SERVER}]" and after.strip():
+            after = after.rstrip("\n") + "\n"  # the blank line install put before our table
+        lines: list[str] = []
+        _write(path, before, after, lines)
+        return lines
+
+
+INSTALLERS: Final[dict[str, Installer]] = {
+    "claude": JsonInstaller("claude", _claude),
+    "codex": CodexInstaller(),
+    "gemini": JsonInstaller("gemini", _gemini),
+    "opencode": JsonInstaller("opencode", _opencode),
+}
+UNAVAILABLE: Final = {"pi": "the Pi parent extension is not available in this build yet"}

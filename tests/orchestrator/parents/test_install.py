@@ -1,0 +1,164 @@
+"""``fleet install``/``uninstall`` round trips on temp homes: byte-identical files afterwards."""
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from orchestrator.parents._install import CLAUDE_RULE, INSTALLERS, fleet_argv
+
+PRE_EXISTING = {
+    "proj/.mcp.json": (
+        '{\n    "mcpServers": {\n        "other": {"command": "other-server"}\n    }\n}\n'
+    ),
+    "proj/.claude/settings.local.json": '{"permissions": {"allow": ["Bash(ls:*)"]}, "x": 1}',
+    "proj/.codex/config.toml": (
+        '# my codex settings\nmodel = "o4"  # the model I like\n\n'
+        '[mcp_servers.other]\ncommand = "other-server"\n'
+    ),
+    "home/.claude.json": '{"oauthAccount": {"emailAddress": "me@example.com"}, "numStartups": 3}\n',
+    "home/.codex/config.toml": "# only a comment\n[features]\nplugins = false\n",
+    "home/.gemini/settings.json": '{\n  "theme": "dark"\n}\n',
+    "proj/opencode.json": (
+        '{\n  "$schema": "https://opencode.ai/config.json",\n'
+        '  "mcp": {"o": {"type": "local", "command": ["o"]}}\n}\n'
+    ),
+}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _dirs(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir()}
+
+
+@pytest.fixture
+def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    monkeypatch.delenv("CODEX_HOME", raising=False)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "proj").mkdir()
+    return tmp_path, tmp_path / "home", tmp_path / "proj"
+
+
+@pytest.mark.parametrize("parent", sorted(INSTALLERS))
+@pytest.mark.parametrize("scope", ["project", "user"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_install_is_idempotent_and_uninstall_restores_every_byte(
+    places: tuple[Path, Path, Path], parent: str, scope: str, existing: bool
+) -> None:
+    root, home, project = places
+    if existing:
+        for rel, text in PRE_EXISTING.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    files, dirs = _tree(root), _dirs(root)
+    installer = INSTALLERS[parent]
+    first = installer.install(scope, home=home, project=project)  # type: ignore[arg-type]
+    assert first
+    assert all(line.startswith(("wrote ", "updated ")) for line in first), first
+    installed = _tree(root)
+    assert installed != files
+    again = installer.install(scope, home=home, project=project)  # type: ignore[arg-type]
+    assert all(line.endswith(" already up to date") for line in again), again
+    assert _tree(root) == installed
+    gone = installer.uninstall(scope, home=home, project=project)  # type: ignore[arg-type]
+    assert all(line.startswith(("updated ", "removed ")) for line in gone), gone
+    assert _tree(root) == files
+    assert _dirs(root) == dirs
+    twice = installer.uninstall(scope, home=home, project=project)  # type: ignore[arg-type]
+    assert all(line.endswith(" not installed") for line in twice), twice
+
+
+def test_the_entries_start_this_fleet_and_allow_only_its_tools(places) -> None:
+    _root, home, project = places
+    for parent in INSTALLERS:
+        INSTALLERS[parent].install("project", home=home, project=project)
+    command, *args = fleet_argv()
+    assert Path(command).is_absolute()
+    assert args == ["-m", "orchestrator", "mcp"]
+    claude = json.loads((project / ".mcp.json").read_text())["mcpServers"]["fleet"]
+    assert (claude["command"], claude["args"]) == (command, args)
+    local = json.loads((project / ".claude" / "settings.local.json").read_text())
+    assert local["permissions"]["allow"] == [CLAUDE_RULE] == ["mcp__fleet"]
+    assert local["enabledMcpjsonServers"] == ["fleet"]
+    codex = tomllib.loads((project / ".codex" / "config.toml").read_text())["mcp_servers"]
+    assert codex["fleet"]["default_tools_approval_mode"] == "approve"
+    assert codex["fleet"]["command"] == command
+    gemini = json.loads((project / ".gemini" / "settings.json").read_text())["mcpServers"]
+    assert gemini["fleet"]["trust"] is True
+    opencode = json.loads((project / "opencode.json").read_text())["mcp"]["fleet"]
+    assert opencode["command"] == [command, *args]
+    result = subprocess.run(
+        command_line := [command, *args[:2], "--help"], capture_output=True, check=False
+    )
+    assert result.returncode == 0, command_line
+
+
+def test_a_broken_file_is_one_clear_line_and_stays_untouched(places) -> None:
+    _root, home, project = places
+    broken = project / ".mcp.json"
+    broken.write_text("{not json")
+    result = _fleet(project, home, "install", "claude")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "not valid JSON" in result.stderr
+    assert broken.read_text() == "{not json"
+    assert not (project / ".claude").exists()
+
+
+def test_the_cli_prints_what_changed_and_pi_is_not_available_yet(places) -> None:
+    _root, home, project = places
+    result = _fleet(project, home, "install", "gemini", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data == {
+        "parent": "gemini",
+        "changed": [{"path": str(project / ".gemini" / "settings.json"), "action": "wrote"}],
+    }
+    result = _fleet(project, home, "uninstall", "gemini", "--user")
+    assert result.returncode == 0
+    assert result.stdout.strip().endswith("not installed")
+    result = _fleet(project, home, "install", "pi")
+    assert result.returncode == 2
+    assert "not available" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def _fleet(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("CODEX_HOME", None)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_linked_dotfile_stays_a_link_and_keeps_its_mode(places) -> None:
+    root, home, project = places
+    real = root / "dotfiles" / "claude.json"
+    real.parent.mkdir()
+    real.write_text('{"numStartups": 1}\n')
+    real.chmod(0o600)
+    (home / ".claude.json").symlink_to(real)
+    before = real.read_bytes()
+    INSTALLERS["claude"].install("user", home=home, project=project)
+    assert (home / ".claude.json").is_symlink()
+    assert "fleet" in json.loads(real.read_text())["mcpServers"]
+    assert real.stat().st_mode & 0o777 == 0o600
+    INSTALLERS["claude"].uninstall("user", home=home, project=project)
+    assert (home / ".claude.json").is_symlink()
+    assert real.read_bytes() == before
+    assert not [p for p in real.parent.iterdir() if p.name != "claude.json"]  # no temp left
