@@ -136,6 +136,7 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.governance": {FOUNDATION},
     "orchestrator.workspace": {FOUNDATION},
     "orchestrator.coordination": {FOUNDATION},
+    "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
     "orchestrator.core": {
         FOUNDATION,
@@ -143,6 +144,7 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.workspace",
         "orchestrator.coordination",
         "orchestrator.launch",
+        "orchestrator.notify",
         "ipc",
         "sandbox",
     },

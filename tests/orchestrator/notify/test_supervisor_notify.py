@@ -1,0 +1,115 @@
+"""The supervisor feeds the notifier: a real child settles, asks and is left unanswered."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from orchestrator._config import Config
+from orchestrator.core._supervisor import SpawnRequest, open_supervisor
+
+pytestmark = pytest.mark.slow
+
+CEILING = 60
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    home = Path(tempfile.mkdtemp(prefix="fnt-", dir="/tmp"))  # short socket paths
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("# sample\n")
+    git_env = {**os.environ, **GIT_ENV}
+    for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(argv, cwd=repo, env=git_env, check=True, capture_output=True)
+    out = tmp_path / "events.jsonl"
+    receiver = tmp_path / "receiver.py"
+    receiver.write_text(f"import sys\nopen({str(out)!r}, 'a').write(sys.stdin.read())\n")
+    try:
+        yield {"home": home, "repo": repo, "tmp": tmp_path, "out": out, "receiver": receiver}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def script(world: dict[str, Path], name: str, text: str) -> str:
+    path = world["tmp"] / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return f"scripted:{path}"
+
+
+def config(world: dict[str, Path], model: str, **notify: Any) -> Config:
+    return Config(
+        home=world["home"],
+        session="t",
+        workspace=world["repo"],
+        model=model,
+        notify={"command": [sys.executable, str(world["receiver"])], **notify},
+    )
+
+
+def events(world: dict[str, Path]) -> list[dict[str, Any]]:
+    if not world["out"].exists():
+        return []
+    return [json.loads(line) for line in world["out"].read_text().splitlines()]
+
+
+async def until(condition: Any) -> None:
+    while not condition():  # noqa: ASYNC110 - a file another process writes
+        await trio.sleep(0.05)
+
+
+async def test_a_settled_child_reaches_the_command_with_its_key_and_clipped_line(world) -> None:
+    model = script(world, "scout", 'turns:\n  - steps:\n      - reply: "found: {{task}}"\n')
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(world, model)) as sup:
+            [child] = await sup.spawn([SpawnRequest(task="the loader", name="finder")])
+            [note] = await sup.wait([child.key])
+            await until(lambda: len(events(world)) == 1)
+    [event] = events(world)
+    assert event["kind"] == "settled"
+    assert event["key"] == child.key
+    assert event["name"] == "finder"
+    assert event["state"] == note["state"]
+    assert event["context"] == note["report"] == "found: the loader"
+
+
+async def test_an_unanswered_question_becomes_needs_input(world) -> None:
+    asks = """
+    turns:
+      - steps:
+          - tool: ask_parent
+            args: {question: "Which database?"}
+          - reply: "use {{last}}"
+    """
+    model = script(world, "asks", asks)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(world, model, needs_input_after_s=0.3)) as sup:
+            [child] = await sup.spawn([SpawnRequest(task="pick one")])
+            [note] = await sup.wait()
+            assert note["question"]["text"] == "Which database?"
+            await until(lambda: len(events(world)) == 1)
+            [asked] = events(world)
+            assert asked["kind"] == "needs-input"
+            assert asked["key"] == child.key
+            assert asked["state"] == "waiting"
+            assert asked["question"] == note["question"]["id"]
+            assert asked["context"] == "Which database?"
+            sup.answer(note["question"]["id"], "postgres")
+            await sup.wait([child.key])
+            await until(lambda: len(events(world)) == 2)
+    assert [e["kind"] for e in events(world)] == ["needs-input", "settled"]
