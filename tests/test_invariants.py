@@ -137,6 +137,7 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.workspace": {FOUNDATION},
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
+    "orchestrator.parents": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
     "orchestrator.core": {
         FOUNDATION,
