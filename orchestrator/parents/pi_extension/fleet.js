@@ -373,6 +373,11 @@ export default function fleetParent(pi) {
       display: false,
       timestamp: Date.now(),
     };
-    return { messages: [...event.messages, hidden] };
+    // Just before the latest prompt or wake-up, so that stays the last word the model reads.
+    const messages = [...event.messages];
+    let at = messages.length;
+    while (at > 0 && !["user", "custom"].includes(messages[at - 1].role)) at -= 1;
+    messages.splice(at > 0 ? at - 1 : messages.length, 0, hidden);
+    return { messages };
   });
 }
