@@ -23,11 +23,14 @@ pytestmark = pytest.mark.slow
 CEILING = 150
 MARKER = "TRANSCRIPT-ONLY-7731"
 REPORT = "REPORT: the entry point is src/app.py"
+BINARIES = ["pi", "pi-next"]  # 0.73.1 and 1.6.0
 TOOLS = ["spawn", "peek", "wait", "steer", "pause", "resume", "ask", "answer", "stop"]
 
 
-def parent_command(fleet: Any, base_url: str, state: Path, extension: Path) -> CliCommand:
-    command = pi_command(base_url=base_url, workspace=fleet.repo, state_dir=state)
+def parent_command(
+    fleet: Any, base_url: str, state: Path, extension: Path, binary: str
+) -> CliCommand:
+    command = pi_command(base_url=base_url, workspace=fleet.repo, state_dir=state, binary=binary)
     argv = list(command.argv)
     # The parent's tools: read plus fleet's (Pi's --tools allowlist covers extension tools too).
     argv[argv.index("--tools") + 1] = ",".join(["read", *(f"subagent_{t}" for t in TOOLS)])
@@ -48,7 +51,10 @@ def last_user_text(request: Any) -> str:
     return "".join(part.get("text", "") for part in content)
 
 
-async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(tmp_path) -> None:
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
+    tmp_path, binary
+) -> None:
     with running_fleet(tmp_path, prefix="fpp-") as fleet:
         (fleet.repo / "NOTES.md").write_text(f"{MARKER}: only the scout's transcript has this\n")
         scout = fleet.script(
@@ -77,7 +83,9 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(t
                     {"text": "done: the entry point is src/app.py"},
                 ],
             )
-            command = parent_command(fleet, srv.base_url("parent"), tmp_path / "pi", extension)
+            command = parent_command(
+                fleet, srv.base_url("parent"), tmp_path / "pi", extension, binary
+            )
             with trio.fail_after(CEILING):
                 async with open_cli(command, tmp_path / "pi.stderr") as pi:
                     await pi.send({"type": "prompt", "id": "p1", "message": "find the entry"})
@@ -116,7 +124,8 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(t
             assert [(a["key"], a["state"]) for a in peek["agents"]] in ([], [("a1", "stopped")])
 
 
-async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path) -> None:
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path, binary) -> None:
     with running_fleet(tmp_path, prefix="fpq-") as fleet:
         scout = fleet.script("scout", f'turns:\n  - steps:\n      - reply: "{REPORT}"\n')
         extension = Path(__file__).parents[2] / "orchestrator/parents/pi_extension/fleet.js"
@@ -132,7 +141,9 @@ async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path
                     {"text": "stopped the finder myself"},
                 ],
             )
-            command = parent_command(fleet, srv.base_url("parent"), tmp_path / "pi", extension)
+            command = parent_command(
+                fleet, srv.base_url("parent"), tmp_path / "pi", extension, binary
+            )
             env = dict(command.env) | {"FLEET_BIN": str(Path(sys.executable).parent / "fleet")}
             command = CliCommand(argv=command.argv, env=env, cwd=command.cwd)
             with trio.fail_after(CEILING):
