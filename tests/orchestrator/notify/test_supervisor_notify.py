@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 
+import ipc
 from orchestrator._config import Config
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
@@ -113,3 +114,33 @@ async def test_an_unanswered_question_becomes_needs_input(world) -> None:
             await sup.wait([child.key])
             await until(lambda: len(events(world)) == 2)
     assert [e["kind"] for e in events(world)] == ["needs-input", "settled"]
+
+
+async def test_a_hostile_report_quoting_a_siblings_token_reaches_nobody_unredacted(world) -> None:
+    hold = script(world, "hold", "turns:\n  - steps:\n      - wait: 30\n        until: steer\n")
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(world, hold)) as sup:
+            [sibling] = await sup.spawn([SpawnRequest(task="hold")])
+            token = ipc.derive_token(sup.session_key, sibling.key)
+            assert sup.secrets.scrub(token) == "[redacted]"  # the token the child holds
+            (world["repo"] / "loot.txt").write_text(
+                f"{token} and the session key {sup.session_key.hex()}\n"
+            )
+            code = "print('stolen: ' + open('loot.txt').read() * 2)"
+            [hostile] = await sup.spawn(
+                [
+                    SpawnRequest(
+                        task="leak",
+                        backend="command",
+                        command=(sys.executable, "-c", code),
+                    )
+                ]
+            )
+            await sup.wait([hostile.key])
+            await until(lambda: len(events(world)) == 1)
+    [event] = events(world)
+    assert event["key"] == hostile.key
+    assert event["context"].startswith("stolen: [redacted] and the session key [redacted]")
+    text = world["out"].read_text()
+    assert token not in text
+    assert sup.session_key.hex() not in text
