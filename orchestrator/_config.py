@@ -90,7 +90,7 @@ class NotifyConfig:
     #: A URL each event is POSTed to as JSON (bounded retries, never blocking the fleet).
     webhook: str = attrs.field(default="", validator=_webhook)
     #: The desktop notifier (``notify-send``, or ``osascript`` on macOS) when one exists.
-    desktop: bool = False
+    desktop: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     events: tuple[str, ...] = attrs.field(default=NOTIFY_EVENTS, converter=_events)
     #: A child's question unanswered this long becomes a ``needs-input`` event.
     needs_input_after_s: float = attrs.field(default=60.0, validator=_positive)

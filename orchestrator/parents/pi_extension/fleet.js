@@ -318,7 +318,7 @@ export default function fleetParent(pi) {
 
   const cancel = (keys) => {
     const now = Date.now();
-    for (const key of keys) {
+    for (const key of keys.filter(Boolean)) {
       cancelledAt.set(key, now);
       pending.delete(key);
     }
@@ -340,13 +340,17 @@ export default function fleetParent(pi) {
         else reply = await planned;
         remember(reply);
         if (CANCELS.has(name)) {
-          cancel(handled.length ? handled : (reply?.handoffs || []).map((h) => h.key));
+          // By key too: the parent may have named a child by its name.
+          cancel([...handled, reply?.key, ...(reply?.handoffs || []).map((h) => h.key)]);
           if (name === "stop" && p.all) cancel([...known]);
         }
+        const active = (reply?.agents || []).some(
+          (a) => a.queued || ["starting", "working", "waiting"].includes(a.state),
+        );
         if (name === "wait") {
           for (const note of reply?.settled || []) pending.delete(note.key);
         }
-        if (["spawn", "steer", "resume", "answer"].includes(name)) watch();
+        if (["spawn", "steer", "resume", "answer"].includes(name) || active) watch();
         return { content: [{ type: "text", text: JSON.stringify(reply) }], details: reply };
       },
     });

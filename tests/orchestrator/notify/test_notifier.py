@@ -314,6 +314,7 @@ def test_the_notify_settings_are_read_and_checked(tmp_path: Path, monkeypatch) -
         ("    events: [settled, nope]\n", "unknown kind 'nope'"),
         ("    wat: 1\n", "unknown setting 'wat'"),
         ("    needs_input_after_s: -1\n", "must be a number >= 0"),
+        ("    desktop: sometimes\n", "desktop"),
     ):
         (tmp_path / "config.yaml").write_text(f"subagents:\n  notify:\n{bad}")
         with pytest.raises(UsageError, match=message):
