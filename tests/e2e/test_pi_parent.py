@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from orchestrator.parents._install_pi import PiInstaller
-from tests.e2e.conftest import running_fleet
+from tests.e2e.conftest import fleet_processes, running_fleet
 from tests.fakes._agent_clis import CliCommand, open_cli, pi_command
 from tests.fakes.model_server import ModelServer
 
@@ -120,6 +120,10 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
                         m.get("customType") == "fleet-brief" for m in reply["data"]["messages"]
                     )
                     assert await pi.finish() == 0
+            # The stopped scout, Pi and its watcher are gone; only the supervisor (and its fork
+            # server) remain, for the next parent, until the fixture stops it.
+            left = [" ".join(p.cmdline()) for p in fleet_processes(fleet.home)]
+            assert all("orchestrator serve" in c or "fork" in c for c in left), left
             peek = fleet.json("peek")
             assert [(a["key"], a["state"]) for a in peek["agents"]] in ([], [("a1", "stopped")])
 
