@@ -163,3 +163,37 @@ async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path
                     kinds = [m.get("customType") for m in reply["data"]["messages"]]
                     assert "fleet-settled" not in kinds
                     assert await pi.finish() == 0
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_pi_discovers_the_project_install_and_forgets_it_after_uninstall(
+    tmp_path, binary
+) -> None:
+    with running_fleet(tmp_path, prefix="fpd-") as fleet:
+        installer = PiInstaller([str(Path(sys.executable).parent / "fleet")])
+        async with ModelServer() as srv:
+            srv.script("parent", [{"text": "hello"}, {"text": "hello again"}])
+            offered = []
+            for installed in (True, False):
+                if installed:
+                    installer.install("project", home=tmp_path / "home", project=fleet.repo)
+                else:
+                    installer.uninstall("project", home=tmp_path / "home", project=fleet.repo)
+                base = parent_command(
+                    fleet, srv.base_url("parent"), tmp_path / "pi", Path("/dev/null"), binary
+                )
+                # Discovery on: no --extension, no --no-extensions. Pi 1.x loads a project's
+                # extensions only once the project is trusted (/trust, or --approve per run).
+                argv = [a for a in base.argv[:-2] if a != "--no-extensions"]
+                argv += ["--approve"] if binary == "pi-next" else []
+                command = CliCommand(argv=tuple(argv), env=base.env, cwd=base.cwd)
+                with trio.fail_after(CEILING):
+                    async with open_cli(command, tmp_path / "pi.stderr") as pi:
+                        await pi.send({"type": "prompt", "id": "p", "message": "hi"})
+                        await pi.until(lambda e: e.get("type") == "agent_end")
+                        assert await pi.finish() == 0
+                tools = srv.requests("parent")[-1].body.get("tools") or []
+                offered.append({t["function"]["name"] for t in tools})
+    assert {f"subagent_{t}" for t in TOOLS} <= offered[0]
+    assert not any(name.startswith("subagent_") for name in offered[1])
+    assert not (fleet.repo / ".pi").exists()
