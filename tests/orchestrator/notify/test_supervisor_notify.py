@@ -7,10 +7,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 
@@ -144,3 +148,54 @@ async def test_a_hostile_report_quoting_a_siblings_token_reaches_nobody_unredact
     text = world["out"].read_text()
     assert token not in text
     assert sup.session_key.hex() not in text
+
+
+async def test_slow_receivers_delay_neither_the_fleet_nor_its_shutdown(world) -> None:
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            hits.append(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(30)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hits: list[bytes] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slow = world["tmp"] / "slow.py"
+    slow.write_text("import sys, time\nsys.stdin.read()\ntime.sleep(30)\n")
+    model = script(world, "scout", 'turns:\n  - steps:\n      - reply: "done: {{task}}"\n')
+    settings = config(
+        world,
+        model,
+        command=[sys.executable, str(slow)],
+        webhook=f"http://127.0.0.1:{server.server_address[1]}/",
+        timeout_s=60,
+    )
+    try:
+        started = time.monotonic()
+        with trio.fail_after(CEILING):
+            async with open_supervisor(settings) as sup:
+                first, second = await sup.spawn(
+                    [SpawnRequest(task="one"), SpawnRequest(task="two")]
+                )
+                notes = await sup.wait([first.key, second.key], every=True)
+                assert {n["report"] for n in notes} == {"done: one", "done: two"}
+                while not hits:  # noqa: ASYNC110 - the receiver is another thread
+                    await trio.sleep(0.05)
+                [third] = await sup.spawn([SpawnRequest(task="three")])
+                [note] = await sup.wait([third.key])
+                assert note["report"] == "done: three"
+        # Both receivers were still stuck on the first event (30 s each) when the supervisor
+        # ended: nothing waited for them.
+        assert time.monotonic() - started < 25
+        assert len(hits) == 1
+        # The stuck command receiver was killed with the supervisor, not left behind.
+        stuck = [
+            p for p in psutil.process_iter(["cmdline"]) if str(slow) in (p.info["cmdline"] or [])
+        ]
+        assert stuck == []
+    finally:
+        server.shutdown()
+        server.server_close()
