@@ -105,6 +105,8 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
                     assert MARKER not in json.dumps(requests[3].body)
                     # The moderator brief rode along, hidden: in the model's context only.
                     assert "[fleet moderator brief]" in json.dumps(woken.body)
+                    # Once its only child is stopped no fleet exists: no brief any more.
+                    assert "[fleet moderator brief]" not in json.dumps(requests[3].body)
                     [handoff] = json.loads(requests[3].tool_results()[-1])["handoffs"]
                     assert handoff["key"] == "a1"
                     assert handoff["state"] == "stopped"

@@ -269,16 +269,21 @@ function noteText(note) {
 }
 
 export default function fleetParent(pi) {
-  const known = new Set(); // children this parent has seen
+  const known = new Set(); // children this parent has seen and not stopped
   const pending = new Map(); // key -> notes not yet delivered
   const cancelledAt = new Map(); // key -> when a pause/ask/stop last handled it
   let busy = false;
   let watching = false;
   let brief = "";
 
-  const remember = (reply) => {
-    for (const agent of reply?.agents || []) known.add(agent.key);
-    for (const handoff of reply?.handoffs || []) known.add(handoff.key);
+  // A fleet exists while a child this parent has seen is neither stopped nor discarded.
+  const remember = (name, reply) => {
+    for (const agent of reply?.agents || []) {
+      if (agent.state === "stopped") known.delete(agent.key);
+      else known.add(agent.key);
+    }
+    for (const handoff of reply?.handoffs || []) known.delete(handoff.key);
+    if (name === "discard" && reply?.key) known.delete(reply.key);
   };
 
   const deliver = () => {
@@ -338,12 +343,12 @@ export default function fleetParent(pi) {
         const planned = plan(p, signal);
         if (Array.isArray(planned)) reply = await fleetTool(planned[0], planned[1], signal);
         else reply = await planned;
-        remember(reply);
         if (CANCELS.has(name)) {
           // By key too: the parent may have named a child by its name.
           cancel([...handled, reply?.key, ...(reply?.handoffs || []).map((h) => h.key)]);
           if (name === "stop" && p.all) cancel([...known]);
         }
+        remember(name, reply);
         const active = (reply?.agents || []).some(
           (a) => a.queued || ["starting", "working", "waiting"].includes(a.state),
         );
