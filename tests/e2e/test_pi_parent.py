@@ -130,8 +130,17 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
             assert [(a["key"], a["state"]) for a in peek["agents"]] in ([], [("a1", "stopped")])
 
 
-@pytest.mark.parametrize("binary", BINARIES)
-async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path, binary) -> None:
+@pytest.mark.parametrize(
+    ("binary", "verb", "args"),
+    [
+        ("pi", "stop", {"agents": ["a1"]}),
+        ("pi-next", "stop", {"agents": ["a1"]}),
+        ("pi", "pause", {"agent": "finder"}),  # by name: the wake-up is the key's
+    ],
+)
+async def test_stop_and_pause_cancel_the_pending_wake_up_of_the_child_they_handle(
+    tmp_path, binary, verb, args
+) -> None:
     with running_fleet(tmp_path, prefix="fpq-") as fleet:
         scout = fleet.script("scout", f'turns:\n  - steps:\n      - reply: "{REPORT}"\n')
         extension = Path(__file__).parents[2] / "orchestrator/parents/pi_extension/fleet.js"
@@ -143,8 +152,8 @@ async def test_stop_cancels_the_pending_wake_up_of_the_child_it_handles(tmp_path
                     {"tool_calls": [{"name": "subagent_spawn", "arguments": spawn}]},
                     # The parent is still busy when the scout settles: its wake-up waits.
                     {"delay": 8, "tool_calls": [{"name": "subagent_peek", "arguments": {}}]},
-                    {"tool_calls": [{"name": "subagent_stop", "arguments": {"agents": ["a1"]}}]},
-                    {"text": "stopped the finder myself"},
+                    {"tool_calls": [{"name": f"subagent_{verb}", "arguments": args}]},
+                    {"text": "handled the finder myself"},
                 ],
             )
             command = parent_command(
