@@ -54,14 +54,14 @@ def _argv(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if not isinstance(value, list | tuple) or not all(isinstance(i, str) and i for i in value):
-        raise UsageError(f"notify command {value!r} must be a list of words (an argv)")
+        raise UsageError(f"subagents.notify command {value!r} must be a list of words (an argv)")
     return tuple(value)
 
 
 def _events(value: object) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise UsageError(f"notify events {value!r} must be a list of event kinds")
+        raise UsageError(f"subagents.notify events {value!r} must be a list of event kinds")
     events = tuple(item.strip() for item in items if item.strip())
     unknown = sorted(set(events) - set(NOTIFY_EVENTS))
     if unknown:
@@ -73,12 +73,12 @@ def _events(value: object) -> tuple[str, ...]:
 
 def _webhook(_: object, __: object, value: str) -> None:
     if value and not value.startswith(("http://", "https://")):
-        raise UsageError(f"notify webhook {value!r} must be an http:// or https:// URL")
+        raise UsageError(f"subagents.notify webhook {value!r} must be an http:// or https:// URL")
 
 
 def _positive(_: object, attribute: "attrs.Attribute[Any]", value: float) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise UsageError(f"notify {attribute.name} {value!r} must be a number >= 0")
+        raise UsageError(f"subagents.notify {attribute.name} {value!r} must be a number >= 0")
 
 
 @attrs.frozen(kw_only=True)
@@ -108,15 +108,19 @@ def _notify(value: object) -> NotifyConfig:
     if value is None:
         return NotifyConfig()
     if not isinstance(value, Mapping):
-        raise UsageError("notify must be a mapping (command, webhook, desktop, events, ...)")
+        raise UsageError(
+            "subagents.notify must be a mapping (command, webhook, desktop, events, ...)"
+        )
     known = {f.name for f in attrs.fields(NotifyConfig)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise UsageError(f"notify: unknown setting {unknown[0]!r} (one of {', '.join(known)})")
+        raise UsageError(
+            f"subagents.notify: unknown setting {unknown[0]!r} (one of {', '.join(known)})"
+        )
     try:
         return NotifyConfig(**value)
-    except TypeError as exc:
-        raise UsageError(f"notify: {exc}") from None
+    except TypeError as exc:  # a wrong type (desktop: sometimes)
+        raise UsageError(f"subagents.notify: {exc} (fix config.yaml)") from None
 
 
 def default_home() -> Path:
