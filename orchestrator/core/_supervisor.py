@@ -271,6 +271,7 @@ class Supervisor:
                 {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
             ],
             "stale": self.stale,
+            "notify": self.notifier.counts(),
         }
 
     async def wait(

@@ -187,6 +187,15 @@ async def test_slow_receivers_delay_neither_the_fleet_nor_its_shutdown(world) ->
                 [third] = await sup.spawn([SpawnRequest(task="three")])
                 [note] = await sup.wait([third.key])
                 assert note["report"] == "done: three"
+                # Peek counts per receiver: one in flight, the rest queued, nothing lost yet.
+                counts = sup.peek()["notify"]
+                assert set(counts) == {"command", "webhook"}
+                assert counts["webhook"] == {
+                    "delivered": 0,
+                    "failed": 0,
+                    "dropped": 0,
+                    "last_error": "",
+                }
         # Both receivers were still stuck on the first event (30 s each) when the supervisor
         # ended: nothing waited for them.
         assert time.monotonic() - started < 25
