@@ -51,6 +51,84 @@ def _endpoints(value: object) -> tuple[str, ...]:
     return tuple(item.strip() for item in items if item.strip())
 
 
+NOTIFY_EVENTS: Final = ("needs-input", "settled", "failed", "budget")
+
+
+def _argv(value: object) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list | tuple) or not all(isinstance(i, str) and i for i in value):
+        raise UsageError(f"subagents.notify command {value!r} must be a list of words (an argv)")
+    return tuple(value)
+
+
+def _events(value: object) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise UsageError(f"subagents.notify events {value!r} must be a list of event kinds")
+    events = tuple(item.strip() for item in items if item.strip())
+    unknown = sorted(set(events) - set(NOTIFY_EVENTS))
+    if unknown:
+        raise UsageError(
+            f"notify events: unknown kind {unknown[0]!r} (one of {', '.join(NOTIFY_EVENTS)})"
+        )
+    return events
+
+
+def _webhook(_: object, __: object, value: str) -> None:
+    if value and not value.startswith(("http://", "https://")):
+        raise UsageError(f"subagents.notify webhook {value!r} must be an http:// or https:// URL")
+
+
+def _positive(_: object, attribute: "attrs.Attribute[Any]", value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise UsageError(f"subagents.notify {attribute.name} {value!r} must be a number >= 0")
+
+
+@attrs.frozen(kw_only=True)
+class NotifyConfig:
+    """``subagents.notify``: where events for people go (see ``orchestrator.notify``)."""
+
+    #: An argv run once per event, the event JSON on its stdin.
+    command: tuple[str, ...] = attrs.field(default=(), converter=_argv)
+    #: A URL each event is POSTed to as JSON (bounded retries, never blocking the fleet).
+    webhook: str = attrs.field(default="", validator=_webhook)
+    #: The desktop notifier (``notify-send``, or ``osascript`` on macOS) when one exists.
+    desktop: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    events: tuple[str, ...] = attrs.field(default=NOTIFY_EVENTS, converter=_events)
+    #: A child's question unanswered this long becomes a ``needs-input`` event.
+    needs_input_after_s: float = attrs.field(default=60.0, validator=_positive)
+    timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    retries: int = attrs.field(default=3, validator=_positive)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.command or self.webhook or self.desktop)
+
+
+def _notify(value: object) -> NotifyConfig:
+    if isinstance(value, NotifyConfig):
+        return value
+    if value is None:
+        return NotifyConfig()
+    if not isinstance(value, Mapping):
+        raise UsageError(
+            "subagents.notify must be a mapping (command, webhook, desktop, events, ...)"
+        )
+    known = {f.name for f in attrs.fields(NotifyConfig)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise UsageError(
+            f"subagents.notify: unknown setting {unknown[0]!r} (one of {', '.join(known)})"
+        )
+    try:
+        return NotifyConfig(**value)
+    except TypeError as exc:  # a wrong type (desktop: sometimes)
+        raise UsageError(f"subagents.notify: {exc} (fix config.yaml)") from None
+
+
 def default_home() -> Path:
     """``$FLEET_HOME``, else the platform's user state directory."""
     env = os.environ.get("FLEET_HOME")
@@ -97,6 +175,8 @@ class Config:
     #: live child, no unread note, no open question, no unresolved worktree, no request);
     #: 0: never.
     idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
+    #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
+    notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -231,6 +311,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("agent_dirs", "agent_dirs"),
         ("egress", "egress"),
         ("idle_exit_s", "idle_exit_s"),
+        ("notify", "notify"),
     ):
         if key in sub:
             settings[target] = sub[key]

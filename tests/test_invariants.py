@@ -182,6 +182,7 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.governance": {FOUNDATION},
     "orchestrator.workspace": {FOUNDATION},
     "orchestrator.coordination": {FOUNDATION},
+    "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
     "orchestrator.core": {
         FOUNDATION,
@@ -189,6 +190,7 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.workspace",
         "orchestrator.coordination",
         "orchestrator.launch",
+        "orchestrator.notify",
         "ipc",
         "sandbox",
     },

@@ -34,12 +34,11 @@ def _changed(lines: list[str]) -> list[dict[str, str]]:
 
 
 def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
-    from orchestrator.parents._install import INSTALLERS, UNAVAILABLE  # noqa: PLC0415
+    from orchestrator.parents._install import INSTALLERS  # noqa: PLC0415
 
     installer = INSTALLERS.get(args.parent)
     if installer is None:
-        reason = UNAVAILABLE.get(args.parent, "no such parent")
-        raise UsageError(f"{args.parent}: {reason}")
+        raise UsageError(f"{args.parent}: no such parent (one of {', '.join(INSTALLERS)})")
     scope: Literal["project", "user"] = "user" if args.user else "project"
     home, project = Path.home(), Path.cwd()
     action = installer.uninstall if remove else installer.install

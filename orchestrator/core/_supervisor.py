@@ -43,6 +43,7 @@ from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy, resolve_policy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv
+from orchestrator.notify import Notifier
 from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
@@ -85,6 +86,8 @@ class Supervisor:
     #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
     refusals: Refusals = attrs.field(init=False)
     door: ListenerDoor = attrs.field(init=False)
+    #: Events for people (``subagents.notify``): fed every settle note the parent gets.
+    notifier: Notifier = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -107,6 +110,13 @@ class Supervisor:
         self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
         self.door = ListenerDoor(runs=self.runs, config=self.config, refusals=self.refusals)
         self.agent_dirs = self.config.agent_dirs
+        self.notifier = Notifier(
+            self.config.notify,
+            self.config.session,
+            scrub=self.secrets.scrub,
+            is_open=self.questions.__contains__,
+        )
+        self.notifier.start(self.nursery)
         if self.config.fork_server:
             self.fork_server = ForkServer(
                 python=child_argv(self.config.python, "")[0],
@@ -261,6 +271,7 @@ class Supervisor:
                 {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
             ],
             "stale": self.stale,
+            "notify": self.notifier.counts(),
         }
 
     async def wait(
@@ -359,13 +370,9 @@ class Supervisor:
             self.services.nested_settled(record.key)
             self.notes.changed()
             return
-        self.notes.push(
-            record,
-            report=report,
-            error=error,
-            question=None if question is None else (question.id, question.text),
-            failure=failure,
-        )
+        asked = None if question is None else (question.id, question.text)
+        self.notes.push(record, report=report, error=error, question=asked, failure=failure)
+        self.notifier.note(record, report=report, error=error, question=asked, failure=failure)
 
     def reject(self, kind: RejectKind, owner: str, args: Mapping[str, Any]) -> None:
         self.services.reject(kind, owner, args)

@@ -20,6 +20,7 @@ import tomlkit.exceptions
 
 from orchestrator._errors import UsageError
 from orchestrator.parents import _install_json as js
+from orchestrator.parents._install_pi import PiInstaller
 
 Scope = Literal["project", "user"]
 SERVER: Final = "fleet"
@@ -264,5 +265,5 @@ INSTALLERS: Final[dict[str, Installer]] = {
     "codex": CodexInstaller(),
     "gemini": JsonInstaller("gemini", _gemini),
     "opencode": JsonInstaller("opencode", _opencode),
+    "pi": PiInstaller(),
 }
-UNAVAILABLE: Final = {"pi": "the Pi parent extension is not available in this build yet"}

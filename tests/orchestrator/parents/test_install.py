@@ -114,7 +114,7 @@ def test_a_broken_file_is_one_clear_line_and_stays_untouched(places) -> None:
     assert not (project / ".claude").exists()
 
 
-def test_the_cli_prints_what_changed_and_pi_is_not_available_yet(places) -> None:
+def test_the_cli_prints_what_changed_for_every_parent_pi_too(places) -> None:
     _root, home, project = places
     result = _fleet(project, home, "install", "gemini", "--json")
     assert result.returncode == 0, result.stderr
@@ -126,10 +126,15 @@ def test_the_cli_prints_what_changed_and_pi_is_not_available_yet(places) -> None
     result = _fleet(project, home, "uninstall", "gemini", "--user")
     assert result.returncode == 0
     assert result.stdout.strip().endswith("not installed")
-    result = _fleet(project, home, "install", "pi")
-    assert result.returncode == 2
-    assert "not available" in result.stderr
-    assert result.stderr.count("\n") == 1
+    result = _fleet(project, home, "install", "pi", "--json")
+    assert result.returncode == 0, result.stderr
+    target = project / ".pi" / "extensions" / "fleet" / "index.js"
+    assert json.loads(result.stdout)["changed"] == [{"path": str(target), "action": "wrote"}]
+    result = _fleet(project, home, "install", "pi", "--json")
+    assert json.loads(result.stdout)["changed"] == [{"path": str(target), "action": "unchanged"}]
+    result = _fleet(project, home, "uninstall", "pi")
+    assert result.returncode == 0
+    assert not (project / ".pi").exists()
 
 
 def _fleet(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
