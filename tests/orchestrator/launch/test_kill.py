@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -31,7 +32,19 @@ def _start(
 ) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(argv, env=env, start_new_session=True)
     started.append(process)
+    # Popen returns once the child's exec has begun (vfork), which can be before the kernel
+    # has laid out the new environment: until then /proc/PID/environ is not yet what we gave.
+    environ = Path(f"/proc/{process.pid}/environ")
+    given = {f"{key}={value}".encode() for key, value in env.items()}
+    _wait_for(lambda: _environ(environ) == given, f"pid {process.pid}'s environment")
     return process
+
+
+def _environ(path: Path) -> set[bytes]:
+    try:
+        return set(path.read_bytes().split(b"\0")) - {b""}
+    except OSError:
+        return set()
 
 
 def _wait_for(condition: Callable[[], bool], what: str) -> None:
