@@ -34,7 +34,7 @@ SCRIPT = "turns:\n  - steps:\n      - reply: done\n"
 def fleet_argv() -> list[str]:
     """How a user runs ``fleet``: the console script beside this interpreter, if installed."""
     script = Path(sys.executable).with_name("fleet")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "orchestrator"]
+    return [str(script)] if script.exists() else [sys.executable, "-P", "-m", "orchestrator"]
 
 
 def timed(argv: Sequence[str], env: dict[str, str], cwd: Path) -> float:

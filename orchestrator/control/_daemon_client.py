@@ -158,7 +158,7 @@ def _start(config: Config) -> str | None:
     )
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "serve", "--foreground"],
+            [sys.executable, "-P", "-m", "orchestrator", "serve", "--foreground"],
             cwd=config.workspace,
             env=_daemon_env(config),
             stdin=subprocess.DEVNULL,

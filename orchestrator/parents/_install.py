@@ -50,7 +50,7 @@ class Installer(Protocol):
 
 def fleet_argv() -> list[str]:
     """The command a parent runs: this interpreter's fleet, whatever the parent's PATH."""
-    return [str(Path(sys.executable).absolute()), "-m", "orchestrator", "mcp"]
+    return [str(Path(sys.executable).absolute()), "-P", "-m", "orchestrator", "mcp"]
 
 
 def _read(path: Path) -> str | None:

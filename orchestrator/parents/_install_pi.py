@@ -44,7 +44,7 @@ def installed_fleet() -> list[str]:
     found = shutil.which("fleet")
     if found:
         return [str(Path(found).absolute())]
-    return [str(Path(sys.executable).absolute()), "-m", "orchestrator"]
+    return [str(Path(sys.executable).absolute()), "-P", "-m", "orchestrator"]
 
 
 class PiInstaller:

@@ -5,6 +5,7 @@ Real supervisor daemon, real child processes, real sockets, real git repository.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -417,3 +418,31 @@ async def test_a_real_pi_child_reads_starting_pi_then_done(tmp_path):
             row = next(line for line in text.splitlines() if line.startswith("a1"))
             assert row.split()[3] == "done"
             await trio.to_thread.run_sync(lambda: fleet.json("stop", "a1"))
+
+
+def test_a_repository_with_its_own_orchestrator_and_child_packages_runs_fleet_not_them(fleet):
+    # The supervisor and every child start with the workspace as their cwd: Python must not
+    # import the repository's own top-level packages of the same names in place of fleet's.
+    for package in ("orchestrator", "child"):
+        (fleet.repo / package).mkdir()
+        (fleet.repo / package / "__init__.py").write_text("")
+        (fleet.repo / package / "__main__.py").write_text("raise SystemExit(0)\n")
+    model = fleet.script("report", REPORT)
+    # Run as the installed `fleet` script is: its own directory, not the cwd, on sys.path.
+    argv = [sys.executable, "-P", "-m", "orchestrator", "spawn", "--model", model, "--wait"]
+    try:
+        result = subprocess.run(
+            [*argv, "--json", "alpha"],
+            cwd=fleet.repo,
+            env=fleet.env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    finally:  # the fixture's own `serve --stop` runs `python -m orchestrator` from the repo
+        for package in ("orchestrator", "child"):
+            shutil.rmtree(fleet.repo / package)
+    assert result.returncode == 0, result.stderr
+    [note] = json.loads(result.stdout)["settled"]
+    assert note["report"].startswith("## Summary\nalpha -> ")

@@ -83,7 +83,7 @@ def test_the_entries_start_this_fleet_and_allow_only_its_tools(places) -> None:
         INSTALLERS[parent].install("project", home=home, project=project)
     command, *args = fleet_argv()
     assert Path(command).is_absolute()
-    assert args == ["-m", "orchestrator", "mcp"]
+    assert args == ["-P", "-m", "orchestrator", "mcp"]
     claude = json.loads((project / ".mcp.json").read_text())["mcpServers"]["fleet"]
     assert (claude["command"], claude["args"]) == (command, args)
     local = json.loads((project / ".claude" / "settings.local.json").read_text())
