@@ -97,7 +97,7 @@ def test_the_entries_start_this_fleet_and_allow_only_its_tools(places) -> None:
     opencode = json.loads((project / "opencode.json").read_text())["mcp"]["fleet"]
     assert opencode["command"] == [command, *args]
     result = subprocess.run(
-        command_line := [command, *args[:2], "--help"], capture_output=True, check=False
+        command_line := [command, *args[:3], "--help"], capture_output=True, check=False
     )
     assert result.returncode == 0, command_line
 
