@@ -242,11 +242,11 @@ async def warm_supervisor(sup: Supervisor) -> float:
     start-up is its own, not the fleet's, and is printed apart.
     """
     started = time.perf_counter()
-    forks = sup.fork_server
-    if forks is not None:
-        forks.start()
-        if not await forks.ready():
-            raise RuntimeError(f"fork server failed: {forks.failure}")
+    for forks in (sup.fork_server, sup.boxed_fork_server):
+        if forks is not None and (forks.sandboxed or sup.config.sandbox == "off"):
+            forks.start()
+            if not await forks.ready():
+                raise RuntimeError(f"fork server failed: {forks.failure}")
     return time.perf_counter() - started
 
 
@@ -274,7 +274,7 @@ async def run_fleet(
     async with open_supervisor(bench_config(base, repo, session, sandbox=sandbox)) as sup:
         widen(sup, len(scripts))
         startups.append(await warm_supervisor(sup))
-        launcher = TimedLauncher(forks=sup.fork_server)
+        launcher = TimedLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
         sup.launchers["process"] = launcher
         forks = None if sup.fork_server is None else psutil.Process(sup.fork_server.pid)
         cost = await measure(lambda: fleet(sup), forks)
@@ -380,7 +380,7 @@ async def time_spawns(base: Path, repo: Path, script: Path, count: int, sandbox:
         bench_config(base, repo, f"spawn-{sandbox}", sandbox=sandbox)
     ) as sup:
         await warm_supervisor(sup)
-        launcher = TimedLauncher(forks=sup.fork_server)
+        launcher = TimedLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
         sup.launchers["process"] = launcher
         for _ in range(count):
             for name, args in FLOORS.items():

@@ -68,6 +68,13 @@ def _processes_of(fleet, key: str) -> list[Path]:
         return []
     pids = {c["pid"] for c in snapshot["children"] if c["key"] == key and c["pid"]}
     marker = f"/{key}/{snapshot['pid']}".encode()
+    # A sandboxed fork's launched process is its namespace's init; the child runs below it.
+    for pid in list(pids):
+        for children in Path(f"/proc/{pid}/task").glob("*/children"):
+            try:
+                pids.update(int(child) for child in children.read_text().split())
+            except OSError:
+                continue
     found = [Path(f"/proc/{pid}") for pid in pids]
     for proc in Path("/proc").iterdir():
         try:
