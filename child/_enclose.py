@@ -26,6 +26,7 @@ raises :class:`OSError`; the caller exits without running the child.
 
 import ctypes
 import errno
+import fcntl
 import os
 import socket
 import struct
@@ -251,8 +252,6 @@ def apply_ops(ops: Sequence[Sequence[str]]) -> None:
 
 def _loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        import fcntl  # noqa: PLC0415 - only the sandboxed fork path needs it
-
         request = struct.pack("16sH22x", b"lo", 0)
         flags = struct.unpack("16sH22x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
