@@ -278,6 +278,47 @@ def serve(sock: socket.socket, own_pid_ns: int | None = None) -> None:
             _spawn(sock, data, fds, own_pid_ns)
 
 
+#: The smallest sandbox a fork builds: what the sandboxed server tries once before it is ready.
+_SELF_TEST_PLAN: Final = (
+    ("--ro-bind", "/", "/"),
+    ("--dev", "/dev"),
+    ("--proc", "/proc"),
+    ("--tmpfs", "/tmp"),  # noqa: S108 - a mount point in the test fork
+)
+
+
+def _self_test(own_pid_ns: int) -> str | None:
+    """Why a fork cannot build its sandbox here (``None``: it can), found by trying it once,
+    so a kernel or security module that refuses a step makes the server fail at start (and
+    the supervisor start sandboxed children under bwrap) instead of every child failing."""
+    try:
+        _enclose.unshare(_enclose.CLONE_NEWPID)
+    except OSError as exc:
+        return str(exc)
+    read_end, write_end = os.pipe()
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            failure = b""
+            try:
+                _enclose.enter(_SELF_TEST_PLAN, "/")
+            except BaseException as exc:
+                failure = repr(exc).encode()
+            os.write(write_end, failure)
+            os._exit(0)
+    finally:
+        if pid != 0:
+            _enclose.setns(own_pid_ns, _enclose.CLONE_NEWPID)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        why = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if why or status != 0:
+        return why or f"the test fork ended with status {status}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) not in (2, 3) or not args[0].isdigit() or args[2:] not in ([], ["--sandboxed"]):
@@ -291,6 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"child: sandboxed fork server: {why}", file=sys.stderr)
             return 3
         own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        why = _self_test(own_pid_ns)
+        if why is not None:
+            print(
+                f"child: sandboxed fork server: a fork cannot sandbox itself: {why}",
+                file=sys.stderr,
+            )
+            return 3
     preload()
     if threading.active_count() != 1:
         # fork() copies only the calling thread: a thread started by an import would be

@@ -154,3 +154,30 @@ async def test_a_child_the_server_cannot_fork_starts_under_its_bwrap_command(
             ours.close()
             theirs.close()
             await forks.aclose()
+
+
+async def test_a_server_whose_forks_cannot_sandbox_themselves_fails_at_start(
+    tmp_path: Path,
+) -> None:
+    """Without the capabilities of its namespace no fork could build its sandbox: the server
+    says so and is never ready (the launcher then starts every sandboxed child under bwrap)."""
+    config = _config(tmp_path)
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None
+    at = wrapper.index("--cap-add")
+    crippled = (*wrapper[:at], "--cap-drop", "ALL", *wrapper[at + 4 :])
+    log = tmp_path / "server.log"
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON,
+                label="t",
+                env=dict(os.environ),
+                nursery=nursery,
+                wrapper=crippled,
+                log_path=log,
+            )
+            forks.start()
+            assert not await forks.ready()
+            await forks.aclose()
+    assert "a fork cannot sandbox itself" in log.read_text()
