@@ -55,6 +55,8 @@ from child import _enclose
 MAX_MESSAGE: Final = 1 << 20
 #: Modules a child needs only in a terminal pane (never forked) or that are entry points.
 _NOT_PRELOADED: Final = frozenset({"child.__main__", "child._forkserver", "child._view"})
+#: The name (comm) of a sandboxed child's namespace init; the child itself has its own.
+INIT_NAME: Final = "fleet sandbox"
 
 
 def preload() -> None:
@@ -102,12 +104,12 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        # ``ps`` would otherwise show every child as the fork server; comm is 15 bytes.
-        with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
-            comm.write(str(request.get("name", "fleet-child"))[:15])
+        name = str(request.get("name", "fleet-child"))
         if view is not None:
-            code = _init_of(connection, loadout)
+            _set_name(INIT_NAME)
+            code = _init_of(connection, loadout, name)
         else:
+            _set_name(name)
             code = _run_child(connection, loadout)
     except BaseException as exc:
         with contextlib.suppress(Exception):
@@ -119,13 +121,19 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
         os._exit(code)
 
 
+def _set_name(name: str) -> None:
+    """``ps`` would otherwise show every child as the fork server; comm is 15 bytes."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
+        comm.write(name[:15])
+
+
 def _run_child(connection: int, loadout: int) -> int:
     from child._runtime import main  # noqa: PLC0415 - preloaded: already in sys.modules
 
     return main(["--fd", str(connection), "--loadout-fd", str(loadout)])
 
 
-def _init_of(connection: int, loadout: int) -> int:
+def _init_of(connection: int, loadout: int, name: str) -> int:
     """As its pid namespace's init: fork the child runtime, reap every orphan, and return the
     child's exit code (128 + N when a signal N ended it) once it has ended."""
     sys.stdout.flush()
@@ -134,6 +142,7 @@ def _init_of(connection: int, loadout: int) -> int:
     if pid == 0:
         code = 70
         try:
+            _set_name(name)
             code = _run_child(connection, loadout)
         except BaseException as exc:
             with contextlib.suppress(Exception):
