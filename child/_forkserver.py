@@ -21,6 +21,16 @@ The server is single-threaded, never starts trio, and speaks JSON messages, one 
 
 The server exits when the supervisor's end closes; children already forked keep running
 (each in its own session) and end, as any child does, when their IPC connection ends.
+
+``--sandboxed`` (the third argument): the server itself runs inside one bubblewrap sandbox
+(the supervisor's ``orchestrator/launch/_forkserver.py`` starts it so) with the capabilities of
+its own user namespace, and every request carries ``"sandbox": {"ops": [...], "cwd": dir}``,
+the child's bwrap mount operations. The server forks each child as pid 1 of a fresh pid
+namespace; that process builds the child's own sandbox (:mod:`child._enclose`) and then forks
+the child runtime, staying behind as its namespace's init (it reaps orphans and leaves with the
+child's exit code, 128 + N for a signal, as bwrap does). A sandboxed server refuses a request
+without a sandbox, and an unsandboxed one a request with one. The server holds no secret: a
+loadout is a descriptor it never reads, so no fork inherits another child's token.
 """
 
 import contextlib
@@ -40,10 +50,13 @@ from typing import Any, Final, NoReturn
 import yaml
 
 import ipc
+from child import _enclose
 
 MAX_MESSAGE: Final = 1 << 20
 #: Modules a child needs only in a terminal pane (never forked) or that are entry points.
 _NOT_PRELOADED: Final = frozenset({"child.__main__", "child._forkserver", "child._view"})
+#: The name (comm) of a sandboxed child's namespace init; the child itself has its own.
+INIT_NAME: Final = "fleet sandbox"
 
 
 def preload() -> None:
@@ -68,7 +81,7 @@ def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = 
 
 def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
     """In the forked process: take the child's stdio, session, directory and environment,
-    then run it. Never returns into the server's loop."""
+    enter its sandbox if it has one, then run it. Never returns into the server's loop."""
     code = 70
     try:
         signal.set_wakeup_fd(-1)
@@ -85,15 +98,19 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
         # wake-up pipe, the stdio descriptors that carried this request. The child keeps only
         # its own connection and loadout.
         _close_all_but({connection, loadout})
+        view = request.get("sandbox")
+        if view is not None:
+            _enclose.enter(view["ops"], view.get("cwd"))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        # ``ps`` would otherwise show every child as the fork server; comm is 15 bytes.
-        with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
-            comm.write(str(request.get("name", "fleet-child"))[:15])
-        from child._runtime import main  # noqa: PLC0415 - preloaded: already in sys.modules
-
-        code = main(["--fd", str(connection), "--loadout-fd", str(loadout)])
+        name = str(request.get("name", "fleet-child"))
+        if view is not None:
+            _set_name(INIT_NAME)
+            code = _init_of(connection, loadout, name)
+        else:
+            _set_name(name)
+            code = _run_child(connection, loadout)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             print(f"child: fork server could not start the child: {exc!r}", file=sys.stderr)
@@ -102,6 +119,52 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _set_name(name: str) -> None:
+    """``ps`` would otherwise show every child as the fork server; comm is 15 bytes."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
+        comm.write(name[:15])
+
+
+def _run_child(connection: int, loadout: int) -> int:
+    from child._runtime import main  # noqa: PLC0415 - preloaded: already in sys.modules
+
+    return main(["--fd", str(connection), "--loadout-fd", str(loadout)])
+
+
+def _init_of(connection: int, loadout: int, name: str) -> int:
+    """As its pid namespace's init: fork the child runtime, reap every orphan, and return the
+    child's exit code (128 + N when a signal N ended it) once it has ended."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            _set_name(name)
+            code = _run_child(connection, loadout)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                print(f"child: the sandboxed child failed to start: {exc!r}", file=sys.stderr)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    # Only the child (and what it starts) holds its connection and loadout now.
+    os.close(connection)
+    os.close(loadout)
+    while True:
+        try:
+            ended, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 70
+        except InterruptedError:
+            continue
+        if ended == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
 
 
 def _close_all_but(keep: set[int]) -> None:
@@ -121,17 +184,55 @@ def _check_fds(fds: Sequence[int]) -> None:
         )
 
 
-def _spawn(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+def _check_view(request: Mapping[str, Any], sandboxed: bool) -> None:
+    view = request.get("sandbox")
+    if (view is not None) != sandboxed:
+        raise ValueError(
+            "a sandboxed fork server forks only sandboxed children"
+            if sandboxed
+            else "this fork server is not sandboxed; start the child under bwrap"
+        )
+    if view is None:
+        return
+    ops = [list(op) for op in view["ops"]]
+    for required in (["--dev", "/dev"], ["--proc", "/proc"], ["--tmpfs", "/tmp"]):  # noqa: S108
+        if required not in ops:
+            raise ValueError(f"the sandbox plan lacks {' '.join(required)}")
+    for op in ops:
+        # A source the server cannot see would fail the child after the fork: refuse now,
+        # and the supervisor starts the child under bwrap instead.
+        if op[0] in ("--bind", "--ro-bind") and not os.path.lexists(op[1]):
+            raise ValueError(f"the fork server cannot see {op[1]}")
+
+
+def _fork_into(request: Mapping[str, Any], fds: Sequence[int], own_pid_ns: int | None) -> int:
+    """Fork the child (as pid 1 of a new pid namespace when the server is sandboxed)."""
+    if own_pid_ns is None:
+        pid = os.fork()
+    else:
+        _enclose.unshare(_enclose.CLONE_NEWPID)
+        pid = -1
+        try:
+            pid = os.fork()
+        finally:
+            if pid != 0:
+                # The next child gets a namespace of its own again.
+                _enclose.setns(own_pid_ns, _enclose.CLONE_NEWPID)
+    if pid == 0:
+        _become_child(request, fds)
+    return pid
+
+
+def _spawn(sock: socket.socket, data: bytes, fds: list[int], own_pid_ns: int | None) -> None:
     request_id = None
     try:
         request = json.loads(data)
         request_id = request["spawn"]
         _check_fds(fds)
+        _check_view(request, own_pid_ns is not None)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _become_child(request, fds)
+        pid = _fork_into(request, fds, own_pid_ns)
         pidfd = os.pidfd_open(pid)
         try:
             _send(sock, {"spawned": request_id, "pid": pid}, [pidfd])
@@ -155,8 +256,11 @@ def _reap(sock: socket.socket) -> None:
         _send(sock, {"exit": pid, "status": os.waitstatus_to_exitcode(status)})
 
 
-def serve(sock: socket.socket) -> None:
-    """Fork children on request until the supervisor's end closes."""
+def serve(sock: socket.socket, own_pid_ns: int | None = None) -> None:
+    """Fork children on request until the supervisor's end closes.
+
+    *own_pid_ns*: a sandboxed server's descriptor on its own pid namespace (see
+    :func:`_fork_into`); ``None`` for a plain server."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
@@ -180,15 +284,70 @@ def serve(sock: socket.socket) -> None:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 8)
             if not data:
                 return  # the supervisor closed its end
-            _spawn(sock, data, fds)
+            _spawn(sock, data, fds, own_pid_ns)
+
+
+#: The smallest sandbox a fork builds: what the sandboxed server tries once before it is ready.
+_SELF_TEST_PLAN: Final = (
+    ("--ro-bind", "/", "/"),
+    ("--dev", "/dev"),
+    ("--proc", "/proc"),
+    ("--tmpfs", "/tmp"),  # noqa: S108 - a mount point in the test fork
+)
+
+
+def _self_test(own_pid_ns: int) -> str | None:
+    """Why a fork cannot build its sandbox here (``None``: it can), found by trying it once,
+    so a kernel or security module that refuses a step makes the server fail at start (and
+    the supervisor start sandboxed children under bwrap) instead of every child failing."""
+    try:
+        _enclose.unshare(_enclose.CLONE_NEWPID)
+    except OSError as exc:
+        return str(exc)
+    read_end, write_end = os.pipe()
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            failure = b""
+            try:
+                _enclose.enter(_SELF_TEST_PLAN, "/")
+            except BaseException as exc:
+                failure = repr(exc).encode()
+            os.write(write_end, failure)
+            os._exit(0)
+    finally:
+        if pid != 0:
+            _enclose.setns(own_pid_ns, _enclose.CLONE_NEWPID)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        why = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if why or status != 0:
+        return why or f"the test fork ended with status {status}"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or not args[0].isdigit():
-        print("usage: python -m child._forkserver <fd> <label>", file=sys.stderr)
+    if len(args) not in (2, 3) or not args[0].isdigit() or args[2:] not in ([], ["--sandboxed"]):
+        print("usage: python -m child._forkserver <fd> <label> [--sandboxed]", file=sys.stderr)
         return 2
     sock = socket.socket(fileno=int(args[0]))
+    own_pid_ns = None
+    if args[2:]:
+        why = _enclose.supported()
+        if why is not None:
+            print(f"child: sandboxed fork server: {why}", file=sys.stderr)
+            return 3
+        own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        why = _self_test(own_pid_ns)
+        if why is not None:
+            print(
+                f"child: sandboxed fork server: a fork cannot sandbox itself: {why}",
+                file=sys.stderr,
+            )
+            return 3
     preload()
     if threading.active_count() != 1:
         # fork() copies only the calling thread: a thread started by an import would be
@@ -200,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(sock)  # those two: the supervisor went away mid-message
+        serve(sock, own_pid_ns)  # those two: the supervisor went away mid-message
     return 0
 
 

@@ -12,7 +12,7 @@ be sandboxed safely. See ``docs/sandbox.md``.
 from sandbox._errors import SandboxError
 from sandbox._probe import ProbeResult, probe
 from sandbox._spec import Policy, SandboxSpec, Wrapped
-from sandbox._wrap import exec_argv, wrap
+from sandbox._wrap import exec_argv, wrap, wrap_fork_server
 
 __all__ = [
     "Policy",
@@ -23,4 +23,5 @@ __all__ = [
     "exec_argv",
     "probe",
     "wrap",
+    "wrap_fork_server",
 ]

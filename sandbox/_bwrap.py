@@ -49,10 +49,40 @@ ISOLATION_FLAGS = (
     "--unshare-pid",
 )
 NAMESPACE_FLAGS = ("--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL")
-# /tmp here is a mount point inside the sandbox, not a file we create.
-BASE_MOUNTS = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")  # noqa: S108
 # The mounts above replace these trees, hiding whatever the host had below them.
 HIDDEN_ROOTS = ("/tmp", "/dev", "/proc")  # noqa: S108
+
+
+def mount_ops(paths: CanonicalPaths) -> tuple[tuple[str, ...], ...]:
+    """The mount operations of a sandbox for ``paths``, in bwrap's order: each a bwrap flag and
+    its arguments (``("--ro-bind", SRC, DEST)``, ``("--tmpfs", DEST)``, ``("--dev", "/dev")``...).
+
+    :func:`bwrap_argv` passes them to bwrap; a child forked inside the sandboxed fork server
+    applies the same list itself (``child/_enclose.py``), so both views are one.
+    """
+    ops: list[tuple[str, ...]] = [
+        ("--ro-bind", "/", "/"),
+        ("--dev", "/dev"),
+        ("--proc", "/proc"),
+        ("--tmpfs", "/tmp"),  # noqa: S108 - a mount point inside the sandbox
+    ]
+    # Every visible path is bound again, not only those under /tmp: /dev/shm and friends are
+    # hidden too, and a bind of an already visible path costs one mount. A visible tree that
+    # holds a hidden path is bound before the hiding tmpfs, what lies below one after it.
+    below = [p for p in (*paths.visible, *paths.sockets) if _under_hidden(p, paths.hidden)]
+    ops += [("--ro-bind", str(kept), str(kept)) for kept in paths.visible if kept not in below]
+    ops += [
+        ("--tmpfs", str(hidden)) if hidden.is_dir() else ("--ro-bind", "/dev/null", str(hidden))
+        for hidden in paths.hidden
+    ]
+    ops += [("--ro-bind", str(kept), str(kept)) for kept in below]
+    ops += [("--ro-bind", str(s), str(s)) for s in paths.sockets if s not in below]
+    ops.append(("--bind", str(paths.scratch), str(paths.scratch)))
+    ops += [("--bind", str(writable), str(writable)) for writable in paths.writable]
+    if paths.egress is not None:
+        # Last: the proxy socket stays reachable whatever the mounts above hide.
+        ops.append(("--ro-bind", str(paths.egress), str(paths.egress)))
+    return tuple(ops)
 
 
 def bwrap_argv(
@@ -70,34 +100,48 @@ def bwrap_argv(
     argv = [bwrap, *ISOLATION_FLAGS]
     if not network:
         argv.append("--unshare-net")
-    argv += [*NAMESPACE_FLAGS, *BASE_MOUNTS]
-    # Every visible path is bound again, not only those under /tmp: /dev/shm and friends are
-    # hidden too, and a bind of an already visible path costs one mount. A visible tree that
-    # holds a hidden path is bound before the hiding tmpfs, what lies below one after it.
-    below = [p for p in (*paths.visible, *paths.sockets) if _under_hidden(p, paths.hidden)]
-    for kept in paths.visible:
-        if kept not in below:
-            argv += ["--ro-bind", str(kept), str(kept)]
-    for hidden in paths.hidden:
-        if hidden.is_dir():
-            argv += ["--tmpfs", str(hidden)]
-        else:
-            argv += ["--ro-bind", "/dev/null", str(hidden)]
-    for kept in below:
-        argv += ["--ro-bind", str(kept), str(kept)]
-    for socket in paths.sockets:
-        if socket not in below:
-            argv += ["--ro-bind", str(socket), str(socket)]
-    argv += ["--bind", str(paths.scratch), str(paths.scratch)]
-    for writable in paths.writable:
-        argv += ["--bind", str(writable), str(writable)]
-    if paths.egress is not None:
-        # Last: the proxy socket stays reachable whatever the mounts above hide.
-        argv += ["--ro-bind", str(paths.egress), str(paths.egress)]
+    argv += NAMESPACE_FLAGS
+    for op in mount_ops(paths):
+        argv += op
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     if paths.cwd is not None:
         argv += ["--chdir", str(paths.cwd)]
+    return (*argv, "--", *command)
+
+
+#: The sandboxed fork server's own namespace flags: its children build their namespaces
+#: themselves, so it keeps the capabilities of its user namespace that doing so needs.
+SERVER_FLAGS = ("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN")
+
+
+def server_argv(
+    bwrap: str,
+    command: Sequence[str],
+    *,
+    hidden: Sequence[Path],
+    writable: Sequence[Path],
+    readable: Sequence[Path],
+    seccomp_fd: int | None,
+) -> tuple[str, ...]:
+    """The bwrap argv of the sandboxed fork server (``child/_forkserver.py --sandboxed``).
+
+    Its view is the host's, read-only, with the *hidden* trees (the state directory) replaced
+    by empty ones in which only the session's *writable* roots (every child's scratch and
+    worktree) and *readable* ones (the egress sockets) come back; ``/tmp`` stays the host's so
+    a child's visible paths below it can be bound. No child ever runs in this view: each builds
+    its own from :func:`mount_ops` before its first instruction of its own.
+    """
+    argv = [bwrap, *ISOLATION_FLAGS, "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    argv += [*SERVER_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for path in hidden:
+        argv += ["--tmpfs", str(path)]
+    for path in writable:
+        argv += ["--bind", str(path), str(path)]
+    for path in readable:
+        argv += ["--ro-bind", str(path), str(path)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return (*argv, "--", *command)
 
 

@@ -105,3 +105,7 @@ class Wrapped:
     wrapped: bool
     launcher: str
     reason: str
+    #: bwrap only: its mount operations (:func:`sandbox._bwrap.mount_ops`) and ``--chdir``,
+    #: what a child forked inside the sandboxed fork server applies itself to get this view.
+    mounts: tuple[tuple[str, ...], ...] = ()
+    chdir: str | None = None

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox._bwrap import HIDDEN_ROOTS, bwrap_argv
+from sandbox._bwrap import HIDDEN_ROOTS, bwrap_argv, mount_ops, server_argv
 from sandbox._errors import SandboxError
 from sandbox._paths import CanonicalPaths, canonicalize, is_within
 from sandbox._probe import ProbeResult, probe, probe_platform
@@ -130,4 +130,43 @@ def wrap(
         # bwrap keeps the launched pid and every launcher (tmux, cmux) can run the argv.
         inner = bwrap_argv(bwrap, paths, command, network=network, seccomp_fd=SECCOMP_FD)
         argv_out = (SHELL, "-c", _SECCOMP_EXEC, str(seccomp), *inner)
-    return Wrapped(argv=argv_out, env=env, wrapped=True, launcher="bwrap", reason="")
+    return Wrapped(
+        argv=argv_out,
+        env=env,
+        wrapped=True,
+        launcher="bwrap",
+        reason="",
+        mounts=mount_ops(paths),
+        chdir=None if paths.cwd is None else str(paths.cwd),
+    )
+
+
+def wrap_fork_server(
+    *,
+    hidden: Sequence[Path],
+    writable: Sequence[Path],
+    readable: Sequence[Path],
+) -> tuple[str, ...] | None:
+    """The command line, up to and including its ``--``, that runs an absolute command (the
+    fork server) in the sandboxed fork server's bwrap (:func:`sandbox._bwrap.server_argv`),
+    with the seccomp filter; ``None`` where bwrap does not work here (the caller keeps starting
+    sandboxed children under bwrap one by one). Every path must exist; each is canonicalized."""
+    if sys.platform != "linux" or not probe().available:
+        return None
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None
+    roots = {
+        name: tuple(Path(os.path.realpath(path, strict=True)) for path in paths)
+        for name, paths in (("hidden", hidden), ("writable", writable), ("readable", readable))
+    }
+    seccomp = filter_file()
+    inner = server_argv(
+        bwrap,
+        (),
+        hidden=roots["hidden"],
+        writable=roots["writable"],
+        readable=roots["readable"],
+        seccomp_fd=None if seccomp is None else SECCOMP_FD,
+    )
+    return inner if seccomp is None else (SHELL, "-c", _SECCOMP_EXEC, str(seccomp), *inner)

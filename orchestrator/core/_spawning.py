@@ -260,7 +260,7 @@ class Spawning:
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
             else:
-                launcher = ProcessLauncher(forks=sup.fork_server)
+                launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
             sup.launchers[surface] = launcher
         return launcher
 
@@ -305,6 +305,7 @@ class Spawning:
                 inherit=None if pair is None else (pair[1].fileno(), sealed),
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
                 plain=not placement.sandboxed,
+                view=placement.view,
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
         except BaseException:

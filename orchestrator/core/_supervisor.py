@@ -43,6 +43,7 @@ from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy, resolve_policy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv
+from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
 from orchestrator.workspace._review import ReviewStore
 
@@ -76,6 +77,9 @@ class Supervisor:
     agent_dirs: tuple[str, ...] = ()
     #: Forks unsandboxed ``process`` children from preloaded imports (``None``: turned off).
     fork_server: ForkServer | None = None
+    #: Forks sandboxed ``process`` children inside its own sandbox (``None``: they start under
+    #: bwrap one by one).
+    boxed_fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
@@ -125,6 +129,13 @@ class Supervisor:
                 nursery=self.nursery,
                 log_path=self.config.paths.root / "fork-server.log",
             )
+            wrapper = fork_server_wrapper(self.config)
+            if wrapper is not None:
+                self.boxed_fork_server = attrs.evolve(
+                    self.fork_server,
+                    wrapper=wrapper,
+                    log_path=self.config.paths.root / "fork-server-sandboxed.log",
+                )
 
     @property
     def locks(self) -> LockTable:
@@ -439,12 +450,15 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
         if sup.fork_server is not None and config.sandbox == "off":
             # Every process child will be a fork: have the server ready before the first.
             sup.fork_server.start()
+        if sup.boxed_fork_server is not None:
+            sup.boxed_fork_server.start()  # the same, for every sandboxed child
         try:
             yield sup
         finally:
             with trio.CancelScope(shield=True):
                 await sup.stop_all()
                 await listener.aclose()
-                if sup.fork_server is not None:
-                    await sup.fork_server.aclose()
+                for forks in (sup.fork_server, sup.boxed_fork_server):
+                    if forks is not None:
+                        await forks.aclose()
             nursery.cancel_scope.cancel()

@@ -9,6 +9,12 @@ The server is the forked child's parent, so it reaps it and reports the exit sta
 the child's pidfd (opened by the server before it could reap) to learn the moment it ends and
 to signal exactly that process. If the server cannot start, or dies, :attr:`ForkServer.failure`
 says why and the launcher starts children the ordinary way again.
+
+A *sandboxed* server (``wrapper`` set: its own bwrap command line, from
+:func:`sandbox.wrap_fork_server`) forks sandboxed children: each request carries the child's
+bwrap mount operations, and the fork builds that view in namespaces of its own before any of
+the child's code runs (``child/_enclose.py``). Its pids are those of its own pid namespace: the
+pid we report is the host's, read from the pidfd.
 """
 
 import array
@@ -61,6 +67,8 @@ class ForkServer:
     nursery: trio.Nursery
     #: Where the server's own stderr goes (appended); ``None`` discards it.
     log_path: Path | None = None
+    #: The sandbox command the server runs in (a sandboxed server); empty: a plain one.
+    wrapper: tuple[str, ...] = ()
 
     failure: str | None = attrs.field(default=None, init=False)
     pid: int | None = attrs.field(default=None, init=False)
@@ -71,6 +79,12 @@ class ForkServer:
     _replies: dict[int, _Reply] = attrs.field(factory=dict, init=False)
     _exits: dict[int, int | None] = attrs.field(factory=dict, init=False)
     _exit_events: dict[int, trio.Event] = attrs.field(factory=dict, init=False)
+    #: A sandboxed server's children: host pid -> the pid in the server's namespace.
+    _inner: dict[int, int] = attrs.field(factory=dict, init=False)
+
+    @property
+    def sandboxed(self) -> bool:
+        return bool(self.wrapper)
 
     @property
     def started(self) -> bool:
@@ -80,23 +94,22 @@ class ForkServer:
         """Start the server in the background (once); :meth:`ready` waits for it."""
         if self.started:
             return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours, pair_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Above the descriptors a sandbox wrapper uses itself (its seccomp shell opens fd 3).
+        theirs = os.dup2(pair_end.fileno(), 10 + pair_end.fileno(), inheritable=False)
+        pair_end.close()
+        argv = [self.python, "-I", "-m", "child._forkserver", str(theirs), self.label]
+        if self.wrapper:
+            argv = [*self.wrapper, *argv, "--sandboxed"]
         try:
             with _stderr_for(self.log_path) as stderr:
                 self._popen = subprocess.Popen(
-                    [
-                        self.python,
-                        "-I",
-                        "-m",
-                        "child._forkserver",
-                        str(theirs.fileno()),
-                        self.label,
-                    ],
+                    argv,
                     env=dict(self.env),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
-                    pass_fds=(theirs.fileno(),),
+                    pass_fds=(theirs,),
                     start_new_session=True,
                 )
         except OSError as exc:
@@ -104,7 +117,7 @@ class ForkServer:
             self._fail(f"cannot start: {exc}")
             return
         finally:
-            theirs.close()
+            os.close(theirs)
         self.pid = self._popen.pid
         self._sock = trio.socket.from_stdlib_socket(ours)
         self.nursery.start_soon(self._read)
@@ -122,19 +135,23 @@ class ForkServer:
         name: str,
         stdio: tuple[int, int],
         inherit: tuple[int, int],
+        view: Mapping[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """Fork a child; its pid and a pidfd for it (the caller closes it).
+        """Fork a child; its (host) pid and a pidfd for it (the caller closes it).
 
         *stdio* are the child's stdout and stderr, *inherit* its connection (a socket pair
-        end) and its sealed loadout; the server keeps no copy of any of them.
+        end) and its sealed loadout; the server keeps no copy of any of them. *view* (a
+        sandboxed server only): ``{"ops": bwrap mount operations, "cwd": dir}``.
         """
         if not await self.ready():
             raise ForkServerError(f"fork server unavailable: {self.failure}")
         assert self._sock is not None  # noqa: S101 - set when ready
         request_id = next(self._ids)
         reply = self._replies[request_id] = _Reply()
-        message = {"spawn": request_id, "cwd": cwd, "env": dict(env)}
+        message: dict[str, Any] = {"spawn": request_id, "cwd": cwd, "env": dict(env)}
         message["name"] = name
+        if view is not None:
+            message["sandbox"] = dict(view)
         try:
             try:
                 await self._sock.sendmsg(
@@ -154,10 +171,21 @@ class ForkServer:
                 os.close(fd)
             why = (answer or {}).get("error") or self.failure or "no answer"
             raise ForkServerError(f"fork server could not start {name}: {why}")
-        return int(answer["pid"]), reply.fds[0]
+        pid = int(answer["pid"])
+        if self.sandboxed:
+            try:
+                inner, pid = pid, host_pid(reply.fds[0])
+            except (OSError, ValueError, ForkServerError):
+                os.close(reply.fds[0])
+                raise ForkServerError(
+                    f"fork server: {name} ended before it could be seen"
+                ) from None
+            self._inner[pid] = inner
+        return pid, reply.fds[0]
 
     async def exit_status(self, pid: int) -> int:
         """The exit status of the forked *pid*, once it has ended (its pidfd said so)."""
+        pid = self._inner.pop(pid, pid)
         event = self._exit_events.setdefault(pid, trio.Event())
         with trio.move_on_after(STATUS_TIMEOUT):
             await event.wait()
@@ -252,6 +280,17 @@ class ForkServer:
         if popen.poll() is None:
             popen.kill()
             await trio.to_thread.run_sync(popen.wait)
+
+
+def host_pid(pidfd: int) -> int:
+    """The pid, in our pid namespace, of the process *pidfd* refers to."""
+    with open(f"/proc/self/fdinfo/{pidfd}", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("Pid:"):
+                pid = int(line.split()[1])
+                if pid > 0:
+                    return pid
+    raise ForkServerError("fork server: the forked child's pid cannot be read from its pidfd")
 
 
 @contextlib.contextmanager

@@ -61,6 +61,10 @@ class LaunchSpec:
     #: *argv* is exactly the plain child command for *inherit* (no sandbox wrapper): a
     #: launcher may then start the child from a preloaded fork server instead.
     plain: bool = False
+    #: *argv* is the child under bwrap, and this is that sandbox's view (bwrap's mount
+    #: operations and directory): a launcher may fork the child from the sandboxed fork
+    #: server instead, which builds the same view for it.
+    view: Mapping[str, object] | None = None
 
 
 class Launched(Protocol):
@@ -173,6 +177,8 @@ class ProcessLauncher:
 
     name: str = "process"
     forks: ForkServer | None = None
+    #: The sandboxed fork server, for children whose spec has a sandbox :attr:`LaunchSpec.view`.
+    boxed: ForkServer | None = None
 
     async def launch(
         self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
@@ -186,6 +192,8 @@ class ProcessLauncher:
             and spec.argv[0] == self.forks.python
         ):
             launched, fds = await self._fork(self.forks, spec)
+        elif self.boxed is not None and spec.view is not None and spec.inherit is not None:
+            launched, fds = await self._fork(self.boxed, spec)
         if launched is None:
             popen = spawn_popen(spec.argv, cwd=spec.cwd, env=spec.env, pass_fds=spec.inherit or ())
             reap = functools.partial(_wait_exit, popen)
@@ -221,6 +229,7 @@ class ProcessLauncher:
                 name=f"fleet {spec.key}",
                 stdio=(out_w, err_w),
                 inherit=spec.inherit,
+                view=spec.view if forks.sandboxed else None,
             )
         except BaseException as exc:
             for fd in (out_r, err_r):

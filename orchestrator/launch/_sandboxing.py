@@ -41,6 +41,8 @@ EGRESS_SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
 #: "1" exactly when the child was wrapped (``child.backends._cli_env.SANDBOXED_ENV``).
 SANDBOXED_ENV: Final = "FLEET_SANDBOXED"
 _SCHEME_PORTS: Final = {"http": 80, "https": 443}
+#: Below the session directory: every child's egress proxy socket.
+EGRESS_DIR: Final = "egress"
 
 
 def policy_for(mode: str, requested: str | None) -> str:
@@ -139,6 +141,9 @@ class Placement:
     env: Mapping[str, str]
     sandboxed: bool
     reason: str
+    #: What a fork of the sandboxed fork server applies to get the view *argv* would give
+    #: (``{"ops": bwrap mount operations, "cwd": dir}``); ``None`` when only *argv* will do.
+    view: Mapping[str, object] | None = None
 
 
 def hidden_paths(config: Config) -> tuple[Path, ...]:
@@ -219,4 +224,27 @@ def place(
     env = wrapped.env | {SANDBOXED_ENV: "1"}
     if egress is not None:
         env[EGRESS_SOCKET_ENV] = str(egress)
-    return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="")
+    view = None
+    if wrapped.mounts:
+        view = {"ops": [list(op) for op in wrapped.mounts], "cwd": wrapped.chdir}
+    return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="", view=view)
+
+
+def fork_server_wrapper(config: Config) -> tuple[str, ...] | None:
+    """The bwrap command of this session's sandboxed fork server, or ``None`` where sandboxed
+    children cannot be forked here (no bwrap, ``sandbox: off``): they start under bwrap.
+
+    Its view hides the whole state directory and brings back only what its children's views
+    are built from: the session's scratch and worktree roots (writable) and its egress sockets.
+    """
+    if config.sandbox == "off" or sys.platform != "linux":
+        return None
+    paths = config.paths
+    roots = (paths.scratch, paths.worktrees, paths.root / EGRESS_DIR)
+    for root in roots:
+        ipc.ensure_private_dir(root)
+    return sandbox.wrap_fork_server(
+        hidden=hidden_paths(config),
+        writable=roots[:2],
+        readable=roots[2:],
+    )

@@ -36,13 +36,15 @@ def _until_working(fleet, key: str) -> None:
 
 
 def _child_pid(fleet, key: str) -> int:
-    # Known by its run marker (its loadout and connection are inherited descriptors).
-    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+    # Known by its run marker (its loadout and connection are inherited descriptors); a fork
+    # of a fork server carries the server's environment and is known by its name.
+    for process in psutil.process_iter(["pid", "cmdline", "environ", "name"]):
         environ = process.info["environ"] or {}
         cmdline = process.info["cmdline"] or []
-        if (
-            environ.get("FLEET_HOME") == str(fleet.home)
-            and environ.get("FLEET_RUN", "").startswith(f"t/{key}/")
+        if environ.get("FLEET_HOME") != str(fleet.home):
+            continue
+        if process.info["name"] == f"fleet {key}"[:15] or (
+            environ.get("FLEET_RUN", "").startswith(f"t/{key}/")
             and cmdline[2:4] in (["-m", "child"], ["-m", "child._forkserver"])
         ):
             return process.pid

@@ -1,0 +1,183 @@
+"""The sandboxed fork server (real bwrap, real forks): what it refuses, and what the launcher
+does then (starts the child under bwrap, as without the server)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+import ipc
+from orchestrator._config import Config
+from orchestrator.launch._forkserver import ForkServer, ForkServerError
+from orchestrator.launch._launcher import LaunchSpec, ProcessLauncher, inherited_child_argv
+from orchestrator.launch._sandboxing import fork_server_wrapper
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.slow
+CEILING = 60
+PYTHON = os.path.abspath(sys.executable)
+
+
+def _config(tmp_path: Path) -> Config:
+    config = Config(home=tmp_path / "state", session="s", workspace=tmp_path)
+    # On the host, hidden in the server's view (as every session's loadouts are).
+    config.paths.loadouts.mkdir(parents=True)
+    return config
+
+
+def _view(config: Config, *extra: list[str]) -> dict[str, object]:
+    scratch = config.paths.scratch / "c1"
+    scratch.mkdir(parents=True, exist_ok=True)
+    ops = [
+        ["--ro-bind", "/", "/"],
+        ["--dev", "/dev"],
+        ["--proc", "/proc"],
+        ["--tmpfs", "/tmp"],
+        ["--tmpfs", str(config.home)],
+        *extra,
+        ["--bind", str(scratch), str(scratch)],
+    ]
+    return {"ops": ops, "cwd": str(scratch)}
+
+
+async def _spawn(forks: ForkServer, view: dict[str, object] | None) -> tuple[int, int]:
+    out_r, out_w = os.pipe()
+    pair = socket.socketpair()
+    memfd = os.memfd_create("loadout")
+    try:
+        return await forks.spawn(
+            cwd="/",
+            env={},
+            name="t",
+            stdio=(out_w, out_w),
+            inherit=(pair[1].fileno(), memfd),
+            view=view,
+        )
+    finally:
+        for fd in (out_r, out_w, memfd):
+            os.close(fd)
+        for end in pair:
+            end.close()
+
+
+async def test_the_server_refuses_a_plan_that_would_leak_and_a_plain_child(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None, "bwrap works on every test machine"
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON,
+                label="t",
+                env=dict(os.environ),
+                nursery=nursery,
+                wrapper=wrapper,
+            )
+            forks.start()
+            assert await forks.ready(), forks.failure
+            with pytest.raises(ForkServerError, match="forks only sandboxed children"):
+                await _spawn(forks, None)
+            leaky = _view(config)
+            leaky["ops"] = [op for op in leaky["ops"] if op != ["--proc", "/proc"]]  # type: ignore[attr-defined]
+            with pytest.raises(ForkServerError, match="lacks --proc /proc"):
+                await _spawn(forks, leaky)
+            unseen = _view(config, ["--ro-bind", str(config.paths.root / "loadouts"), "/x"])
+            with pytest.raises(ForkServerError, match="cannot see"):
+                await _spawn(forks, unseen)
+            await forks.aclose()
+
+
+async def test_a_child_the_server_cannot_fork_starts_under_its_bwrap_command(
+    tmp_path: Path,
+) -> None:
+    """The launcher falls back to the spec's own argv, with the same descriptors."""
+    config = _config(tmp_path)
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON,
+                label="t",
+                env=dict(os.environ),
+                nursery=nursery,
+                wrapper=wrapper,
+            )
+            ours, theirs = socket.socketpair()
+            loadout = ipc.sealed_loadout(
+                ipc.Loadout(
+                    session="s",
+                    owner="c1",
+                    name="c1",
+                    agent="scout",
+                    token="0" * 64,
+                    socket="",
+                    workspace=str(tmp_path),
+                    scratch=str(tmp_path),
+                    model=ipc.ModelSpec(kind="scripted", script="/nonexistent"),
+                )
+            )
+            argv = (
+                "/bin/sh",
+                "-c",
+                "echo fell back; exit 7",
+                *inherited_child_argv(sys.executable, theirs.fileno(), loadout),
+            )
+            unseen = _view(config, ["--ro-bind", str(config.paths.root / "loadouts"), "/x"])
+            spec = LaunchSpec(
+                key="c1",
+                name="c1",
+                argv=argv,
+                cwd=str(tmp_path),
+                env={"PATH": os.environ["PATH"]},
+                inherit=(theirs.fileno(), loadout),
+                view=unseen,
+            )
+            output: list[bytes] = []
+            launched = await ProcessLauncher(boxed=forks).launch(
+                spec, lambda _stream, chunk: output.append(chunk), nursery
+            )
+            assert await launched.wait() == 7
+            await launched.drain(5)
+            assert not launched.forked
+            assert b"fell back" in b"".join(output)
+            os.close(loadout)
+            ours.close()
+            theirs.close()
+            await forks.aclose()
+
+
+async def test_a_server_whose_forks_cannot_sandbox_themselves_fails_at_start(
+    tmp_path: Path,
+) -> None:
+    """Without the capabilities of its namespace no fork could build its sandbox: the server
+    says so and is never ready (the launcher then starts every sandboxed child under bwrap)."""
+    config = _config(tmp_path)
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None
+    at = wrapper.index("--cap-add")
+    crippled = (*wrapper[:at], "--cap-drop", "ALL", *wrapper[at + 4 :])
+    log = tmp_path / "server.log"
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON,
+                label="t",
+                env=dict(os.environ),
+                nursery=nursery,
+                wrapper=crippled,
+                log_path=log,
+            )
+            forks.start()
+            assert not await forks.ready()
+            await forks.aclose()
+    assert "a fork cannot sandbox itself" in log.read_text()
