@@ -474,13 +474,23 @@ def test_peek_watch_without_a_terminal_prints_one_line_per_change(fleet, surface
         stdout=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    stdout = watch.stdout
+    assert stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in stdout))
+    reader.start()
     try:
         fleet.json("wait", "a1", "--timeout", "30")
+        # The watch samples the fleet: stop only once it has shown the settled child.
+        deadline = time.monotonic() + 30
+        while not any(" done " in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
         fleet.json("stop", "a1")
-        out, _ = watch.communicate(timeout=30)
+        watch.wait(timeout=30)
     finally:
         watch.kill()
-    lines = out.splitlines()
+        reader.join(timeout=10)
+        stdout.close()
     # A settled child reads done; an activity that repeats the state is not said twice.
     assert lines[-2] == "a1 scout-1 done scout 1/2 tmux"
     assert lines[-1] == "a1 scout-1 stopped scout 1/2 tmux (left the fleet)"
