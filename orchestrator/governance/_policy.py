@@ -16,7 +16,20 @@ READ_ONLY_TOOLS: Final = frozenset(
     {"read", "grep", "find", "ls", "todo", "ask_parent", "subagent", "discuss"}
 )
 MUTATING_TOOLS: Final = frozenset({"edit", "write", "bash"})
-WORKTREE_TOOLS: Final = ("read", "edit", "write", "grep", "find", "ls", "todo", "discuss")
+#: What a worktree child may keep of its definition's tools. ``bash`` is kept only when the
+#: definition lists it: the child runs in the ``worker`` sandbox (writes confined to its
+#: worktree and scratch), so its shell is too.
+WORKTREE_TOOLS: Final = (
+    "read",
+    "edit",
+    "write",
+    "bash",
+    "grep",
+    "find",
+    "ls",
+    "todo",
+    "discuss",
+)
 MAX_DEPTH: Final = 2
 
 

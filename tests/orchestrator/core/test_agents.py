@@ -50,7 +50,7 @@ def test_bundled_scout_and_worker(isolated):
     assert scout.mode == "scout"
     assert scout.tools == ("read", "grep", "find", "ls", "todo", "ask_parent")
     assert worker.mode == "worktree"
-    # DESIGN §6: worktree children get no shell.
+    # The bundled worker lists no shell; a definition that lists bash keeps it (plan test).
     assert worker.tools == ("read", "grep", "find", "ls", "edit", "write", "todo", "discuss")
     for definition in (scout, worker):
         assert definition.source == "bundled"
@@ -322,3 +322,27 @@ def test_agent_dirs_from_flag_environment_or_file_become_absolute(tmp_path, monk
     (home / "config.yaml").write_text("subagents:\n  agent_dirs: 7\n")
     with pytest.raises(UsageError, match="agent_dirs 7 must be a list"):
         load_config(cwd=repo, home=home)
+
+
+@pytest.mark.parametrize(
+    ("listed", "kept"),
+    [
+        ("read, edit, write, bash", ["read", "edit", "write", "bash", "todo", "discuss"]),
+        ("read, edit, write", ["read", "edit", "write", "todo", "discuss"]),
+    ],
+)
+def test_a_worktree_definition_keeps_bash_only_when_it_lists_it(tmp_path, listed, kept):
+    from orchestrator._records import SpawnRequest  # noqa: PLC0415
+    from orchestrator.core._plan import plan_spawn  # noqa: PLC0415
+
+    definition = parse(f"name: fixer\ndescription: d\nmode: worktree\ntools: {listed}")
+    (tmp_path / "s.yaml").write_text("turns: []\n")
+    config = load_config(cwd=tmp_path, home=tmp_path / "home")
+    plan = plan_spawn(
+        SpawnRequest(task="fix it", agent="fixer", model="scripted:s.yaml"),
+        definitions={"fixer": definition},
+        config=config,
+        workflow_mode="build",
+    )
+    assert plan.loadout_fields["tools"] == kept
+    assert plan.loadout_fields["sandbox"] == "worker"

@@ -31,9 +31,8 @@ def test_the_mutating_tools_agree_with_the_agent_definitions() -> None:
     assert not READ_ONLY_TOOLS & MUTATING_TOOLS
 
 
-def test_worktree_children_get_no_shell() -> None:
-    assert "bash" not in WORKTREE_TOOLS
-    assert {"edit", "write"} <= set(WORKTREE_TOOLS)
+def test_worktree_children_may_keep_a_listed_shell() -> None:
+    assert {"edit", "write", "bash"} <= set(WORKTREE_TOOLS)
 
 
 @pytest.mark.parametrize("mode", MODES)
