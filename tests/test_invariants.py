@@ -184,6 +184,7 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
+    "orchestrator.remote": {FOUNDATION},
     "orchestrator.core": {
         FOUNDATION,
         "orchestrator.governance",
