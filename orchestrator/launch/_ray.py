@@ -177,6 +177,8 @@ class RayLauncher:
     address: str | None = None
     num_cpus: float = 0.0
     memory: int | None = None
+    #: Further custom resources each child's actor asks for (to pin children to labelled nodes).
+    resources: Mapping[str, float] = attrs.Factory(dict)
     name: str = "ray"
 
     def _connect(self) -> None:
@@ -191,7 +193,10 @@ class RayLauncher:
         if spec.inherit is not None:
             raise ValueError("ray launcher: a child on a node cannot inherit descriptors")
         await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
-        options: dict[str, Any] = {"num_cpus": self.num_cpus, "resources": {SLOT: 1}}
+        options: dict[str, Any] = {
+            "num_cpus": self.num_cpus,
+            "resources": {**self.resources, SLOT: 1},
+        }
         if self.memory:
             options["memory"] = self.memory
         actor = _actor_class().options(**options).remote()

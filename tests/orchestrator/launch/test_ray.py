@@ -140,3 +140,27 @@ async def test_killed_actor_takes_its_child_with_it(cluster, tmp_path):
     assert r.returncode is not None
     assert r.returncode < 0
     await gone(r.pid)
+
+
+async def test_a_dead_node_fails_its_child_once_and_leaves_no_process(cluster, tmp_path):
+    doomed = cluster.add_node(num_cpus=1, resources={"agent_slot": 1, "doomed": 1})
+    cluster.wait_for_nodes()
+    launcher = RayLauncher(resources={"doomed": 1})
+    async with trio.open_nursery() as nursery:
+        r = await launcher.launch(
+            spec(tmp_path, "import time; time.sleep(600)"), lambda *_: None, nursery
+        )
+        assert r.node == doomed.node_id
+        assert alive(r.pid)
+        # The node's raylet dies mid-turn (no graceful drain): its workers go, and with them
+        # the child (PR_SET_PDEATHSIG on the actor's worker).
+        await trio.to_thread.run_sync(lambda: cluster.remove_node(doomed, allow_graceful=False))
+        with trio.fail_after(90):
+            code = await r.wait()
+    assert code < 0
+    await gone(r.pid, within=30)
+    # The surviving nodes' lanes are unaffected: a new child still runs.
+    async with trio.open_nursery() as nursery:
+        again = await RayLauncher().launch(spec(tmp_path, "pass", "c2"), lambda *_: None, nursery)
+        assert await again.wait() == 0
+    assert again.node != doomed.node_id
