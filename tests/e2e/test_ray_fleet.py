@@ -72,6 +72,8 @@ def test_children_on_the_cluster_report_back(fleet):
         assert "The answer is 42." in note["report"], note
     peek = fleet.json("peek")["agents"]
     assert {a["surface"] for a in peek} == {"ray"}
+    # The sandbox applies on the node as it does locally (bwrap is installed here).
+    assert all(a["sandboxed"] for a in peek), peek
 
 
 def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
