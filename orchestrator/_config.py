@@ -157,6 +157,9 @@ class Config:
     drain_timeout: float = 2.0
     model: str = ""
     surface: str = "process"
+    #: Where the ``ray`` surface places children: ``ray.init(address=...)``; "" / "local"
+    #: starts a local cluster, "auto" or ``host:port`` joins one (docs/scale-out.md).
+    ray_address: str = ""
     allow_unsandboxed: bool = False
     sandbox: str = "auto"
     agents_scope: str = "default"
@@ -304,6 +307,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("max_total_ms", "max_total_ms"),
         ("model", "model"),
         ("surface", "surface"),
+        ("ray_address", "ray_address"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
         ("reject_log", "reject_log"),
@@ -323,6 +327,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_MAX_TOTAL_MS", "max_total_ms", _int_or_text),
         ("FLEET_MODEL", "model", str),
         ("FLEET_SURFACE", "surface", str),
+        ("FLEET_RAY_ADDRESS", "ray_address", str),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
         ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),

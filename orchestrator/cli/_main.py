@@ -206,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--surface",
-        choices=["process", "tmux", "tmux:current", "cmux"],
+        choices=["process", "tmux", "tmux:current", "cmux", "ray"],
         help="where the child runs: process (default), a tmux window on fleet's own server, "
-        "a window in your current tmux session, or a cmux surface",
+        "a window in your current tmux session, a cmux surface, or a Ray actor (ray)",
     )
     p.add_argument("--batch", help="JSON file with a list of task objects")
     p.add_argument("--wait", action="store_true", help="wait until they settle")

@@ -20,7 +20,7 @@ from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, vali
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
-SURFACES = ("process", "tmux", "tmux:current", "cmux")
+SURFACES = ("process", "tmux", "tmux:current", "cmux", "ray")
 BACKENDS = ("builtin", "pi", "claude", "codex", "command")
 #: Which model kinds each backend can use; ``native`` = a name handed to the CLI as is.
 MODEL_KINDS = {

@@ -43,6 +43,7 @@ from orchestrator.launch._launcher import (
     child_argv,
     inherited_child_argv,
 )
+from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
 
@@ -65,7 +66,7 @@ class _Prepared:
 
 def inherits(surface: str) -> bool:
     """Whether a child on *surface* inherits its connection and loadout from us: it does
-    unless a terminal (tmux, cmux) starts it."""
+    unless a terminal (tmux, cmux) or a Ray actor starts it."""
     return surface == "process"
 
 
@@ -259,6 +260,8 @@ class Spawning:
                 launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
+            elif surface == "ray":
+                launcher = RayLauncher(address=sup.config.ray_address or None)
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
             sup.launchers[surface] = launcher

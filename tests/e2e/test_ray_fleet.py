@@ -1,0 +1,94 @@
+"""Children on a Ray cluster (three simulated nodes), driven through the real CLI.
+
+The cluster is ``ray.cluster_utils.Cluster`` on this machine, started once for the module; each
+test's supervisor joins it as its own driver (``FLEET_RAY_ADDRESS``).
+"""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from ray.cluster_utils import Cluster
+
+from tests.e2e.conftest import Fleet, running_fleet
+
+pytestmark = pytest.mark.slow
+
+WORK = """
+turns:
+  - steps:
+      - tool: read
+        args: {path: README.md}
+      - reply: "## Summary\\n{{task}}: {{tool:read}}"
+"""
+HANG = "turns:\n  - steps:\n      - hang: true\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    for slots in (1, 1, 2):
+        c.add_node(num_cpus=1, resources={"agent_slot": slots})
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, cluster: Cluster) -> Iterator[Fleet]:
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        yield fleet
+
+
+def child_pids(home: Path) -> list[int]:
+    """Live ``python -m child`` processes of the fleet under *home*."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            cmdline = process.info["cmdline"] or []
+            environ = process.info["environ"] or {}
+            if (
+                "child" in cmdline
+                and environ.get("FLEET_HOME") == str(home)
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_children_on_the_cluster_report_back(fleet):
+    model = fleet.script("work", WORK)
+    for task in ("a", "b", "c", "d"):
+        fleet.json("spawn", "--surface", "ray", "--model", model, task)
+    settled = fleet.json("wait", "a1", "a2", "a3", "a4", "--all", "--timeout", "120", timeout=150)[
+        "settled"
+    ]
+    assert len(settled) == 4
+    for note in settled:
+        assert "The answer is 42." in note["report"], note
+    peek = fleet.json("peek")["agents"]
+    assert {a["surface"] for a in peek} == {"ray"}
+    # The sandbox applies on the node as it does locally (bwrap is installed here).
+    assert all(a["sandboxed"] for a in peek), peek
+
+
+def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        model = fleet.script("hang", HANG)
+        for task in ("x", "y"):
+            fleet.json("spawn", "--surface", "ray", "--model", model, task)
+        deadline = time.monotonic() + 90
+        while len(child_pids(fleet.home)) < 2:
+            assert time.monotonic() < deadline, "the children never started"
+            time.sleep(0.2)
+        pids = child_pids(fleet.home)
+        fleet.run("serve", "--stop", timeout=90)
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+            assert time.monotonic() < deadline, f"remote children outlived the supervisor: {pids}"
+            time.sleep(0.2)
