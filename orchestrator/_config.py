@@ -20,6 +20,7 @@ from typing import Any, Final
 import attrs
 
 from orchestrator._errors import UsageError
+from orchestrator._yamlfile import read_yaml_file
 
 CAPS: Final = (2, 4, 6, 8, 16)
 DEFAULT_CAP: Final = 4
@@ -274,18 +275,7 @@ def resolve_session(explicit: str | None, workspace: Path) -> str:
 
 def _file_settings(home: Path) -> Mapping[str, Any]:
     path = home / "config.yaml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"config {path}: {exc} (fix or remove the file)") from None
-    import yaml  # noqa: PLC0415 - only a config file pays for it
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"config {path}: {exc} (fix or remove the file)") from None
+    data = read_yaml_file(path, "config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -35,6 +35,7 @@ from typing import Any, Final
 import attrs
 
 from orchestrator._errors import UsageError
+from orchestrator._yamlfile import read_yaml_file
 
 ROLES_FILE: Final = "roles.yaml"
 MAX_HOPS: Final = 5
@@ -209,19 +210,7 @@ def resolve(roles: Mapping[str, RoleEntry], name: str) -> Resolution:
 
 
 def _read(path: Path) -> dict[str, RoleEntry]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"roles {path}: {exc} (fix or remove the file)") from None
-    import yaml  # noqa: PLC0415 - only a roles file pays for it
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise UsageError(f"roles {path}: {first} (fix or remove the file)") from None
+    data = read_yaml_file(path, "roles")
     return _entries(data, f"roles {path}")
 
 
