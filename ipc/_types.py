@@ -61,6 +61,12 @@ class Shutdown:
 
 
 @attrs.frozen(kw_only=True)
+class Renew:
+    """A remote child renews its lease; the reply's ``data`` carries ``lease_s``. A child that
+    has had no reply for a whole lease stops every write and exits (``child._lease``)."""
+
+
+@attrs.frozen(kw_only=True)
 class Hello:
     """The first frame of every connection; its envelope carries the token."""
 
@@ -193,6 +199,7 @@ Message = (
     | Proxy
     | Reply
     | Control
+    | Renew
 )
 
 MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
@@ -212,6 +219,7 @@ MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
     "proxy": Proxy,
     "reply": Reply,
     "control": Control,
+    "renew": Renew,
 }
 TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
 

@@ -163,6 +163,8 @@ class Config:
     ray_address: str = ""
     #: The address the TLS door for remote children listens on (a port is picked per session).
     ray_listen: str = "127.0.0.1"
+    #: A remote child's lease: it stops writing and exits after this long unheard.
+    lease_s: float = 30.0
     allow_unsandboxed: bool = False
     sandbox: str = "auto"
     agents_scope: str = "default"
@@ -301,6 +303,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("surface", "surface"),
         ("ray_address", "ray_address"),
         ("ray_listen", "ray_listen"),
+        ("lease_s", "lease_s"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
         ("reject_log", "reject_log"),
@@ -322,6 +325,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_RAY_ADDRESS", "ray_address", str),
         ("FLEET_RAY_LISTEN", "ray_listen", str),
+        ("FLEET_LEASE_S", "lease_s", float),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
         ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),

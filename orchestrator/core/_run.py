@@ -66,6 +66,8 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
+    lease_until: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
@@ -174,7 +176,23 @@ class ChildRun:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
+        if isinstance(body, ipc.Renew):
+            return self._renew()
         return None
+
+    def _renew(self) -> ipc.Message:
+        lease = self.card.lease_s if self.card is not None else 0.0
+        if not lease:
+            return ipc.Reply(ok=False, error="this child holds no lease")
+        self.lease_until = trio.current_time() + lease
+        return ipc.Reply(ok=True, data={"lease_s": lease})
+
+    async def _outwait_lease(self) -> None:
+        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
+        has run out (so it has stopped writing by itself)."""
+        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
+            with trio.move_on_at(self.lease_until):
+                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -182,6 +200,8 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
+        if self.card is not None and self.card.lease_s:
+            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -491,6 +511,7 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
+            await self._outwait_lease()
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

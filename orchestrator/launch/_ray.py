@@ -238,6 +238,9 @@ class LaunchedRay:
     returned: bytes | None = None
     lost: str = ""
     _killed: bool = False
+    #: The actor reported the child's exit; False while it runs, or when the actor or its node
+    #: was lost (the child may still be writing until its lease runs out).
+    confirmed_exit: bool = False
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = _ray()
@@ -246,6 +249,7 @@ class LaunchedRay:
             if out:
                 sink("stdout", out)
             self.returncode = code
+            self.confirmed_exit = True  # its actor saw the child's exit status
         except Exception as exc:  # the actor or its node died
             log.warning("ray child %s: actor lost: %s", self.pid, exc)
             self.returncode = -int(signal.SIGKILL)
