@@ -20,6 +20,7 @@ from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import ChildRequests, Question, Turn
+from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
@@ -66,9 +67,12 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
+    checked: CheckedResult | None = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
+        self.checked = None if self.record.schema is None else CheckedResult(self.record.schema)
         self.requests = ChildRequests(run=self)
         self._slot = LaneSlot(self.host.lane)
 
@@ -327,6 +331,12 @@ class ChildRun:
             record.report = report
         # The last turn's error, or none: a later good turn clears an earlier failure's.
         record.error = "" if result.ok else error
+        if self.checked is not None and result.ok and not (result.aborted or self.pausing):
+            verdict = self.checked.judge(report)
+            record.result = verdict.value
+            if not verdict.valid:
+                self._reject_result(verdict)
+                return
         notify = not (result.aborted and (self.pausing or self.stopping))
         if self.pausing or result.aborted:
             record.state = State.PAUSED
@@ -339,6 +349,16 @@ class ChildRun:
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
+
+    def _reject_result(self, verdict: Verdict) -> None:
+        """A checked child's result failed its schema: one corrective turn first, else the end."""
+        if verdict.steer:
+            self._prompts.insert(0, verdict.steer)
+            self._prompt_ready.set()
+            self.log.write(f"result rejected; corrective steer: {verdict.steer}")
+            self.record.touch("result invalid: asked once to correct it")
+        elif self._nursery is not None:
+            self._nursery.start_soon(self.finish, State.FAILED, "invalid-result", verdict.error)
 
     async def _request(self, message: ipc.Message) -> ipc.Message:
         if self.channel is None:

@@ -20,6 +20,7 @@ import jsonschema.exceptions
 import referencing.exceptions
 
 from orchestrator._errors import UsageError
+from orchestrator._schemafile import SCHEMA_CAP, parse_schema_text
 
 __all__ = [
     "ERROR_CAP",
@@ -34,8 +35,6 @@ __all__ = [
     "validate",
 ]
 
-#: The largest schema a spawn may carry, in bytes of its JSON text.
-SCHEMA_CAP: Final = 64 * 1024
 #: The largest result block that is parsed, in bytes.
 RESULT_CAP: Final = 256 * 1024
 #: The longest validation error line (steer, failure) in characters.
@@ -73,16 +72,7 @@ def check_schema(schema: Any, *, source: str = "schema") -> dict[str, Any]:
 
 def load_schema(data: bytes | str, *, source: str) -> dict[str, Any]:
     """A schema from the text of the file *source*: capped, parsed, checked; one line if not."""
-    raw = data.encode() if isinstance(data, str) else data
-    if len(raw) > SCHEMA_CAP:
-        raise UsageError(
-            f"{source}: {len(raw)} bytes, over the {SCHEMA_CAP // 1024} KiB schema cap"
-        )
-    try:
-        parsed = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"{source}: not JSON: {_clip(str(exc))}") from None
-    return check_schema(parsed, source=source)
+    return check_schema(parse_schema_text(data, source=source), source=source)
 
 
 def instruction(schema: Mapping[str, Any]) -> str:
@@ -149,7 +139,7 @@ def validate(text: str, schema: Mapping[str, Any]) -> Checked:
             error=f"the ```json block is over the {RESULT_CAP // 1024} KiB result cap",
         )
     try:
-        value = json.loads(block, parse_constant=_no_constant)
+        value = json.loads(block, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         return Checked(ok=False, error=f"the last ```json block is not valid JSON: {exc}")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -213,5 +203,5 @@ def _kind(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
-def _no_constant(name: str) -> Any:
+def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")

@@ -1,0 +1,101 @@
+"""Checked results end to end: a real builtin child against the loopback model server.
+
+The child's first report breaks its JSON Schema; the supervisor steers it once (the model
+server sees the corrective line in the next request) and keeps the valid result, which ``wait``
+and the handoff carry beside the text. A child that stays invalid is failed with the error.
+"""
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from orchestrator._config import Config
+from orchestrator._errors import UsageError
+from orchestrator._records import SpawnRequest, State
+from orchestrator.core._supervisor import open_supervisor
+from tests.e2e.conftest import make_repo
+from tests.fakes.model_server import ModelServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
+
+CHILD = "c1"
+SCHEMA = {
+    "type": "object",
+    "required": ["answer"],
+    "properties": {"answer": {"type": "integer"}},
+    "additionalProperties": False,
+}
+WRONG = 'I looked.\n```json\n{"answer": "forty-two"}\n```'
+RIGHT = 'The answer is 42.\n```json\n{"answer": 42}\n```'
+STEER = "result invalid at /answer: 'forty-two' is not of type 'integer'"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="flk-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def texts(srv: ModelServer) -> list[str]:
+    return [json.dumps(r.body) for r in srv.requests(CHILD) if r.api]
+
+
+async def run_checked(repo: Path, home: Path, replies: list[str]) -> tuple[Any, Any, list[str]]:
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"text": text} for text in replies])
+        model = f"openai:fake-model@{srv.base_url(CHILD)}/v1"
+        config = Config(home=home, session="t", workspace=repo)
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="find it", model=model, schema=SCHEMA)])
+            with trio.fail_after(90):
+                [note] = await sup.wait([record.key])
+            handoff = (await sup.stop([record.key]))[0]
+        return note, handoff, texts(srv)
+
+
+async def test_an_invalid_result_is_corrected_once_then_kept(repo, home):
+    note, handoff, sent = await run_checked(repo, home, [WRONG, RIGHT])
+    assert (note["state"], note["error"]) == ("idle", "")
+    assert note["report"] == RIGHT
+    assert note["result"] == {"answer": 42}
+    assert handoff["result"] == {"answer": 42}
+    assert len(sent) == 2
+    # The task told the child to end with a json block for this schema ...
+    assert "fenced ```json code block" in sent[0]
+    assert '\\"required\\":[\\"answer\\"]' in sent[0]
+    # ... and the one corrective steer named the error and its path.
+    assert STEER not in sent[0]
+    assert STEER in sent[1]
+
+
+async def test_a_result_still_invalid_after_the_steer_fails_the_child(repo, home):
+    note, handoff, sent = await run_checked(repo, home, [WRONG, "Sorry, no JSON this time."])
+    assert note["state"] == "failed"
+    assert note["error"] == "the report has no fenced ```json block"
+    assert note["failure"]["kind"] == "invalid-result"
+    assert note["result"] is None
+    assert handoff["state"] == str(State.FAILED)
+    assert len(sent) == 2  # one correction, no more
+    assert STEER in sent[1]
+
+
+async def test_a_bad_schema_is_refused_at_spawn(repo, home):
+    config = Config(home=home, session="t", workspace=repo)
+    async with open_supervisor(config) as sup:
+        with pytest.raises(UsageError, match=r"^spawn: schema: not a valid JSON Schema at /type"):
+            await sup.spawn(
+                [SpawnRequest(task="x", model="openai:m@http://127.0.0.1:9/v1", schema={"type": 5})]
+            )
+        assert sup.peek([])["agents"] == []
