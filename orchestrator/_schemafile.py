@@ -15,22 +15,26 @@ from orchestrator._errors import UsageError
 SCHEMA_CAP: Final = 64 * 1024
 
 
-def parse_schema_text(data: bytes | str, *, source: str) -> Any:
-    """The JSON of a schema file's *data*; one line naming *source* when it is too large or
-    not JSON."""
+def parse_schema_text(data: bytes | str, *, source: str) -> dict[str, Any]:
+    """The JSON object of a schema file's *data*; one line naming *source* when it is too
+    large, not JSON or not an object."""
     raw = data.encode() if isinstance(data, str) else data
     if len(raw) > SCHEMA_CAP:
         raise UsageError(
             f"{source}: {len(raw)} bytes, over the {SCHEMA_CAP // 1024} KiB schema cap"
         )
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        schema = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         first = " ".join(str(exc).split())[:200]
         raise UsageError(f"{source}: not JSON: {first}") from None
+    if not isinstance(schema, dict):
+        kind = "an array" if isinstance(schema, list) else f"a JSON {type(schema).__name__}"
+        raise UsageError(f"{source}: a JSON Schema must be a JSON object, not {kind}")
+    return schema
 
 
-def read_schema_file(path: Path) -> Any:
+def read_schema_file(path: Path) -> dict[str, Any]:
     """The JSON in the schema file *path*, read at most one byte past the cap."""
     source = f"schema file {path}"
     try:

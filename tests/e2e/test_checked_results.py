@@ -19,7 +19,7 @@ from orchestrator._config import Config
 from orchestrator._errors import UsageError
 from orchestrator._records import SpawnRequest, State
 from orchestrator.core._supervisor import open_supervisor
-from tests.e2e.conftest import make_repo
+from tests.e2e.conftest import make_repo, running_fleet
 from tests.fakes.model_server import ModelServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
@@ -99,3 +99,38 @@ async def test_a_bad_schema_is_refused_at_spawn(repo, home):
                 [SpawnRequest(task="x", model="openai:m@http://127.0.0.1:9/v1", schema={"type": 5})]
             )
         assert sup.peek([])["agents"] == []
+
+
+def test_the_cli_carries_the_schema_and_wait_json_returns_the_result(tmp_path):
+    with ModelServer() as srv, running_fleet(tmp_path) as fleet:
+        srv.script(CHILD, [{"text": WRONG}, {"text": RIGHT}])
+        schema = fleet.scripts / "answer.json"
+        schema.write_text(json.dumps(SCHEMA))
+        model = f"openai:fake-model@{srv.base_url(CHILD)}/v1"
+        fleet.json("spawn", "find it", "--model", model, "--schema", str(schema))
+        [note] = fleet.json("wait", "a1", "--timeout", "60")["settled"]
+        assert (note["state"], note["result"]) == ("idle", {"answer": 42})
+        assert STEER in texts(srv)[1]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "No such file or directory"),
+        ("{oops", "not JSON: "),
+        ('{"type": "nope"}', "spawn: schema: not a valid JSON Schema at /type: 'nope'"),
+        ("[1]", "a JSON Schema must be a JSON object, not an array"),
+    ],
+)
+def test_a_bad_schema_file_is_exit_2_and_one_line(tmp_path, content, message):
+    with running_fleet(tmp_path) as fleet:
+        path = fleet.scripts / "s.json"
+        if content is not None:
+            path.write_text(content)
+        result = fleet.run(
+            "spawn", "x", "--model", "openai:m@http://127.0.0.1:9/v1", "--schema", str(path)
+        )
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        [line] = result.stderr.splitlines()
+        assert line.startswith("fleet spawn: ")
+        assert message in line
