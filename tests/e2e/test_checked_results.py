@@ -7,19 +7,23 @@ and the handoff carry beside the text. A child that stays invalid is failed with
 
 import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import trio
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters
 
 from orchestrator._config import Config
 from orchestrator._errors import UsageError
 from orchestrator._records import SpawnRequest, State
 from orchestrator.core._supervisor import open_supervisor
-from tests.e2e.conftest import make_repo, running_fleet
+from tests.e2e.conftest import Fleet, make_repo, running_fleet
 from tests.fakes.model_server import ModelServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
@@ -134,3 +138,39 @@ def test_a_bad_schema_file_is_exit_2_and_one_line(tmp_path, content, message):
         [line] = result.stderr.splitlines()
         assert line.startswith("fleet spawn: ")
         assert message in line
+
+
+ANSWER = """
+turns:
+  - steps:
+      - reply: "Found it.\\n```json\\n{\\"answer\\": 42}\\n```"
+"""
+
+
+def test_the_mcp_spawn_tool_takes_a_schema_and_wait_returns_the_result(tmp_path):
+    async def session(fleet: Fleet) -> tuple[Any, Any]:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "orchestrator", "mcp"],
+            env=fleet.env,
+            cwd=str(fleet.repo),
+        )
+        async with Client(params, mode="legacy") as client:
+            model = fleet.script("answer", ANSWER)
+            spawned = await client.call_tool(
+                "spawn", {"task": "find it", "model": model, "schema": SCHEMA}
+            )
+            assert not spawned.is_error, spawned.content
+            waited = await client.call_tool("wait", {"agents": ["a1"], "timeout": 60})
+            assert not waited.is_error, waited.content
+            bad = await client.call_tool(
+                "spawn", {"task": "x", "model": model, "schema": {"type": "nope"}}
+            )
+            return waited.structured_content, bad
+
+    with running_fleet(tmp_path) as fleet:
+        waited, bad = anyio.run(session, fleet)
+    [note] = waited["settled"]
+    assert (note["state"], note["result"]) == ("idle", {"answer": 42})
+    assert bad.is_error
+    assert "not a valid JSON Schema at /type" in str(bad.content)
