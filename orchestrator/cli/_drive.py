@@ -38,9 +38,10 @@ def cmd_spawn(args: argparse.Namespace) -> int:
                 raise UsageError(f"--command {args.command!r}: {exc}") from None
         requests = [request]
     if args.schema:
-        # Read here (the supervisor may not see the file); checked as a schema at spawn.
+        # Read here (the supervisor may not see the file), checked as a schema at spawn; a
+        # batch entry's own schema wins.
         schema = read_schema_file(Path(args.schema))
-        requests = [{**r, "schema": schema} if isinstance(r, dict) else r for r in requests]
+        requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
     if args.wait:
         keys = [a["key"] for a in data["agents"]]

@@ -25,6 +25,7 @@ from orchestrator._schemafile import SCHEMA_CAP, parse_schema_text
 __all__ = [
     "ERROR_CAP",
     "RESULT_CAP",
+    "RESULT_DEPTH",
     "SCHEMA_CAP",
     "CheckedResult",
     "Verdict",
@@ -35,8 +36,11 @@ __all__ = [
     "validate",
 ]
 
-#: The largest result block that is parsed, in bytes.
-RESULT_CAP: Final = 256 * 1024
+#: The largest result block that is parsed, in bytes (every ``wait`` note carries the result).
+RESULT_CAP: Final = 64 * 1024
+#: The deepest nesting of a result: every reply that carries it must still encode (orjson
+#: stops at 254 levels) and validation must not run out of stack.
+RESULT_DEPTH: Final = 64
 #: The longest validation error line (steer, failure) in characters.
 ERROR_CAP: Final = 300
 
@@ -142,12 +146,16 @@ def validate(text: str, schema: Mapping[str, Any]) -> Checked:
         value = json.loads(block, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         return Checked(ok=False, error=f"the last ```json block is not valid JSON: {exc}")
+    if _depth(value) > RESULT_DEPTH:
+        return Checked(ok=False, error=f"the result is nested deeper than {RESULT_DEPTH} levels")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     try:
         error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     except (referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError) as exc:
         return Checked(ok=False, error=f"the schema cannot be used: {exc}", broken=True)
+    except RecursionError:
+        return Checked(ok=False, error="the result is nested too deeply to validate")
     if error is None:
         return Checked(ok=True, value=value)
     return Checked(
@@ -190,6 +198,18 @@ class CheckedResult:
                 2 * ERROR_CAP,
             ),
         )
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in *value* (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _pointer(path: Any) -> str:

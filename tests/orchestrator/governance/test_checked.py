@@ -9,6 +9,7 @@ from orchestrator._errors import UsageError
 from orchestrator.governance._checked import (
     ERROR_CAP,
     RESULT_CAP,
+    RESULT_DEPTH,
     SCHEMA_CAP,
     CheckedResult,
     check_schema,
@@ -97,6 +98,25 @@ def test_a_huge_result_block_is_refused_without_parsing():
     checked = validate(block("[" + "1," * RESULT_CAP + "1]"), {"type": "array"})
     assert not checked.ok
     assert "result cap" in checked.error
+
+
+@pytest.mark.parametrize(
+    ("depth", "error"),
+    [
+        (RESULT_DEPTH + 1, f"the result is nested deeper than {RESULT_DEPTH} levels"),
+        (5000, "the last ```json block is not valid JSON: maximum recursion depth"),
+    ],
+)
+def test_a_deeply_nested_result_is_refused_without_running_out_of_stack(depth, error):
+    checked = validate(block("[" * depth + "]" * depth), {"items": {"$ref": "#"}})
+    assert not checked.ok
+    assert checked.error.startswith(error), checked.error
+
+
+def test_a_result_at_the_depth_limit_validates():
+    depth = RESULT_DEPTH
+    checked = validate(block("[" * depth + "]" * depth), {"items": {"$ref": "#"}})
+    assert checked.ok, checked.error
 
 
 def test_a_ref_to_elsewhere_is_never_fetched_and_fails_at_once():
