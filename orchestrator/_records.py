@@ -81,6 +81,9 @@ class ChildRecord:
     applied: list[str] = attrs.Factory(list)
     conflicts: list[dict[str, str]] = attrs.Factory(list)
     remaining: list[str] = attrs.Factory(list)
+    #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
+    #: could not break); "" while it runs or when it stopped as asked.
+    incomplete: str = ""
     #: The JSON Schema its result must satisfy (docs/governance.md "Checked results"), and the
     #: last valid result parsed from its report; ``None`` without a schema.
     schema: dict[str, Any] | None = None
@@ -139,6 +142,7 @@ class ChildRecord:
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
             "failure": self.failure,
+            "incomplete": self.incomplete,
         }
         return self.with_result(shape)
 

@@ -30,6 +30,7 @@ from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._plan import plan_spawn
+from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
@@ -178,6 +179,12 @@ class Spawning:
             ipc.ensure_private_dir(paths.worktrees)
         prepared: dict[str, _Prepared] = {}
         failures: list[_PrepareError] = []
+        fields = [
+            await sup.remote.fields_for(record.key, paths.scratch / record.key, loadout_fields)
+            if record.surface in REMOTE_SURFACES
+            else loadout_fields
+            for record, loadout_fields in zip(records, fields, strict=True)
+        ]
 
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
@@ -210,6 +217,7 @@ class Spawning:
 
     def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+        fields = dict(fields)
         sup = self.sup
         paths = sup.config.paths
         scratch = paths.scratch / record.key
@@ -224,8 +232,9 @@ class Spawning:
             name=record.name,
             agent=record.agent,
             token=token,
-            # An inheriting child has no socket to find: its connection is a descriptor.
-            socket="" if inherits(record.surface) else str(paths.ipc_socket),
+            # An inheriting child has no socket to find: its connection is a descriptor; a
+            # remote child's is the TLS door's address (in *fields*).
+            socket=fields.pop("socket", "" if inherits(record.surface) else str(paths.ipc_socket)),
             workspace=record.workspace,
             depth=record.depth,
             paper=str(paths.paper),
@@ -263,7 +272,12 @@ class Spawning:
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
             elif surface == "ray":
-                launcher = RayLauncher(address=sup.config.ray_address or None)
+                launcher = RayLauncher(
+                    address=sup.config.ray_address or None,
+                    certify=sup.remote.certify,
+                    session=sup.config.session,
+                    python=sup.config.python,
+                )
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
             sup.launchers[surface] = launcher
@@ -311,6 +325,7 @@ class Spawning:
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
                 plain=not placement.sandboxed,
                 view=placement.view,
+                tls=loadout.tls,
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
         except BaseException:

@@ -65,6 +65,9 @@ class LaunchSpec:
     #: operations and directory): a launcher may fork the child from the sandboxed fork
     #: server instead, which builds the same view for it.
     view: Mapping[str, object] | None = None
+    #: A child that dials back over mutual TLS: the directory (on its node) for its key and
+    #: certificates, which its launcher fills before the child starts (``ray``).
+    tls: str = ""
 
 
 class Launched(Protocol):

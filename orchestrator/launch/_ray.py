@@ -14,10 +14,12 @@ and only then is the actor ``ray.kill``-ed.
 Every call into Ray is blocking, so it runs in a worker thread
 (``trio.to_thread.run_sync(..., abandon_on_cancel=True)``): the trio loop is never blocked.
 
-Scope today: the child dials back the same way a tmux pane's child does (its loadout names the
-supervisor's Unix socket), which holds for nodes that share this machine — a
-``ray.cluster_utils.Cluster`` or a cluster whose nodes share the state directory. The TCP +
-mutual-TLS dial-back for real remote nodes and git-bundle workspaces are not wired in yet.
+The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
+starts, its actor makes a key and CSR on the node (``python -m child._tls``; the key never
+leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
+the leaf and the CA beside the key. Scope today: the loadout and workspace are still paths the
+node must see (a ``ray.cluster_utils.Cluster`` or nodes sharing the state directory);
+git-bundle workspaces are not wired in yet.
 """
 
 import contextlib
@@ -26,7 +28,8 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -64,7 +67,31 @@ class ChildActor:
     def __init__(self) -> None:
         self.proc: Any = None
 
-    def start(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> dict[str, Any]:
+    def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
+        """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
+        done = subprocess.run(
+            [python, "-m", "child._tls", directory, session, owner],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.decode(errors="replace").strip() or "no CSR")
+        return done.stdout
+
+    def start(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        files: Mapping[str, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
+        start the child."""
+        for path, data in (files or {}).items():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
         ray = _ray()
         self.proc = subprocess.Popen(
             list(argv),
@@ -180,6 +207,11 @@ class RayLauncher:
     #: Further custom resources each child's actor asks for (to pin children to labelled nodes).
     resources: Mapping[str, float] = attrs.Factory(dict)
     name: str = "ray"
+    #: ``certify(owner, csr_pem) -> (leaf_pem, ca_pem)``: the session CA signing a node's CSR,
+    #: for a child whose spec names a TLS directory (it dials back over mutual TLS).
+    certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
+    session: str = ""
+    python: str = sys.executable
 
     def _connect(self) -> None:
         ray = _ray()
@@ -203,9 +235,10 @@ class RayLauncher:
         ray = _ray()
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
+            files = await self._certificate(actor, spec)
             info = await trio.to_thread.run_sync(
                 ray.get,
-                actor.start.remote(spec.argv, spec.cwd, dict(spec.env)),
+                actor.start.remote(spec.argv, spec.cwd, dict(spec.env), files),
                 abandon_on_cancel=True,
             )
         except BaseException:
@@ -216,3 +249,19 @@ class RayLauncher:
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
         return launched
+
+    async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
+        """For a TLS child: the node makes its key and CSR, the session CA signs it; the files
+        the actor writes beside the key before the child starts (none for a Unix-socket child)."""
+        if not spec.tls:
+            return {}
+        if self.certify is None:
+            raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
+        ray = _ray()
+        csr = await trio.to_thread.run_sync(
+            ray.get,
+            actor.request_certificate.remote(self.python, spec.tls, self.session, spec.key),
+            abandon_on_cancel=True,
+        )
+        leaf, ca = self.certify(spec.key, csr)
+        return {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}

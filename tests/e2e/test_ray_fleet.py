@@ -10,8 +10,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cryptography import x509
 from ray.cluster_utils import Cluster
 
+from orchestrator.remote._ca import owner_of
 from tests.e2e.conftest import Fleet, running_fleet
 
 pytestmark = pytest.mark.slow
@@ -74,6 +76,13 @@ def test_children_on_the_cluster_report_back(fleet):
     assert {a["surface"] for a in peek} == {"ray"}
     # The sandbox applies on the node as it does locally (bwrap is installed here).
     assert all(a["sandboxed"] for a in peek), peek
+    # Each dialled back over mutual TLS: its node made the key (the child dropped the file once
+    # loaded), the session CA signed a leaf for that child alone.
+    for key in ("a1", "a2", "a3", "a4"):
+        tls = fleet.home / "sessions" / "t" / "scratch" / key / "tls"
+        assert sorted(p.name for p in tls.iterdir()) == ["ca.pem", "cert.pem"], key
+        leaf = x509.load_pem_x509_certificate((tls / "cert.pem").read_bytes())
+        assert owner_of(leaf, "t") == key
 
 
 def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
