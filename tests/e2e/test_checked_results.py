@@ -174,3 +174,27 @@ def test_the_mcp_spawn_tool_takes_a_schema_and_wait_returns_the_result(tmp_path)
     assert (note["state"], note["result"]) == ("idle", {"answer": 42})
     assert bad.is_error
     assert "not a valid JSON Schema at /type" in str(bad.content)
+
+
+async def test_an_agent_definitions_schema_file_checks_its_children(
+    repo, home, tmp_path, monkeypatch
+):
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "answer.schema.json").write_text(json.dumps(SCHEMA))
+    (agents / "answerer.md").write_text(
+        "---\ndescription: answers\nschema: answer.schema.json\n---\nAnswer.\n"
+    )
+    monkeypatch.setenv("FLEET_AGENTS_DIR", str(agents))
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"text": RIGHT}])
+        model = f"openai:fake-model@{srv.base_url(CHILD)}/v1"
+        config = Config(home=home, session="t", workspace=repo)
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="x", agent="answerer", model=model)])
+            with trio.fail_after(90):
+                [note] = await sup.wait([record.key])
+            await sup.stop([record.key])
+        [sent] = texts(srv)
+    assert note["result"] == {"answer": 42}
+    assert '\\"required\\":[\\"answer\\"]' in sent

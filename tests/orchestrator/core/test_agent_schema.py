@@ -8,9 +8,10 @@ import pytest
 
 from orchestrator._config import Config
 from orchestrator._errors import UsageError
-from orchestrator._records import SpawnRequest
+from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._schemafile import SCHEMA_CAP, read_schema_file
 from orchestrator.core._agents import AgentDefinitionError, parse_agent
+from orchestrator.core._notes import Notes
 from orchestrator.core._plan import plan_spawn
 
 SCHEMA = {"type": "object", "required": ["ok"]}
@@ -70,3 +71,26 @@ def test_the_spawn_schema_wins_over_the_definition(tmp_path):
     assert plan(own).schema == own
     with pytest.raises(UsageError, match=r"^spawn: schema: not a valid JSON Schema at /type"):
         plan({"type": 5})
+
+
+def test_only_a_checked_childs_note_and_handoff_carry_result():
+    def record(schema):
+        return ChildRecord(
+            key="a1",
+            name="n",
+            agent="scout",
+            mode="scout",
+            task="t",
+            workspace="/w",
+            backend="builtin",
+            schema=schema,
+        )
+
+    plain, checked = record(None), record(SCHEMA)
+    checked.result = {"ok": True}
+    assert "result" not in plain.handoff()
+    assert checked.handoff()["result"] == {"ok": True}
+    notes = Notes()
+    notes.push(plain)
+    notes.push(checked)
+    assert ["result" in note for note in notes.take()] == [False, True]
