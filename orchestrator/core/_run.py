@@ -21,6 +21,7 @@ from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.governance._checked import CheckedResult, Verdict
+from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
@@ -288,6 +289,7 @@ class ChildRun:
             self.watchdog.stop_active()
             self._slot.give_back()
             self.turn = None
+        await self._check_result(turn)
         self._settled(turn)
 
     async def _wait_connected(self) -> None:
@@ -349,6 +351,14 @@ class ChildRun:
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
+
+    async def _check_result(self, turn: Turn) -> None:
+        """A checked child's result validated before the settle judges it (in a killable
+        process when its schema has patterns: a backtracking one must not stall the loop)."""
+        result = turn.result
+        if self.checked is not None and result is not None and result.ok and not result.aborted:
+            report = self.log.secrets.scrub(result.text)
+            self.checked.remember(report, await validate_safely(report, self.checked.schema))
 
     def _reject_result(self, verdict: Verdict) -> None:
         """A checked child's result failed its schema: one corrective turn first, else the end."""

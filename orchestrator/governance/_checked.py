@@ -27,12 +27,14 @@ __all__ = [
     "RESULT_CAP",
     "RESULT_DEPTH",
     "SCHEMA_CAP",
+    "Checked",
     "CheckedResult",
     "Verdict",
     "check_schema",
     "extract",
     "instruction",
     "load_schema",
+    "needs_isolation",
     "validate",
 ]
 
@@ -180,9 +182,18 @@ class CheckedResult:
 
     schema: Mapping[str, Any]
     corrected: bool = False
+    #: A validation done ahead of :meth:`judge` (off the event loop), for that report only.
+    _known: tuple[str, Checked] | None = None
+
+    def remember(self, report: str, checked: Checked) -> None:
+        """Keep *checked* as the outcome of validating *report*, for the next :meth:`judge`."""
+        self._known = (report, checked)
 
     def judge(self, report: str) -> Verdict:
-        checked = validate(report, self.schema)
+        known, self._known = self._known, None
+        checked = known[1] if known is not None and known[0] == report else None
+        if checked is None:
+            checked = validate(report, self.schema)
         if checked.ok:
             self.corrected = False  # a later prompt of the parent gets its own correction
             return Verdict(valid=True, value=checked.value)
@@ -198,6 +209,26 @@ class CheckedResult:
                 2 * ERROR_CAP,
             ),
         )
+
+
+#: Keywords whose regular expressions run on the child's strings: a backtracking pattern can
+#: take forever on a crafted result, so such schemas are validated in a killable process.
+_REGEX_KEYWORDS: Final = frozenset({"pattern", "patternProperties"})
+
+
+def needs_isolation(schema: Any) -> bool:
+    """Whether *schema* holds a regular expression that the child's result is matched against
+    (a property merely *named* ``pattern`` counts too: isolation is only slower)."""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if _REGEX_KEYWORDS & set(item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _depth(value: Any) -> int:

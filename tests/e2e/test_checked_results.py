@@ -23,6 +23,7 @@ from orchestrator._config import Config
 from orchestrator._errors import UsageError
 from orchestrator._records import SpawnRequest, State
 from orchestrator.core._supervisor import open_supervisor
+from orchestrator.governance import _checkproc
 from tests.e2e.conftest import Fleet, make_repo, running_fleet
 from tests.fakes.model_server import ModelServer
 
@@ -198,3 +199,25 @@ async def test_an_agent_definitions_schema_file_checks_its_children(
         [sent] = texts(srv)
     assert note["result"] == {"answer": 42}
     assert '\\"required\\":[\\"answer\\"]' in sent
+
+
+async def test_a_result_that_makes_a_pattern_backtrack_fails_the_child_not_the_loop(
+    repo, home, monkeypatch
+):
+    monkeypatch.setattr(_checkproc, "TIMEOUT", 1.5)
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^(a+)+$"}}
+    crafted = '```json\n["' + "a" * 60 + 'b"]\n```'
+    async with ModelServer() as srv:
+        srv.script(CHILD, [{"text": crafted}])
+        model = f"openai:fake-model@{srv.base_url(CHILD)}/v1"
+        config = Config(home=home, session="t", workspace=repo)
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="x", model=model, schema=schema)])
+            with trio.fail_after(60):
+                [note] = await sup.wait([record.key])
+            await sup.stop([record.key])
+        sent = texts(srv)
+    assert note["state"] == "failed"
+    assert note["failure"]["kind"] == "invalid-result"
+    assert note["error"].startswith("validation ran past 1.5 s")
+    assert len(sent) == 1  # no correction can help
