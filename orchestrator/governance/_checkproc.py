@@ -7,14 +7,15 @@ schema with a regular expression in a fresh ``python -I`` process that is killed
 :data:`TIMEOUT` seconds (the child is then failed: no correction helps); any other schema is
 validated in place, which takes well under a millisecond for a typical result.
 
-``python -m orchestrator.governance._checkproc`` is that process: a JSON ``{"report",
-"schema"}`` on stdin, the :class:`~orchestrator.governance._checked.Checked` as JSON on stdout.
+:func:`main` is that process: a JSON ``{"report", "schema"}`` on stdin, the
+:class:`~orchestrator.governance._checked.Checked` as JSON on stdout.
 """
 
 import json
 import signal
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -26,6 +27,13 @@ __all__ = ["TIMEOUT", "validate_safely"]
 
 #: Seconds an isolated validation may take before it is killed.
 TIMEOUT: Final = 10.0
+#: Where this package is imported from: the isolated process (``-I``: no environment, no
+#: current directory on the path) finds the same code however the supervisor was started.
+_ROOT: Final = Path(__file__).resolve().parents[2]
+_ENTRY: Final = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from orchestrator.governance._checkproc import main; main()"
+)
 
 
 async def validate_safely(
@@ -40,7 +48,7 @@ async def validate_safely(
     if not needs_isolation(schema):
         return validate(report, schema)
     request = json.dumps({"report": report, "schema": schema}).encode()
-    argv = [sys.executable, "-I", "-m", "orchestrator.governance._checkproc"]
+    argv = [sys.executable, "-I", "-c", _ENTRY, str(_ROOT)]
     with trio.move_on_after(timeout):
         try:
             done = await trio.run_process(
