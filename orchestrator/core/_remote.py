@@ -62,9 +62,12 @@ class Remote:
             self._ca = SessionCA(self.session)
         return self._ca
 
-    async def fields_for(self, key: str, scratch: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    async def fields_for(
+        self, key: str, scratch: Path, fields: dict[str, Any], *, mode: str = ""
+    ) -> dict[str, Any]:
         """The loadout fields of remote child *key*: the door's address (opening it), its TLS
-        directory, and the door on its egress allowlist."""
+        directory, the door on its egress allowlist, and for a worktree child the checkout its
+        node makes from the snapshot bundle (``scratch/checkout``)."""
         if self._door is None:
             self._door = TlsDoor(
                 ca=self.ca,
@@ -78,8 +81,17 @@ class Remote:
         address = await self._door.open_for(key, self.nursery)
         host, port = ipc.tls_address(address)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        shipped: dict[str, str] = {}
+        if mode == "worktree":
+            # Made empty here so the sandbox can be planned; the node fills it (and makes it
+            # on a node that does not share this file system).
+            checkout = scratch / "checkout"
+            ipc.ensure_private_dir(scratch)
+            ipc.ensure_private_dir(checkout)
+            shipped["workspace"] = str(checkout)
         return {
             **fields,
+            **shipped,
             "socket": address,
             "tls": str(scratch / "tls"),
             "egress": [*fields.get("egress", ()), target],

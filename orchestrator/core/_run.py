@@ -505,7 +505,11 @@ class ChildRun:
             self._slot.give_back()
             if record.mode == "worktree":
                 await settle_worktree(
-                    self.host.worktrees, record, self.log, copy_back=state is State.STOPPED
+                    self.host.worktrees,
+                    record,
+                    self.log,
+                    copy_back=state is State.STOPPED,
+                    launched=self.launched,
                 )
             record.state = state
             record.queued = False

@@ -42,6 +42,7 @@ from orchestrator.launch._launcher import (
     Launcher,
     LaunchSpec,
     ProcessLauncher,
+    Shipment,
     child_argv,
     inherited_child_argv,
 )
@@ -180,7 +181,9 @@ class Spawning:
         prepared: dict[str, _Prepared] = {}
         failures: list[_PrepareError] = []
         fields = [
-            await sup.remote.fields_for(record.key, paths.scratch / record.key, loadout_fields)
+            await sup.remote.fields_for(
+                record.key, paths.scratch / record.key, loadout_fields, mode=record.mode
+            )
             if record.surface in REMOTE_SURFACES
             else loadout_fields
             for record, loadout_fields in zip(records, fields, strict=True)
@@ -235,7 +238,7 @@ class Spawning:
             # An inheriting child has no socket to find: its connection is a descriptor; a
             # remote child's is the TLS door's address (in *fields*).
             socket=fields.pop("socket", "" if inherits(record.surface) else str(paths.ipc_socket)),
-            workspace=record.workspace,
+            workspace=fields.pop("workspace", record.workspace),
             depth=record.depth,
             paper=str(paths.paper),
             scratch=str(scratch),
@@ -314,7 +317,7 @@ class Spawning:
                 key=run.key,
                 name=run.record.name,
                 argv=placement.argv,
-                cwd=run.record.workspace,
+                cwd=loadout.workspace,
                 env={
                     **child_environment(os.environ),
                     **placement.env,
@@ -326,6 +329,7 @@ class Spawning:
                 plain=not placement.sandboxed,
                 view=placement.view,
                 tls=loadout.tls,
+                ship=await self._shipment(run, loadout),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
         except BaseException:
@@ -344,6 +348,14 @@ class Spawning:
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
         return launched
+
+    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
+        """A worktree child on another node gets its snapshot as a bundle, and brings its
+        changes back as one (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES or run.record.mode != "worktree":
+            return None
+        bundle = await self.sup.worktrees.bundle(run.key)
+        return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
