@@ -12,7 +12,7 @@ element; a second invalid result fails the child with that error.
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 import jsonschema
@@ -61,11 +61,20 @@ def check_schema(schema: Any, *, source: str = "schema") -> dict[str, Any]:
         raise UsageError(f"{source}: a JSON Schema must be a JSON object, not {_kind(schema)}")
     try:
         size = len(json.dumps(schema, allow_nan=False).encode())
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{source}: not plain JSON: {_clip(str(exc))}") from None
     if size > SCHEMA_CAP:
         raise UsageError(f"{source}: {size} bytes, over the {SCHEMA_CAP // 1024} KiB schema cap")
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        raise UsageError(f"{source}: $schema must be a string naming a JSON Schema dialect")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    unknown = cast("Any", None)  # validator_for's default, returned for an unknown dialect
+    if dialect is not None and jsonschema.validators.validator_for(schema, unknown) is None:
+        raise UsageError(
+            f"{source}: unknown $schema dialect {_clip(dialect, 100)!r} (use a draft from 3 "
+            "to 2020-12, or leave $schema out for 2020-12)"
+        )
     try:
         cls.check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
@@ -73,6 +82,8 @@ def check_schema(schema: Any, *, source: str = "schema") -> dict[str, Any]:
         raise UsageError(
             f"{source}: not a valid JSON Schema at {where}: {_clip(exc.message)}"
         ) from None
+    except RecursionError:
+        raise UsageError(f"{source}: nested too deeply to check") from None
     return schema
 
 

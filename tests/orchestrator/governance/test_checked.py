@@ -168,6 +168,10 @@ def test_error_lines_are_capped_to_one_line():
             "s.json: not a valid JSON Schema at /properties/a/minLength: -1",
         ),
         ('{"minimum": Infinity}', "s.json: not JSON: Infinity is not JSON"),
+        ('{"$schema": 5}', "s.json: $schema must be a string naming a JSON Schema dialect"),
+        ('{"$schema": "https://example.invalid/s"}', "s.json: unknown $schema dialect 'https:"),
+        ('{"not": ' * 3000 + "{}" + "}" * 3000, "s.json: not JSON: maximum recursion depth"),
+        ('{"not": ' * 600 + "{}" + "}" * 600, "s.json: nested too deeply to check"),
         (" " * (SCHEMA_CAP + 1), f"s.json: {SCHEMA_CAP + 1} bytes, over the 64 KiB schema cap"),
     ],
 )
