@@ -88,7 +88,7 @@ async def test_closing_the_backend_stops_its_shells(tmp_path):
         backend = backend_for(tmp_path, srv, Host())
         with trio.fail_after(20):
             await backend.run_turn("go")
-            [shell] = backend.tools["shell"].shells.values()  # type: ignore[attr-defined]
+            [shell] = backend.tools["shell"].shells.values()
             await backend.aclose()
     assert shell.finished.is_set()
     assert shell.process.returncode is not None
