@@ -181,7 +181,9 @@ class ShellTool(BaseTool):
         if action == "read":
             return self._read(args)
         if action == "kill":
-            return await self._kill(self._find(args))
+            shell = self._find(args)
+            with trio.CancelScope(shield=True):  # a cancelled call never leaves it half-killed
+                return await self._kill(shell)
         raise ToolError(f"shell: action {action!r} is not one of {', '.join(_ACTIONS)}")
 
     def _find(self, args: Mapping[str, Any]) -> Shell:
@@ -232,12 +234,11 @@ class ShellTool(BaseTool):
     async def _kill(self, shell: Shell) -> ToolResult:
         if shell.finished.is_set():
             return ToolResult(text=f"{shell.id} already {shell.status()}")
-        with trio.CancelScope(shield=True):
-            shell.killed = "SIGTERM"
-            if await stop_group(shell.process):
-                shell.killed = f"SIGKILL after {KILL_GRACE:g} s"
-            with trio.move_on_after(DRAIN_GRACE + 1):
-                await shell.finished.wait()
+        shell.killed = "SIGTERM"
+        if await stop_group(shell.process):
+            shell.killed = f"SIGKILL after {KILL_GRACE:g} s"
+        with trio.move_on_after(DRAIN_GRACE + 1):
+            await shell.finished.wait()
         return ToolResult(text=f"{shell.id} {shell.status()}")
 
     async def _supervise(self, shell: Shell, output: trio.lowlevel.FdStream) -> None:
@@ -263,14 +264,17 @@ class ShellTool(BaseTool):
             shell.finished.set()
 
     async def aclose(self) -> None:
-        """Stop every shell (in parallel, each within its grace) and release the guardian."""
+        """Stop every shell (in parallel, each within its grace) and release the guardian.
+
+        The caller bounds it (the runtime gives the backend 5 s): whatever is still running
+        when it is cut short dies with the process (PDEATHSIG, and the guardian's pipe closing).
+        """
         self._closed = True
-        with trio.CancelScope(shield=True):
-            async with trio.open_nursery() as nursery:
-                for shell in self.shells.values():
-                    if not shell.finished.is_set():
-                        nursery.start_soon(self._kill, shell)
-            await self._guardian.aclose()
+        async with trio.open_nursery() as nursery:
+            for shell in self.shells.values():
+                if not shell.finished.is_set():
+                    nursery.start_soon(self._kill, shell)
+        await self._guardian.aclose()
 
 
 def _compile_watch(pattern: str | None) -> re.Pattern[str] | None:

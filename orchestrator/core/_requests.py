@@ -135,8 +135,9 @@ class ChildRequests:
             self._wakes += 1
             with contextlib.suppress(UsageError):  # it is ending
                 self.run.queue_prompt(WAKE_PROMPT)
-        elif state in {State.WORKING, State.WAITING}:
-            self._wake_after_turn = True  # sent as its last turn ended: honoured once idle
+        elif state in {State.WORKING, State.WAITING} and not self.run.record.queued:
+            # Sent as its turn ended (a queued prompt would show the note anyway).
+            self._wake_after_turn = True
 
     def turn_ended_idle(self) -> None:
         """The run's turn left the child idle: a wake that raced that turn's end wakes it now."""

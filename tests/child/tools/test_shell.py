@@ -324,3 +324,15 @@ async def test_a_leader_dies_with_the_child_even_without_the_guardian(ws):
             child.kill()
         child.wait(5)
         child.stdout.close()
+
+
+@pytest.mark.slow
+async def test_a_shell_outlives_trios_idle_worker_threads(shells):
+    # PR_SET_PDEATHSIG fires when the forking *thread* exits, and trio retires an idle worker
+    # thread after 10 s: a shell forked from one would be SIGKILLed then.
+    await trio.to_thread.run_sync(lambda: None)  # a worker thread exists, and will retire
+    sid = await start(shells, "exec sleep 60")
+    pid = shells[0].shells[sid].process.pid
+    await trio.sleep(11)
+    assert not dead(pid)
+    assert shells[0].shells[sid].returncode is None
