@@ -140,3 +140,57 @@ def _dead(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+RACES = """
+turns:
+  - steps:
+      - tool: shell
+        args: {action: start, command: "sleep 0.3; echo OK", watch: "OK"}
+      - wait: 1.5
+      - reply: "first"
+  - steps:
+      - reply: "second: {{task}}"
+"""
+
+
+async def test_a_watch_that_fires_during_the_last_step_still_wakes_the_child(
+    home: Path, repo: Path
+) -> None:
+    # The note misses the turn's last model step, and the child asks for a wake while the
+    # supervisor still counts the turn as running: it is honoured once the turn settles.
+    settings = {"sandbox": "off", "allow_unsandboxed": True}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(home, repo, RACES, **settings)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="go", agent="runner")])
+            while not (record.turn == 2 and record.state is State.IDLE):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            assert record.report == f"second: {WAKE_PROMPT}"
+
+
+PAUSES = """
+turns:
+  - steps:
+      - tool: shell
+        args: {action: start, command: "sleep 1; echo OK", watch: "OK"}
+      - reply: "first"
+  - steps:
+      - reply: "second: {{task}}"
+"""
+
+
+async def test_a_paused_child_is_not_woken_by_its_watch(home: Path, repo: Path) -> None:
+    settings = {"sandbox": "off", "allow_unsandboxed": True}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(home, repo, PAUSES, **settings)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="go", agent="runner")])
+            [note] = await sup.wait([record.key])
+            assert note["report"] == "first"
+            await sup.pause(record.key)
+            assert record.state is State.PAUSED
+            await trio.sleep(2)  # the watch fired meanwhile (after 1 s)
+            assert (record.turn, record.state) == (1, State.PAUSED)
+            await sup.prompt(record.key, "carry on")
+            while not (record.turn == 2 and record.state is State.IDLE):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            assert record.report == "second: carry on"
