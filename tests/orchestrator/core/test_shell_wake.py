@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from orchestrator._config import Config
-from orchestrator._records import State
+from orchestrator._records import ChildRecord, State
 from orchestrator.core._requests import WAKE_PROMPT
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
@@ -70,6 +70,12 @@ def config(home: Path, repo: Path, script: str, **settings: Any) -> Config:
     )
 
 
+async def idle_after(record: ChildRecord, turn: int) -> None:
+    """Until *record* is idle after turn *turn* (the supervisor has no event for it)."""
+    while not (record.turn == turn and record.state is State.IDLE):  # noqa: ASYNC110
+        await trio.sleep(0.05)
+
+
 WAKES = """
 turns:
   - steps:
@@ -92,8 +98,7 @@ async def test_a_watch_wakes_an_idle_sandboxed_child_with_a_prompt(home: Path, r
             assert first["state"] == "idle", first
             assert first["report"].startswith("first: started s1 (pid ")
             # Nobody prompts it: the watch does, once the line appears.
-            while not (record.turn == 2 and record.state is State.IDLE):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await idle_after(record, 2)
             report = record.report
             assert report.startswith(f"second: {WAKE_PROMPT} | [s1 running"), report
             assert report.endswith("BUILD OK")
@@ -163,8 +168,7 @@ async def test_a_watch_that_fires_during_the_last_step_still_wakes_the_child(
     with trio.fail_after(CEILING):
         async with open_supervisor(config(home, repo, RACES, **settings)) as sup:
             [record] = await sup.spawn([SpawnRequest(task="go", agent="runner")])
-            while not (record.turn == 2 and record.state is State.IDLE):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await idle_after(record, 2)
             assert record.report == f"second: {WAKE_PROMPT}"
 
 
@@ -191,6 +195,5 @@ async def test_a_paused_child_is_not_woken_by_its_watch(home: Path, repo: Path) 
             await trio.sleep(2)  # the watch fired meanwhile (after 1 s)
             assert (record.turn, record.state) == (1, State.PAUSED)
             await sup.prompt(record.key, "carry on")
-            while not (record.turn == 2 and record.state is State.IDLE):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await idle_after(record, 2)
             assert record.report == "second: carry on"
