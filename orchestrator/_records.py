@@ -81,6 +81,9 @@ class ChildRecord:
     applied: list[str] = attrs.Factory(list)
     conflicts: list[dict[str, str]] = attrs.Factory(list)
     remaining: list[str] = attrs.Factory(list)
+    #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
+    #: could not break); "" while it runs or when it stopped as asked.
+    incomplete: str = ""
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -134,6 +137,7 @@ class ChildRecord:
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
             "failure": self.failure,
+            "incomplete": self.incomplete,
         }
 
 

@@ -24,7 +24,7 @@ def _note(record: ChildRecord, *, report: str, error: str) -> dict[str, Any]:
         "peek": record.peek_line(),
         "report": clip(report),
         "error": error,
-    }
+    } | ({"incomplete": record.incomplete} if record.incomplete else {})
 
 
 @attrs.define(eq=False)

@@ -440,6 +440,17 @@ class ChildRun:
         await self.done.wait()
         return self.record.handoff()
 
+    async def stop_incomplete(self, reason: str) -> None:
+        """Stop the child before it finished: the turn is aborted, copy-back runs as for any
+        stop, and the handoff's ``incomplete`` says *reason* (one line)."""
+        if self.finishing or self.stopping:
+            return
+        self.record.incomplete = reason
+        self.record.touch(f"incomplete: {reason}")
+        self.log.write(f"fleet: stopped incomplete: {reason}")
+        await self.stop()
+        self.host.notify(self.record, report=self.record.report, error=f"incomplete: {reason}")
+
     async def _quiet_request(self, message: ipc.Message) -> None:
         if self.channel is not None:
             with contextlib.suppress(ipc.RequestError):
@@ -465,7 +476,11 @@ class ChildRun:
             self._slot.give_back()
             if record.mode == "worktree":
                 await settle_worktree(
-                    self.host.worktrees, record, self.log, copy_back=state is State.STOPPED
+                    self.host.worktrees,
+                    record,
+                    self.log,
+                    copy_back=state is State.STOPPED,
+                    launched=self.launched,
                 )
             record.state = state
             record.queued = False
