@@ -29,8 +29,8 @@ async def test_a_watch_that_matches_mid_turn_joins_the_conversation(tmp_path):
         srv.script(
             "a",
             [
-                call("shell", action="start", command="sleep 0.2; echo up ready", watch="ready"),
-                call("bash", command="sleep 1"),  # the watch fires while this runs
+                call("shell", action="start", command="sleep 0.1; echo up ready", watch="ready"),
+                call("bash", command="sleep 0.6"),  # the watch fires while this runs
                 {"text": "done"},
             ],
         )
@@ -46,7 +46,7 @@ async def test_a_watch_that_matches_mid_turn_joins_the_conversation(tmp_path):
     assert result.text == "done"
     assert [len(user_lines(r)) for r in requests] == [1, 1, 2]
     note = user_lines(requests[2])[1]
-    assert note.startswith("[background] background shell s1 (sleep 0.2; echo up ready)")
+    assert note.startswith("[background] background shell s1 (sleep 0.1; echo up ready)")
     assert "matched: up ready" in note
     assert host.activities("wake") == []  # a turn was running: nothing to wake
 
