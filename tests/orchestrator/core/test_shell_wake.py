@@ -129,15 +129,46 @@ async def test_a_sigkilled_childs_shells_die_with_it(home: Path, repo: Path) -> 
             [leader] = map(int, re.findall(r"pid (\d+)", note["report"]))
             [grandchild] = map(int, re.findall(r"^bg (\d+)$", note["report"], re.MULTILINE))
             assert record.pid is not None
-            assert {leader, grandchild} <= {
-                p.pid for p in psutil.Process(record.pid).children(recursive=True)
-            }
+            assert {leader, grandchild} <= set(_descendants(record.pid))
             os.kill(record.pid, signal.SIGKILL)
-            with trio.move_on_after(5):
-                while not (_dead(leader) and _dead(grandchild)):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
-            assert _dead(leader)
-            assert _dead(grandchild)
+            assert await _all_dead([leader, grandchild]) == []
+
+
+@pytest.mark.needs("sandbox")
+async def test_a_sigkilled_sandboxed_childs_shells_die_with_it(home: Path, repo: Path) -> None:
+    # A sandboxed child is forked inside the sandboxed fork server's pid namespace, whose init
+    # outlives it: the namespace does not take the shells down. End to end the supervisor's
+    # marker sweep of the dead child's tree also would; tests/child/tools/test_shell.py shows
+    # the child's own guardian and PDEATHSIG do it without a supervisor.
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config(home, repo, KEEPS)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="keep it up", agent="runner")])
+            [note] = await sup.wait([record.key])
+            assert note["report"].startswith("[s1 running"), note["report"]
+            assert record.pid is not None
+            sleeps = [p for p in _descendants(record.pid) if _args(p)[:2] == ["sleep", "300"]]
+            assert len(sleeps) == 1
+            os.kill(record.pid, signal.SIGKILL)
+            assert await _all_dead(sleeps) == []
+
+
+def _descendants(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def _args(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+async def _all_dead(pids: list[int]) -> list[int]:
+    """The *pids* still alive after up to 5 s."""
+    with trio.move_on_after(5):
+        while not all(map(_dead, pids)):  # noqa: ASYNC110 - the kernel kills them
+            await trio.sleep(0.05)
+    return [pid for pid in pids if not _dead(pid)]
 
 
 def _dead(pid: int) -> bool:
