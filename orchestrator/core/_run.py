@@ -348,6 +348,7 @@ class ChildRun:
         else:
             record.state = State.IDLE
             record.touch("idle" if result.ok else f"turn failed: {error}")
+            self.requests.turn_ended_idle()
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
