@@ -238,6 +238,8 @@ class LaunchedRay:
     returned: bytes | None = None
     lost: str = ""
     _killed: bool = False
+    #: The actor's worker process (on its node), for memory accounting.
+    actor_pid: int = 0
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = _ray()
@@ -349,6 +351,7 @@ class RayLauncher:
             node=info["node"],
             actor=actor,
             ships_back=spec.ship is not None and spec.ship.back,
+            actor_pid=int(info.get("actor_pid") or 0),
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
