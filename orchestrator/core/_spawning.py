@@ -32,6 +32,7 @@ from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._plan import plan_spawn
 from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
+from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
@@ -130,6 +131,7 @@ class Spawning:
                     workflow_mode=sup.mode,
                     depth=1 if parent is None else parent.record.depth + 1,
                     parent=None if parent is None else parent.key,
+                    schema=plan.schema,
                 )
                 sup.registry.add(record)
                 records.append(record)
@@ -159,7 +161,7 @@ class Spawning:
             async with trio.open_nursery() as launching:
                 for run in runs:
                     sup.runs[run.key] = run
-                    run.queue_prompt(run.record.task)
+                    run.queue_prompt(task_prompt(run.record))
                     launching.start_soon(sup.nursery.start, run.run)
             sup.notes.changed()
             return records
@@ -400,6 +402,13 @@ class Spawning:
             sup.refuse_hello(exc.reason, run.key, via="pair")
             return
         await run.attach(channel, hello)
+
+
+def task_prompt(record: ChildRecord) -> str:
+    """The first prompt: the task, and for a checked child the one line asking for its result."""
+    if record.schema is None:
+        return record.task
+    return f"{record.task}\n\n{instruction(record.schema)}"
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

@@ -241,6 +241,8 @@ class LaunchedRay:
     #: The actor reported the child's exit; False while it runs, or when the actor or its node
     #: was lost (the child may still be writing until its lease runs out).
     confirmed_exit: bool = False
+    #: The actor's worker process (on its node), for memory accounting.
+    actor_pid: int = 0
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = _ray()
@@ -353,6 +355,7 @@ class RayLauncher:
             node=info["node"],
             actor=actor,
             ships_back=spec.ship is not None and spec.ship.back,
+            actor_pid=int(info.get("actor_pid") or 0),
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
