@@ -68,13 +68,10 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
-<<<<<<< HEAD
     #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
     lease_until: float = 0.0
-=======
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
     checked: CheckedResult | None = attrs.field(init=False)
->>>>>>> main
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
