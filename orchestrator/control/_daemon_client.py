@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator._config import Config, drifted, start_digests
+from orchestrator._config import Config
+from orchestrator._digests import drifted, start_digests
 from orchestrator._errors import Unreachable
 from orchestrator.control._client import call, read_token
 
