@@ -59,3 +59,14 @@ def drifted(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
     if not theirs:
         return []
     return [name for name, digest in mine.items() if theirs.get(name) != digest]
+
+
+def drift_warning(names: list[str], pid: object) -> str:
+    """The one line a verb prints when the running supervisor (*pid*) started with other
+    settings (*names*) than the verb's own."""
+    return (
+        f"fleet: warning: the running supervisor (pid {pid}) started with another "
+        f"{', '.join(names)} than this command's and keeps its own for every child it spawns "
+        "(restart it: fleet serve --stop stops it and its children; the next command starts "
+        "one with yours)"
+    )

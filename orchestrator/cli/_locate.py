@@ -1,0 +1,185 @@
+"""Where a running supervisor is, from the environment alone: the warm verbs' configuration.
+
+:func:`orchestrator._config.load_config` (attrs, the YAML reader, a ``git rev-parse``) costs
+more than an interpreter's start. A warm verb needs only the session's directory and the start
+settings it compares with the supervisor's (:mod:`orchestrator._digests`), so :func:`locate`
+computes them from ``os.environ`` and the file system, the same way ``load_config`` does, and
+raises :class:`Unsure` for anything it does not handle exactly so: a ``config.yaml``, a value
+the full configuration would refuse, git discovery it cannot mirror. The caller then takes
+the full path, which reports what is wrong (``tests/orchestrator/cli/test_fast.py`` compares
+the two).
+"""
+
+import hashlib
+import os
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Final
+
+
+class Unsure(Exception):
+    """This module cannot say what ``load_config`` would: take the full path."""
+
+
+#: ``Config``'s defaults for the start settings (a test compares them with the attrs class).
+START_DEFAULTS: Final = {
+    "sandbox": "auto",
+    "allow_unsandboxed": False,
+    "model": "",
+    "surface": "process",
+    "idle_timeout_ms": 600_000,
+    "max_total_ms": 1_200_000,
+    "fork_server": True,
+    "reject_log": False,
+    "egress": (),
+    "idle_exit_s": 1800.0,
+}
+_CAPS: Final = (2, 4, 6, 8, 16)
+_TRUE: Final = {"1", "true", "yes"}
+_FALSE: Final = {"0", "false", "no"}
+_WORD: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+#: Git variables that change how it finds a repository: with any of them set, ask git.
+_GIT_DISCOVERY: Final = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_COMMON_DIR",
+)
+
+
+def _int_or_text(value: str) -> object:
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def home(env: Mapping[str, str]) -> str:
+    """``$FLEET_HOME`` when it is an absolute, normal path (what ``Path`` would print)."""
+    value = env.get("FLEET_HOME")
+    if not value or not os.path.isabs(value) or os.path.normpath(value) != value:
+        # The platform's state directory needs platformdirs, which costs more than the rest
+        # of a warm verb; a relative or unusual FLEET_HOME is the full path's to interpret.
+        raise Unsure
+    return value
+
+
+def start_settings(env: Mapping[str, str]) -> SimpleNamespace:
+    """The start settings ``load_config`` reads from *env* (no ``config.yaml``, no overrides)."""
+    settings = dict(START_DEFAULTS)
+    for name, field, convert in (
+        ("FLEET_IDLE_TIMEOUT_MS", "idle_timeout_ms", _int_or_text),
+        ("FLEET_MAX_TOTAL_MS", "max_total_ms", _int_or_text),
+        ("FLEET_MODEL", "model", str),
+        ("FLEET_SURFACE", "surface", str),
+        ("FLEET_SANDBOX", "sandbox", str),
+        ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),
+    ):
+        if env.get(name):
+            try:
+                settings[field] = convert(env[name])
+            except ValueError:
+                raise Unsure from None  # the full path's one-line error
+    idle_exit = settings["idle_exit_s"]
+    if not isinstance(idle_exit, float | int) or not 0 <= idle_exit < 1e9:
+        raise Unsure
+    # The cap and the lane are no start settings, but ``load_config`` refuses bad ones.
+    for name, valid in (
+        ("FLEET_MAX_SUBAGENTS", lambda n: n in _CAPS),
+        ("FLEET_LANE", lambda n: 1 <= n <= 64),
+    ):
+        if env.get(name):
+            try:
+                number = int(env[name])
+            except ValueError:
+                raise Unsure from None
+            if not valid(number):
+                raise Unsure
+    if env.get("FLEET_ALLOW_UNSANDBOXED", "").lower() in _TRUE:
+        settings["allow_unsandboxed"] = True
+    if env.get("FLEET_REJECT_LOG", "").lower() in _TRUE:
+        settings["reject_log"] = True
+    if env.get("FLEET_FORK_SERVER", "").lower() in _FALSE:
+        settings["fork_server"] = False
+    return SimpleNamespace(**settings)
+
+
+def no_config_file(fleet_home: str) -> None:
+    """Raise :class:`Unsure` unless ``$FLEET_HOME/config.yaml`` is plainly absent."""
+    try:
+        os.stat(os.path.join(fleet_home, "config.yaml"))
+    except FileNotFoundError:
+        return
+    except OSError:
+        raise Unsure from None  # the full path names the error
+    raise Unsure  # parsing YAML is the full path's
+
+
+def repo_root(cwd: str, env: Mapping[str, str]) -> str:
+    """What ``git rev-parse --show-toplevel`` answers in *cwd* (a physical path), else *cwd*.
+
+    It walks up looking for ``.git``, stopping (:class:`Unsure`) wherever git's own discovery
+    could answer otherwise: git variables, a directory someone else owns (git refuses it), a
+    ``.git`` that is neither a gitfile nor a repository, being inside a git directory, or a
+    file-system boundary (git stops there).
+    """
+    if any(name in env for name in _GIT_DISCOVERY):
+        raise Unsure
+    uid = os.geteuid()
+    here = cwd
+    device = os.stat(here).st_dev
+    while True:
+        if os.path.basename(here) == ".git" or _is_git_dir(here):
+            raise Unsure  # inside a repository's own directory (or a bare one)
+        dot_git = os.path.join(here, ".git")
+        try:
+            found = os.stat(dot_git)
+        except FileNotFoundError:
+            found = None
+        except OSError:
+            raise Unsure from None
+        if found is not None:
+            if found.st_uid != uid or os.stat(here).st_uid != uid or not _is_repo(dot_git):
+                raise Unsure
+            return os.path.realpath(here)
+        parent = os.path.dirname(here)
+        if parent == here:
+            return os.path.realpath(cwd)  # no repository above: git fails, and load_config
+        if os.stat(parent).st_dev != device:
+            raise Unsure
+        here = parent
+
+
+def _is_git_dir(path: str) -> bool:
+    return all(os.path.exists(os.path.join(path, name)) for name in ("HEAD", "objects", "refs"))
+
+
+def _is_repo(dot_git: str) -> bool:
+    """A ``.git`` directory with a repository's layout, or a gitfile naming a directory."""
+    if os.path.isdir(dot_git):
+        return _is_git_dir(dot_git)
+    try:
+        with open(dot_git, "rb") as file:
+            line = file.readline(4096).rstrip(b"\r\n")
+    except OSError:
+        return False
+    if not line.startswith(b"gitdir: "):
+        return False
+    target = os.fsdecode(line[len(b"gitdir: ") :])
+    target = os.path.join(os.path.dirname(dot_git), target)  # relative to the .git file
+    return os.path.isdir(target) and os.path.exists(os.path.join(target, "HEAD"))
+
+
+def session_of(explicit: str | None, workspace: str, env: Mapping[str, str]) -> str:
+    """``resolve_session``: ``--session``, else ``FLEET_SESSION``, else one id per repository
+    root (an invalid id is the full path's usage error)."""
+    chosen = explicit or env.get("FLEET_SESSION")
+    if chosen:
+        if not 1 <= len(chosen) <= 40 or not set(chosen) <= _WORD or chosen[0] in "_-":
+            raise Unsure
+        return chosen
+    name = "".join(c if c in _WORD else "-" for c in os.path.basename(workspace))
+    name = name[:24].strip("-") or "root"
+    digest = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:8]
+    return f"{name}-{digest}"
