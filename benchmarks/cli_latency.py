@@ -3,12 +3,13 @@
 An LLM parent calls ``fleet peek --json`` and ``fleet wait --timeout 0`` in a loop, so a verb
 on a running supervisor must cost little more than starting an interpreter (DESIGN §13:
 <= 3x, stretch 2x). A throwaway session (its own ``FLEET_HOME`` and git repository) is
-started with ``fleet serve``; then each round times ``python -c pass``, ``fleet peek --json``
-and ``fleet wait --timeout 0 --json`` back to back, each as a fresh process (the ``fleet``
-console script beside this interpreter). Each ratio is the median of the per-round ratios.
-The last line printed is one JSON object.
+started with ``fleet serve`` and given a few retained children (one-reply scripted scouts,
+unsandboxed: a verb's cost does not depend on where the children run); then each round times
+``python -c pass``, ``fleet peek --json`` and ``fleet wait --timeout 0 --json`` back to back,
+each as a fresh process (the ``fleet`` console script beside this interpreter). Each ratio is
+the median of the per-round ratios. The last line printed is one JSON object.
 
-Usage: ``python benchmarks/cli_latency.py [--rounds N]``
+Usage: ``python benchmarks/cli_latency.py [--rounds N] [--children N]``
 """
 
 import argparse
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchestrator.cli._bench import Session, timed
+from orchestrator.cli._bench import Session, session_spawn, timed
 
 TARGET = 3.0
 
@@ -27,13 +28,16 @@ TARGET = 3.0
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
+    parser.add_argument("--children", type=int, default=3, help="retained children (default 3)")
     args = parser.parse_args()
     python = [sys.executable, "-c", "pass"]
     samples: dict[str, list[float]] = {"python": [], "peek": [], "wait": []}
     with tempfile.TemporaryDirectory(prefix="fleet-cli-latency-") as tmp:
-        session = Session(Path(tmp))
+        session = Session(Path(tmp), FLEET_SANDBOX="off", FLEET_ALLOW_UNSANDBOXED="1")
         session.verb("serve")
         try:
+            for index in range(args.children):
+                session_spawn(session, index)
             session.verb("peek", "--json")  # warm the caches once
             for _ in range(args.rounds):
                 samples["python"].append(timed(python, session.env, session.repo))
@@ -57,12 +61,16 @@ def main() -> int:
         ratio = f"{ratios[name]:.2f}" if name in ratios else "1"
         spread = f"{min(values):.1f}-{max(values):.1f}"
         print(f"{label:28} {statistics.median(values):8.1f} {spread:>16} {ratio:>6}")
-    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} rounds")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average {load}; {args.rounds} rounds, {args.children} retained children")
     result = {
         "benchmark": "cli_latency",
         "peek_ratio": round(ratios["peek"], 3),
         "wait_ratio": round(ratios["wait"], 3),
         "python_pass_ms": round(statistics.median(samples["python"]), 1),
+        "peek_ms": round(statistics.median(samples["peek"]), 1),
+        "wait_ms": round(statistics.median(samples["wait"]), 1),
+        "children": args.children,
         "target": TARGET,
     }
     print(json.dumps(result))
