@@ -56,12 +56,17 @@ def _int_or_text(value: str) -> object:
 
 
 def home(env: Mapping[str, str]) -> str:
-    """``$FLEET_HOME`` when it is an absolute, normal path (what ``Path`` would print)."""
+    """``default_home``: ``$FLEET_HOME``, else the platform's user state directory; either
+    only when it is an absolute, normal path (what ``Path`` would print)."""
     value = env.get("FLEET_HOME")
-    if not value or not os.path.isabs(value) or os.path.normpath(value) != value:
-        # The platform's state directory needs platformdirs, which costs more than the rest
-        # of a warm verb; a relative or unusual FLEET_HOME is the full path's to interpret.
-        raise Unsure
+    if not value:
+        # Where the platform keeps state is platformdirs' to say (root, sudo, XDG); it costs
+        # about half an interpreter's start, so a verb in a loop does better with FLEET_HOME.
+        import platformdirs  # noqa: PLC0415
+
+        value = platformdirs.user_state_dir("fleet")
+    if not os.path.isabs(value) or os.path.normpath(value) != value:
+        raise Unsure  # a relative or unusual FLEET_HOME is the full path's to interpret
     return value
 
 

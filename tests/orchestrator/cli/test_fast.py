@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from orchestrator._config import Config, load_config, repo_root, resolve_session
+from orchestrator._config import Config, default_home, load_config, repo_root, resolve_session
 from orchestrator._digests import START_SETTINGS, start_digests
 from orchestrator._errors import UsageError
 from orchestrator.cli import _locate
@@ -141,9 +141,16 @@ def test_a_config_file_or_an_unusual_home_is_left_to_load_config(tmp_path):
     with pytest.raises(_locate.Unsure):
         _locate.no_config_file(str(tmp_path))
     assert _locate.home({"FLEET_HOME": "/a/b"}) == "/a/b"
-    for home in ("", "rel/home", "/a/b/", "/a/./b", "/a//b", "/a/../b"):
+    for home in ("rel/home", "/a/b/", "/a/./b", "/a//b", "/a/../b"):
         with pytest.raises(_locate.Unsure):
-            _locate.home({"FLEET_HOME": home} if home else {})
+            _locate.home({"FLEET_HOME": home})
+
+
+def test_without_fleet_home_the_home_is_default_homes(monkeypatch):
+    monkeypatch.delenv("FLEET_HOME", raising=False)
+    assert _locate.home({"FLEET_HOME": ""}) == str(default_home())
+    monkeypatch.setenv("XDG_STATE_HOME", "/srv/state")
+    assert _locate.home({}) == str(default_home())
 
 
 @pytest.mark.parametrize(
