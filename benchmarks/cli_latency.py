@@ -6,11 +6,12 @@ on a running supervisor must cost little more than starting an interpreter (DESI
 started with ``fleet serve`` and given a few retained children (one-reply scripted scouts,
 unsandboxed: a verb's cost does not depend on where the children run); then each round times
 ``python -c pass``, ``fleet peek --json`` and ``fleet wait --timeout 0 --json`` back to back,
-each as a fresh process (the ``fleet`` console script beside this interpreter). Each ratio is
-the median of the per-round ratios. The bytecode caches of ``orchestrator`` are refreshed
-first (``compileall``), as an installed package has them: with ``PYTHONDONTWRITEBYTECODE``
-set, every verb would otherwise compile the modules it imports. The last line printed is one
-JSON object.
+each as a fresh process (the ``fleet`` console script beside this interpreter), and for
+comparison ``peek --json`` through the full command line (``cli._main``: what every other verb
+costs). Each ratio is the median of the per-round ratios. The bytecode caches of
+``orchestrator`` are refreshed first (``compileall``), as an installed package has them: with
+``PYTHONDONTWRITEBYTECODE`` set, every verb would otherwise compile the modules it imports.
+The last line printed is one JSON object.
 
 Usage: ``python benchmarks/cli_latency.py [--rounds N] [--children N]``
 """
@@ -37,7 +38,8 @@ def main() -> int:
     args = parser.parse_args()
     compileall.compile_dir(Path(orchestrator.__file__).parent, quiet=1)
     python = [sys.executable, "-c", "pass"]
-    samples: dict[str, list[float]] = {"python": [], "peek": [], "wait": []}
+    full = [sys.executable, "-c", "from orchestrator.cli._main import main; main()"]
+    samples: dict[str, list[float]] = {"python": [], "peek": [], "wait": [], "full": []}
     with tempfile.TemporaryDirectory(prefix="fleet-cli-latency-") as tmp:
         session = Session(Path(tmp), FLEET_SANDBOX="off", FLEET_ALLOW_UNSANDBOXED="1")
         session.verb("serve")
@@ -49,19 +51,21 @@ def main() -> int:
                 samples["python"].append(timed(python, session.env, session.repo))
                 samples["peek"].append(session.verb("peek", "--json"))
                 samples["wait"].append(session.verb("wait", "--timeout", "0", "--json"))
+                samples["full"].append(timed([*full, "peek", "--json"], session.env, session.repo))
         finally:
             session.verb("serve", "--stop")
     ratios = {
         verb: statistics.median(
             v / p for v, p in zip(samples[verb], samples["python"], strict=True)
         )
-        for verb in ("peek", "wait")
+        for verb in ("peek", "wait", "full")
     }
     print(f"{'process':28} {'p50 ms':>8} {'min-max ms':>16} {'ratio':>6}")
     for name, label in (
         ("python", "python -c pass"),
         ("peek", "fleet peek --json"),
         ("wait", "fleet wait --timeout 0"),
+        ("full", "peek --json, full CLI path"),
     ):
         values = samples[name]
         ratio = f"{ratios[name]:.2f}" if name in ratios else "1"
@@ -73,6 +77,7 @@ def main() -> int:
         "benchmark": "cli_latency",
         "peek_ratio": round(ratios["peek"], 3),
         "wait_ratio": round(ratios["wait"], 3),
+        "full_path_peek_ratio": round(ratios["full"], 3),
         "python_pass_ms": round(statistics.median(samples["python"]), 1),
         "peek_ms": round(statistics.median(samples["peek"]), 1),
         "wait_ms": round(statistics.median(samples["wait"]), 1),
