@@ -243,12 +243,12 @@ class Daemon:
         self.script = root / "done.yaml"
         self.script.write_text(SCRIPT)
 
-    def run(self, *argv: str, full: bool = False) -> subprocess.CompletedProcess[bytes]:
+    def run(self, *argv: str, full: bool = False, **env: str) -> subprocess.CompletedProcess[bytes]:
         code = FULL if full else TRACED
         return subprocess.run(
             [sys.executable, "-c", code, *argv],
             cwd=self.repo / "sub" if (self.repo / "sub").exists() else self.repo,
-            env=self.env,
+            env=self.env | env,
             capture_output=True,
             timeout=120,
             check=False,
@@ -309,6 +309,20 @@ def test_a_warm_verb_prints_the_full_paths_bytes_without_the_heavy_imports(daemo
     heavy = HEAVY | RECORDS if "--json" in argv else HEAVY
     loaded = set(json.loads(modules))
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
+
+
+@pytest.mark.slow
+def test_a_supervisor_started_otherwise_is_the_same_warning_on_both_paths(daemon):
+    drift = {"FLEET_MODEL": "openai:other", "FLEET_IDLE_EXIT_S": "60"}
+    fast = daemon.run("peek", "--json", **drift)
+    full = daemon.run("peek", "--json", full=True, **drift)
+    *lines, modules = fast.stderr.decode().splitlines()
+    [warning] = lines
+    assert warning.startswith("fleet: warning: the running supervisor (pid ")
+    assert "--default-model/FLEET_MODEL, FLEET_IDLE_EXIT_S" in warning
+    assert full.stderr.decode() == warning + "\n"
+    assert (fast.returncode, _masked(fast.stdout)) == (full.returncode, _masked(full.stdout))
+    assert "orchestrator.cli._main" not in json.loads(modules)
 
 
 @pytest.mark.slow
