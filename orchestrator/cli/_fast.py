@@ -57,9 +57,7 @@ def parse(argv: Sequence[str]) -> WarmVerb | None:
             json_output = True
         elif arg == "--debug":
             debug = True
-        elif name == "--session" or (
-            found is not None and found.verb == "wait" and name == "--timeout"
-        ):
+        elif name == "--session" or (verb == "wait" and name == "--timeout"):
             if not eq:
                 if index >= len(argv):
                     return None
@@ -110,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if warm is not None:
         try:
             connection = _connect(warm)
-        except (_locate.Unsure, FleetError):
-            pass  # nothing was sent: the full path decides (and starts a supervisor)
+        except (_locate.Unsure, FleetError, OSError, ValueError):
+            # Nothing was sent: the full path decides, starts a supervisor, names the error.
+            pass
         except KeyboardInterrupt:
             sys.exit(130)
         else:
