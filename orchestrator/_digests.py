@@ -6,10 +6,16 @@ This module imports nothing of attrs or the config file reader: the warm-verb cl
 (``orchestrator.cli._fast``) computes the same digests from the environment alone.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
-from collections.abc import Mapping
-from typing import Any, Final
+
+# typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Final
 
 #: The environment variables a supervisor's children read. Each name is what the user sets.
 START_ENVIRONMENT: Final = (

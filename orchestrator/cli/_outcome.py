@@ -4,13 +4,19 @@ Shared by the full command line (:mod:`._main`) and the warm verbs (:mod:`._fast
 end alike; it imports nothing beyond the error tree.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, Final, NoReturn
 
-from orchestrator._errors import FleetError
+# typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any, Final, NoReturn
+
+    from orchestrator._errors import FleetError
 
 #: The exit code when the reader of our output went away (``fleet peek | head -1``): what a
 #: shell reports for a process that SIGPIPE ended.

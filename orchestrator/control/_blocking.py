@@ -11,14 +11,20 @@ first request (the server handles the frames that came with the hello once it ha
 it), and may carry further requests, one at a time, each with its own correlation id.
 """
 
+from __future__ import annotations
+
 import _socket
 import json
 import os
 import time
-from collections.abc import Mapping
-from typing import Any, Final
 
 from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
+
+# typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Final
 
 CONTROL_OWNER: Final = "control"
 MAX_FRAME: Final = 1 << 20  # ipc.MAX_FRAME: the largest body either end accepts
@@ -31,7 +37,7 @@ class NotConnected(Unreachable):
     """No connection to the supervisor: the request never reached it (safe to send again)."""
 
 
-def read_token(path: "str | os.PathLike[str]") -> str:
+def read_token(path: str | os.PathLike[str]) -> str:
     """The control token (a 0600 file we own)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -81,14 +87,14 @@ def request_frame(token: str, corr: str, op: str, args: Mapping[str, Any]) -> by
 class Connection:
     """One control connection; :meth:`open` it, :meth:`request` on it, :meth:`close` it."""
 
-    def __init__(self, sock: "_socket.socket", path: str, token: str) -> None:
+    def __init__(self, sock: _socket.socket, path: str, token: str) -> None:
         self._sock = sock
         self._path = path
         self._token = token
         self._sent = 0  # requests sent; the first carries the hello
 
     @classmethod
-    def open(cls, path: "str | os.PathLike[str]", token: str, *, timeout: float) -> "Connection":
+    def open(cls, path: str | os.PathLike[str], token: str, *, timeout: float) -> Connection:
         """Connect to the control socket at *path*; :class:`NotConnected` if nothing listens."""
         where = os.fspath(path)
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -184,7 +190,7 @@ class Connection:
 
 
 def call(
-    socket: "str | os.PathLike[str]",
+    socket: str | os.PathLike[str],
     token: str,
     op: str,
     args: Mapping[str, Any],
