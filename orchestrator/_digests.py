@@ -8,14 +8,43 @@ This module imports nothing of attrs or the config file reader: the warm-verb cl
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-
 # typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any, Final
+
+
+def _sha256_without_openssl() -> Callable[[bytes], Any]:
+    """CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before): loading OpenSSL for
+    :mod:`hashlib` costs a warm verb a tenth of an interpreter's start. hashlib's where the
+    build has neither."""
+    for name in ("_sha2", "_sha256"):
+        try:
+            constructor: Callable[[bytes], Any] = __import__(name).sha256
+        except ImportError:
+            continue
+        return constructor
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256
+
+
+#: SHA-256, as ``hashlib.sha256``.
+sha256: Final = _sha256_without_openssl()
+_INNER: Final = bytes(x ^ 0x36 for x in range(256))
+_OUTER: Final = bytes(x ^ 0x5C for x in range(256))
+
+
+def keyed_digest(secret: bytes, message: bytes) -> str:
+    """HMAC-SHA256 of *message* under *secret* in hex (RFC 2104), as
+    ``hmac.new(secret, message, hashlib.sha256).hexdigest()`` without :mod:`hashlib`."""
+    if len(secret) > 64:
+        secret = sha256(secret).digest()
+    secret = secret.ljust(64, b"\0")
+    inner = sha256(secret.translate(_INNER) + message).digest()
+    return str(sha256(secret.translate(_OUTER) + inner).hexdigest())
+
 
 #: The environment variables a supervisor's children read. Each name is what the user sets.
 START_ENVIRONMENT: Final = (
@@ -54,7 +83,7 @@ def start_digests(config: Any, environ: Mapping[str, str], key: str) -> dict[str
         del values[START_SETTINGS["model"]]
     secret = key.encode()
     return {
-        name: hmac.new(secret, f"{name}={value}".encode(), hashlib.sha256).hexdigest()[:24]
+        name: keyed_digest(secret, f"{name}={value}".encode())[:24]
         for name, value in values.items()
     }
 

@@ -12,9 +12,10 @@ the two).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from types import SimpleNamespace
+
+from orchestrator._digests import sha256
 
 # typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
 TYPE_CHECKING = False
@@ -192,5 +193,5 @@ def session_of(explicit: str | None, workspace: str, env: Mapping[str, str]) -> 
         return chosen
     name = "".join(c if c in _WORD else "-" for c in os.path.basename(workspace))
     name = name[:24].strip("-") or "root"
-    digest = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:8]
+    digest = sha256(os.fsencode(workspace)).hexdigest()[:8]
     return f"{name}-{digest}"
