@@ -133,8 +133,7 @@ def _connect(warm: WarmVerb) -> Connection:
     as on the full path (``_daemon_client.warn_if_drifted``)."""
     env = os.environ
     home = _locate.home(env)
-    settings = _locate.start_settings(env)
-    _locate.no_config_file(home)
+    settings = _locate.start_settings(env, _locate.file_settings(home))
     workspace = _locate.repo_root(os.getcwd(), env)
     root = os.path.join(home, "sessions", _locate.session_of(warm.session, workspace, env))
     token = read_token(os.path.join(root, "control.token"))

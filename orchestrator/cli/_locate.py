@@ -41,6 +41,8 @@ START_DEFAULTS: Final = {
     "egress": (),
     "idle_exit_s": 1800.0,
 }
+#: And for the two settings ``load_config`` checks that are no start settings.
+CHECKED_DEFAULTS: Final = {"max_subagents": 4, "lane": 3}
 _CAPS: Final = (2, 4, 6, 8, 16)
 _TRUE: Final = {"1", "true", "yes"}
 _FALSE: Final = {"0", "false", "no"}
@@ -77,10 +79,62 @@ def home(env: Mapping[str, str]) -> str:
     return value
 
 
-def start_settings(env: Mapping[str, str]) -> SimpleNamespace:
-    """The start settings ``load_config`` reads from *env* (no ``config.yaml``, no overrides)."""
-    settings = dict(START_DEFAULTS)
+def file_settings(fleet_home: str) -> dict[str, object]:
+    """The ``subagents`` settings of ``$FLEET_HOME/config.yaml`` that ``load_config`` reads
+    (nothing when there is no file); :class:`Unsure` for a file the full path must judge
+    (unreadable, not YAML, not a mapping) and for the settings whose checks it owns
+    (``notify``, ``agent_dirs``)."""
+    path = os.path.join(fleet_home, "config.yaml")
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        raise Unsure from None  # the full path names the error
+    import yaml  # noqa: PLC0415 - only a settings file pays for it
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise Unsure from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise Unsure
+    sub = data.get("subagents", {})
+    if not isinstance(sub, dict):
+        return {}
+    if sub.get("notify") is not None or "agent_dirs" in sub:
+        raise Unsure
+    return {key: sub[key] for key in _FILE_KEYS if key in sub}
+
+
+_FILE_KEYS: Final = (
+    "max_subagents",
+    "lane",
+    "idle_timeout_ms",
+    "max_total_ms",
+    "model",
+    "surface",
+    "ray_address",
+    "allow_unsandboxed",
+    "sandbox",
+    "reject_log",
+    "fork_server",
+    "egress",
+    "idle_exit_s",
+)
+
+
+def start_settings(env: Mapping[str, str], from_file: Mapping[str, object]) -> SimpleNamespace:
+    """The start settings ``load_config`` makes of *from_file* (:func:`file_settings`) and
+    *env* (no overrides); :class:`Unsure` for what its checks would refuse."""
+    settings: dict[str, object] = {**START_DEFAULTS, **CHECKED_DEFAULTS}
+    settings.update(from_file)
     for name, field, convert in (
+        ("FLEET_MAX_SUBAGENTS", "max_subagents", int),
+        ("FLEET_LANE", "lane", int),
         ("FLEET_IDLE_TIMEOUT_MS", "idle_timeout_ms", _int_or_text),
         ("FLEET_MAX_TOTAL_MS", "max_total_ms", _int_or_text),
         ("FLEET_MODEL", "model", str),
@@ -93,39 +147,42 @@ def start_settings(env: Mapping[str, str]) -> SimpleNamespace:
                 settings[field] = convert(env[name])
             except ValueError:
                 raise Unsure from None  # the full path's one-line error
-    idle_exit = settings["idle_exit_s"]
-    if not isinstance(idle_exit, float | int) or not 0 <= idle_exit < 1e9:
-        raise Unsure
-    # The cap and the lane are no start settings, but ``load_config`` refuses bad ones.
-    for name, valid in (
-        ("FLEET_MAX_SUBAGENTS", lambda n: n in _CAPS),
-        ("FLEET_LANE", lambda n: 1 <= n <= 64),
-    ):
-        if env.get(name):
-            try:
-                number = int(env[name])
-            except ValueError:
-                raise Unsure from None
-            if not valid(number):
-                raise Unsure
     if env.get("FLEET_ALLOW_UNSANDBOXED", "").lower() in _TRUE:
         settings["allow_unsandboxed"] = True
     if env.get("FLEET_REJECT_LOG", "").lower() in _TRUE:
         settings["reject_log"] = True
     if env.get("FLEET_FORK_SERVER", "").lower() in _FALSE:
         settings["fork_server"] = False
+    _check(settings)
+    settings["egress"] = _endpoints(settings["egress"])
+    del settings["max_subagents"], settings["lane"]
     return SimpleNamespace(**settings)
 
 
-def no_config_file(fleet_home: str) -> None:
-    """Raise :class:`Unsure` unless ``$FLEET_HOME/config.yaml`` is plainly absent."""
+def _check(settings: Mapping[str, object]) -> None:
+    """``Config``'s validators: the cap, the lane and the idle exit."""
+    cap, lane, idle_exit = settings["max_subagents"], settings["lane"], settings["idle_exit_s"]
+    if cap not in _CAPS:
+        raise Unsure
     try:
-        os.stat(os.path.join(fleet_home, "config.yaml"))
-    except FileNotFoundError:
-        return
-    except OSError:
-        raise Unsure from None  # the full path names the error
-    raise Unsure  # parsing YAML is the full path's
+        if not 1 <= lane <= 64:  # type: ignore[operator]
+            raise Unsure
+    except TypeError:
+        raise Unsure from None
+    if (
+        isinstance(idle_exit, bool)
+        or not isinstance(idle_exit, int | float)
+        or not 0 <= idle_exit < 1e9
+    ):
+        raise Unsure
+
+
+def _endpoints(value: object) -> tuple[str, ...]:
+    """``egress`` as ``Config`` converts it: a list or a comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise Unsure
+    return tuple(item.strip() for item in items if item.strip())
 
 
 def repo_root(cwd: str, env: Mapping[str, str]) -> str:

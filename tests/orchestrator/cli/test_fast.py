@@ -86,9 +86,10 @@ def test_anything_else_goes_to_the_full_command_line(argv):
 
 
 def test_the_start_defaults_are_the_config_defaults():
-    defaults = {f.name: f.default for f in attrs.fields(Config) if f.name in START_SETTINGS}
-    assert defaults == _locate.START_DEFAULTS
-    assert set(_locate.START_DEFAULTS) == set(START_SETTINGS)
+    defaults = {f.name: f.default for f in attrs.fields(Config)}
+    assert {name: defaults[name] for name in START_SETTINGS} == _locate.START_DEFAULTS
+    checked = {name: defaults[name] for name in ("max_subagents", "lane")}
+    assert checked == _locate.CHECKED_DEFAULTS
 
 
 ENVIRONMENTS = [
@@ -109,7 +110,7 @@ def test_the_start_settings_are_load_configs(tmp_path, monkeypatch, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     config = load_config(cwd=tmp_path, home=tmp_path / "home")
-    fast = _locate.start_settings(os.environ)
+    fast = _locate.start_settings(os.environ, {})
     for field in START_SETTINGS:
         assert repr(getattr(fast, field)) == repr(getattr(config, field)), field
     assert start_digests(fast, os.environ, "k") == start_digests(config, os.environ, "k")
@@ -132,14 +133,76 @@ def test_what_load_config_refuses_is_left_to_it(tmp_path, monkeypatch, env):
     with pytest.raises(UsageError):
         load_config(cwd=tmp_path, home=tmp_path / "home")
     with pytest.raises(_locate.Unsure):
-        _locate.start_settings(os.environ)
+        _locate.start_settings(os.environ, {})
 
 
-def test_a_config_file_or_an_unusual_home_is_left_to_load_config(tmp_path):
-    _locate.no_config_file(str(tmp_path))
-    (tmp_path / "config.yaml").write_text("subagents: {}\n")
+CONFIG_FILES = [
+    "",
+    "other: 1\n",
+    "subagents: [1]\n",
+    "subagents:\n  sandbox: off\n  model: openai:m\n  max_subagents: 8\n  lane: 5\n",
+    "subagents:\n  egress: gw:443, proxy:8080\n  idle_exit_s: 60\n  fork_server: false\n",
+    "subagents:\n  egress: [gw:443]\n  allow_unsandboxed: yes\n  surface: tmux\n",
+    "subagents:\n  idle_timeout_ms: 5000\n  max_total_ms: soon\n  reject_log: 1\n",
+    "subagents:\n  notify: null\n  ray_address: auto\n  unknown: 3\n",
+]
+
+
+@pytest.mark.parametrize("text", CONFIG_FILES)
+@pytest.mark.parametrize("env", [{}, {"FLEET_SANDBOX": "auto", "FLEET_IDLE_EXIT_S": "7"}])
+def test_a_config_file_is_read_as_load_config_reads_it(tmp_path, monkeypatch, text, env):
+    for name in list(os.environ):
+        if name.startswith("FLEET_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "config.yaml").write_text(text)
+    config = load_config(cwd=tmp_path, home=tmp_path)
+    fast = _locate.start_settings(os.environ, _locate.file_settings(str(tmp_path)))
+    for field in START_SETTINGS:
+        assert repr(getattr(fast, field)) == repr(getattr(config, field)), field
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]\n",
+        "a: [\n",
+        "subagents:\n  max_subagents: 5\n",
+        "subagents:\n  max_subagents: '4'\n",
+        "subagents:\n  lane: many\n",
+        "subagents:\n  lane: 0\n",
+        "subagents:\n  idle_exit_s: true\n",
+        "subagents:\n  idle_exit_s: -1\n",
+        "subagents:\n  egress: 3\n",
+        "subagents:\n  egress: [1]\n",
+    ],
+)
+def test_a_config_file_load_config_refuses_is_left_to_it(tmp_path, monkeypatch, text):
+    for name in list(os.environ):
+        if name.startswith("FLEET_"):
+            monkeypatch.delenv(name)
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises((UsageError, TypeError)):
+        load_config(cwd=tmp_path, home=tmp_path)
     with pytest.raises(_locate.Unsure):
-        _locate.no_config_file(str(tmp_path))
+        _locate.start_settings({}, _locate.file_settings(str(tmp_path)))
+
+
+def test_notify_agent_dirs_and_unreadable_files_are_left_to_load_config(tmp_path):
+    assert _locate.file_settings(str(tmp_path)) == {}  # no file
+    for text in ("subagents:\n  notify: {desktop: true}\n", "subagents:\n  agent_dirs: pi\n"):
+        (tmp_path / "config.yaml").write_text(text)
+        with pytest.raises(_locate.Unsure):
+            _locate.file_settings(str(tmp_path))
+    (tmp_path / "config.yaml").write_bytes(b"subagents: \xff\n")
+    with pytest.raises(_locate.Unsure):
+        _locate.file_settings(str(tmp_path))
+    with pytest.raises(_locate.Unsure):
+        _locate.file_settings(str(tmp_path / "config.yaml"))  # a home that is a file
+
+
+def test_an_unusual_home_is_left_to_load_config():
     assert _locate.home({"FLEET_HOME": "/a/b"}) == "/a/b"
     for home in ("rel/home", "/a/b/", "/a/./b", "/a//b", "/a/../b"):
         with pytest.raises(_locate.Unsure):
@@ -338,3 +401,19 @@ def test_another_verb_or_a_stopped_daemon_takes_the_full_path(daemon, tmp_path):
     assert fast.returncode == full.returncode != 0
     assert fast.stdout == full.stdout
     assert "orchestrator.cli._main" in json.loads(fast.stderr.decode().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_config_file_keeps_the_warm_path(daemon):
+    config = Path(daemon.env["FLEET_HOME"]) / "config.yaml"
+    config.write_text("subagents:\n  lane: 3\n  egress: []\n  sandbox: off\n")
+    try:
+        fast, full = daemon.run("peek", "--json"), daemon.run("peek", "--json", full=True)
+    finally:
+        config.unlink()
+    *lines, modules = fast.stderr.decode().splitlines()
+    assert (fast.returncode, lines, full.stderr) == (0, [], b"")
+    assert _masked(fast.stdout) == _masked(full.stdout)
+    loaded = set(json.loads(modules))
+    assert "orchestrator.cli._main" not in loaded
+    assert "yaml" in loaded
