@@ -13,6 +13,7 @@ the two).
 from __future__ import annotations
 
 import os
+import stat
 from types import SimpleNamespace
 
 from orchestrator._digests import sha256
@@ -209,7 +210,11 @@ def repo_root(cwd: str, env: Mapping[str, str]) -> str:
         except OSError:
             raise Unsure from None
         if found is not None:
-            if found.st_uid != uid or os.stat(here).st_uid != uid or not _is_repo(dot_git):
+            if (
+                found.st_uid != uid
+                or os.stat(here).st_uid != uid
+                or not _is_repo(dot_git, found.st_mode)
+            ):
                 raise Unsure
             return os.path.realpath(here)
         parent = os.path.dirname(here)
@@ -224,10 +229,13 @@ def _is_git_dir(path: str) -> bool:
     return all(os.path.exists(os.path.join(path, name)) for name in ("HEAD", "objects", "refs"))
 
 
-def _is_repo(dot_git: str) -> bool:
-    """A ``.git`` directory with a repository's layout, or a gitfile naming a directory."""
-    if os.path.isdir(dot_git):
+def _is_repo(dot_git: str, mode: int) -> bool:
+    """A ``.git`` directory with a repository's layout, or a gitfile naming a directory (not a
+    FIFO or a device, which reading could block on)."""
+    if stat.S_ISDIR(mode):
         return _is_git_dir(dot_git)
+    if not stat.S_ISREG(mode):
+        return False
     try:
         with open(dot_git, "rb") as file:
             line = file.readline(4096).rstrip(b"\r\n")

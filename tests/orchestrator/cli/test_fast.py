@@ -276,6 +276,9 @@ def test_git_s_own_directories_and_variables_are_left_to_git(repo):
     (repo / "sub" / ".git").write_text("gitdir: /nonexistent\n")  # a broken gitfile
     with pytest.raises(_locate.Unsure):
         _locate.repo_root(str(repo / "sub"), {})
+    os.mkfifo(repo / "sub" / "deeper" / ".git")  # never opened: reading it would block
+    with pytest.raises(_locate.Unsure):
+        _locate.repo_root(str(repo / "sub" / "deeper"), {})
 
 
 # -- against a real daemon ------------------------------------------------------------------
