@@ -6,9 +6,10 @@ verb, the attrs configuration, a ``git rev-parse``, a ping and the request on tw
 costs four times an interpreter's start. So :func:`main` first reads those two verbs by hand,
 finds the session from the environment (:mod:`._locate`) and sends the ping and the request on
 one blocking connection (:mod:`orchestrator.control._blocking`), importing none of trio,
-attrs, cattrs, yaml or rich. Anything else — another verb, ``--help``, an option it does not
-know, a command line argparse would refuse, no supervisor answering, a ``config.yaml`` — goes
-to the full command line before anything was sent, and the full path decides. What it prints
+attrs, cattrs, argparse or rich (yaml only to read a ``config.yaml``). Anything else — another
+verb, ``--help``, an option it does not know, a command line argparse would refuse, no
+supervisor answering, what :mod:`._locate` is unsure of — goes to the full command line before
+anything was sent, and the full path decides. What it prints
 and the exit code are the full path's, byte for byte (``tests/orchestrator/cli/test_fast.py``).
 """
 

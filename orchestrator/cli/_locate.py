@@ -1,13 +1,13 @@
 """Where a running supervisor is, from the environment alone: the warm verbs' configuration.
 
-:func:`orchestrator._config.load_config` (attrs, the YAML reader, a ``git rev-parse``) costs
-more than an interpreter's start. A warm verb needs only the session's directory and the start
-settings it compares with the supervisor's (:mod:`orchestrator._digests`), so :func:`locate`
-computes them from ``os.environ`` and the file system, the same way ``load_config`` does, and
-raises :class:`Unsure` for anything it does not handle exactly so: a ``config.yaml``, a value
-the full configuration would refuse, git discovery it cannot mirror. The caller then takes
-the full path, which reports what is wrong (``tests/orchestrator/cli/test_fast.py`` compares
-the two).
+:func:`orchestrator._config.load_config` (attrs, a ``git rev-parse``) costs more than an
+interpreter's start. A warm verb needs only the session's directory and the start settings it
+compares with the supervisor's (:mod:`orchestrator._digests`), so this module computes them
+from ``os.environ``, ``config.yaml`` and the file system the same way ``load_config`` does, and
+raises :class:`Unsure` for anything it does not handle exactly so: a value the full
+configuration would refuse, the ``notify`` and ``agent_dirs`` settings, git discovery it cannot
+mirror. The caller then takes the full path, which reports what is wrong
+(``tests/orchestrator/cli/test_fast.py`` compares the two).
 """
 
 from __future__ import annotations
