@@ -185,6 +185,8 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
     "orchestrator.remote": {FOUNDATION},
+    # The journal is written for core through a protocol; control wires it in.
+    "orchestrator.durability": {FOUNDATION, "ipc"},
     "orchestrator.core": {
         FOUNDATION,
         "orchestrator.governance",
@@ -199,6 +201,7 @@ ROOMS: dict[str, set[str]] = {
         FOUNDATION,
         "orchestrator.core",
         "orchestrator.coordination",
+        "orchestrator.durability",
         "orchestrator.launch",
         "orchestrator.workspace",
         "ipc",
