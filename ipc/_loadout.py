@@ -96,6 +96,11 @@ class Loadout:
     #: ``host:port`` pairs the supervisor's egress proxy lets this child reach (its model
     #: endpoint and its definition's ``egress:``); nothing else leaves its sandbox.
     egress: list[str] = attrs.Factory(list)
+    #: What the backend resumes from and keeps up to date: the builtin agent's transcript
+    #: file (in its own scratch, 0600, rewritten atomically after each turn); "" = nothing.
+    resume: str = ""
+    #: This child is a revive of one whose supervisor died: its first prompt says so.
+    restarted: bool = False
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

@@ -229,7 +229,7 @@ ROOMS: dict[str, set[str]] = {
 #: The only modules that may import the supervisor: the facade and the control server above it.
 SUPERVISOR = "orchestrator.core._supervisor"
 SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.control._daemon"}
-SUPERVISOR_IMPORTERS |= {"orchestrator.control._review"}
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._review", "orchestrator.control._durable"}
 
 
 def product_modules(root: Path = ROOT) -> dict[str, Path]:

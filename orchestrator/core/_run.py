@@ -113,8 +113,10 @@ class ChildRun:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
-                if self.record.mode == "worktree":
-                    await self.host.worktrees.create(self.key)
+                if self.record.mode == "worktree" and self.key not in self.host.worktrees.snapshots:
+                    made = await self.host.worktrees.create(self.key)
+                    where = {"path": str(made.worktree), "repo": str(made.repo)}
+                    self.host.journal.worktree(self.key, {**where, "commit": made.commit})
                 self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()

@@ -131,6 +131,9 @@ class Spawning:
                 )
                 sup.registry.add(record)
                 records.append(record)
+                if record.backend == "builtin":  # its transcript: what a revive starts from
+                    transcript = sup.config.paths.scratch / key / "transcript.json"
+                    plan.loadout_fields["resume"] = str(transcript)
             try:
                 runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
             except Exception as exc:
@@ -153,6 +156,8 @@ class Spawning:
                     f"spawn {failed}: could not prepare its launch: {cause} "
                     "(fix the cause and spawn again)"
                 ) from exc
+            for run, plan in zip(runs, plans, strict=True):
+                sup.journal.spawned(run.record, plan.loadout_fields)
             # Launch the batch together: a worktree or a fork each child waits on is its own.
             async with trio.open_nursery() as launching:
                 for run in runs:
@@ -180,7 +185,7 @@ class Spawning:
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
                 prepared[record.key] = await trio.to_thread.run_sync(
-                    self._prepare, record, loadout_fields
+                    self.prepare_one, record, loadout_fields
                 )
             except Exception as exc:  # reported below, for the first failed record
                 failures.append(_PrepareError(record.key, exc))
@@ -206,7 +211,7 @@ class Spawning:
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
 
-    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
+    def prepare_one(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
         sup = self.sup
         paths = sup.config.paths

@@ -188,6 +188,10 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
     elif kind == "settled":
         child.report = str(fields.get("report") or child.report)
         child.state = str(fields.get("state") or child.state)
+    elif kind == "locks":
+        child.spawn["locks"] = list(fields.get("paths") or [])
+    elif kind == "worktree":
+        child.spawn["worktree"] = dict(fields)
     elif kind == "handoff":
         child.handoff = dict(fields)
         child.state = str(fields.get("state") or child.state)

@@ -83,6 +83,8 @@ class Journal:
         lambda: collections.deque(maxlen=RECENT)
     )
     wake: trio.Event = attrs.Factory(trio.Event)
+    #: Set (and replaced) by every append: what ``fleet events --follow`` waits on.
+    grown: trio.Event = attrs.Factory(trio.Event)
 
     @classmethod
     def open(
@@ -131,6 +133,8 @@ class Journal:
             apply(self.facts, record)
         if durable:
             self.wake.set()
+        self.grown.set()
+        self.grown = trio.Event()
         return record.seq
 
     def flush(self) -> bool:

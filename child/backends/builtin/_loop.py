@@ -18,9 +18,15 @@ import ipc
 from child.backends._base import Host, TurnResult
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
+from child.backends.builtin._transcript import load_transcript, save_transcript
 from child.tools import Progress, Tool, ToolContext, build_tools
 
 MAX_STEPS = 200
+#: Said once, hidden from everyone but the model, in the first prompt after a revive.
+RESTARTED = (
+    "(You were restarted: your supervisor ended and this conversation was restored from "
+    "your transcript. Files may have changed meanwhile; check before relying on them.)"
+)
 _ARG_PREVIEW = 80
 
 
@@ -63,6 +69,9 @@ class BuiltinBackend:
     messages: list[dict[str, Any]]
     name: str = "builtin"
     steers: SteerInbox = attrs.Factory(SteerInbox)
+    #: Where the conversation is saved after each turn (``None``: it is not).
+    transcript: Path | None = None
+    restarted: bool = False
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
     _tokens: int = attrs.field(default=0, init=False)
@@ -89,12 +98,18 @@ class BuiltinBackend:
         names = set(loadout.tools)
         tools: dict[str, Tool] = dict(build_tools(sorted(names - HOST_TOOLS), ctx))
         tools.update(build_host_tools(names & HOST_TOOLS, host))
+        transcript = Path(loadout.resume) if loadout.resume else None
+        messages = [{"role": "system", "content": loadout.system_prompt}]
+        if transcript is not None and loadout.restarted:
+            messages = load_transcript(transcript)
         return cls(
             model=make_model(loadout.model, workspace),
             tools=tools,
             host=host,
             ctx=ctx,
-            messages=[{"role": "system", "content": loadout.system_prompt}],
+            messages=messages,
+            transcript=transcript,
+            restarted=loadout.restarted,
         )
 
     def _schemas(self) -> list[dict[str, Any]]:
@@ -111,6 +126,22 @@ class BuiltinBackend:
         ]
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        try:
+            return await self._turn_of(text, side=side)
+        finally:
+            if self.transcript is not None:
+                await self._save()
+
+    async def _save(self) -> None:
+        assert self.transcript is not None  # noqa: S101 - only called with one
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
+        except OSError as exc:  # a full disk costs the revive, never the turn
+            why = exc.strerror or str(exc)
+            self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
+
+    async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
         if not side:
             self._turn += 1
         content = (
@@ -118,6 +149,8 @@ class BuiltinBackend:
             if side
             else text
         )
+        if self.restarted:
+            content, self.restarted = f"{RESTARTED}\n{content}", False
         self.messages.append({"role": "user", "content": content})
         self.steers.new_turn()
         if self._abort_pending:  # the abort arrived before the turn began

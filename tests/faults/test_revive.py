@@ -1,0 +1,123 @@
+"""A lost child comes back: the supervisor is SIGKILLed mid-turn, the next one lists the child
+as ``lost``, and ``fleet revive`` starts it again with its key, name and conversation.
+
+Driven through the real ``fleet`` CLI, the builtin agent talking to the loopback scripted model
+server: two turns settle, the third stalls in its model call when ``fleet serve`` is killed.
+The revived child's next request must carry the two earlier turns (restored from the
+transcript it saved after each), and the restart line the child alone sees.
+"""
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from child.backends.builtin._loop import RESTARTED
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+
+def _json(faults, *args: str) -> dict[str, Any]:
+    result = faults.cli(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _until(check, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _kill_supervisor(faults) -> int:
+    session = faults.home / "sessions" / "t"
+    daemon = int((session / "supervisor.lock").read_text().strip())
+    os.kill(daemon, signal.SIGKILL)
+    _until(lambda: faults.processes() == [], timeout=15)
+    return daemon
+
+
+def _user_texts(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] in {"user", "assistant"}]
+
+
+def test_a_revived_builtin_child_continues_its_conversation(faults) -> None:
+    with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"text": "## Summary\nfirst"},
+                {"text": "## Summary\nsecond"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        spawned = _json(faults, "spawn", "--model", model, "--name", "mapper", "turn one")
+        assert spawned["agents"][0]["key"] == "a1"
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
+        _json(faults, "resume", "a1", "turn two")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nsecond"
+        _json(faults, "resume", "a1", "turn three")
+        _until(lambda: len(srv.requests("c1")) == 3)
+        daemon = _kill_supervisor(faults)
+
+        first = faults.cli("peek", "--json")
+        assert first.returncode == 0, first.stderr
+        [warning] = first.stderr.strip().splitlines()
+        assert f"(pid {daemon}) died" in warning
+        assert "fleet revive a1 brings them back with their context" in warning
+        [lost] = json.loads(first.stdout)["stale"]
+        assert (lost["key"], lost["state"], lost["revivable"]) == ("a1", "lost", True)
+
+        revived = _json(faults, "revive", "a1")
+        assert revived["revived"][0]["key"] == "a1"
+        assert revived["revived"][0]["name"] == "mapper"
+        _until(lambda: _json(faults, "peek", "a1")["agents"][0]["state"] == "idle")
+        _json(faults, "resume", "a1", "turn four")
+        [note] = _json(faults, "wait", "a1")["settled"]
+        assert note["report"] == "## Summary\nafter the revive"
+
+        fourth = srv.requests("c1")[3].body
+        texts = _user_texts(fourth)
+        assert texts[:4] == ["turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"]
+        assert texts[4] == f"{RESTARTED}\nturn four"  # the lost third turn was never saved
+        assert fourth["messages"][0]["role"] == "system"
+
+        events = [json.loads(line) for line in faults.cli("events", "--json").stdout.splitlines()]
+        kinds = [(e["key"], e["kind"]) for e in events]
+        for expected in ("spawn", "resume", "settled", "lost", "revived"):
+            assert ("a1", expected) in kinds, kinds
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        [lost_event] = [e for e in events if e["kind"] == "lost"]
+        assert lost_event["was"] == "working"
+        later = faults.cli("events", "--since", str(lost_event["seq"]), "--json").stdout
+        assert json.loads(later.splitlines()[0])["seq"] == lost_event["seq"] + 1
+        _json(faults, "stop", "a1")
+
+
+def test_a_revive_that_cannot_happen_says_why_in_one_line(faults) -> None:
+    with ModelServer() as srv:
+        srv.script("c1", [{"stall": True, "text": "partial"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--model", model, "turn one")
+        _until(lambda: len(srv.requests("c1")) == 1)
+        _kill_supervisor(faults)
+        first = _json(faults, "peek")
+        [lost] = first["stale"]
+        assert (lost["state"], lost["revivable"]) == ("lost", False)
+        assert "transcript" in lost["revive"]
+        refused = faults.cli("revive", "a1")
+        assert refused.returncode == 4
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith("fleet revive: a1: its transcript ")
+        assert line.endswith(" is gone; it cannot be revived")
+        unknown = faults.cli("revive", "a7")
+        assert unknown.returncode == 2
+        assert unknown.stderr.startswith("fleet revive: no lost child 'a7' (see the stale list")
