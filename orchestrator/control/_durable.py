@@ -16,7 +16,8 @@ import attrs
 import trio
 
 from orchestrator._errors import Refused, UsageError
-from orchestrator.control._args import strs_arg
+from orchestrator.control._args import str_arg, strs_arg
+from orchestrator.control._server import OPS, Op
 from orchestrator.core._revive import Revival, find_lost, revive, why_not
 from orchestrator.core._supervisor import Supervisor
 from orchestrator.durability import ChildFacts, Journal, keep_journal
@@ -67,8 +68,37 @@ class Durability:
     #: Lost children that cannot be revived, and why.
     unrevivable: dict[str, str] = attrs.Factory(dict)
 
-    def ops(self) -> dict[str, Any]:
-        return {"events": self._events, "revive": self._revive}
+    def ops(self) -> dict[str, Op]:
+        """The control ops this adds (``resume`` and ``ask`` revive a lost child first)."""
+        ops: dict[str, Op] = {"events": self._events, "revive": self._revive}
+        ops["discard"] = self._discard
+        for name in ("resume", "ask"):
+            ops[name] = self._reviving(OPS[name])
+        return ops
+
+    def _reviving(self, op: Op) -> Op:
+        async def reviving(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+            ref = args.get("agent")
+            if isinstance(ref, str) and ref in self.lost and ref not in sup.registry.records:
+                await self._revive(sup, {"agents": [ref]})
+            return await op(sup, args)
+
+        return reviving
+
+    async def _discard(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet discard`` of a lost child forgets it for good; any other goes on as ever."""
+        ref = str_arg(args, "agent")
+        lost = {**self.unrevivable, **dict.fromkeys(self.lost, "")}
+        if ref in lost and ref not in sup.registry.records:
+            if ref in sup.all_records() or ref in sup.worktrees.snapshots:
+                await sup.discard(ref)  # its kept worktree goes too
+            self.lost.pop(ref, None)
+            self.unrevivable.pop(ref, None)
+            sup.stale = [entry for entry in sup.stale if entry["key"] != ref]
+            handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
+            self.journal.append("handoff", ref, durable=True, **handoff)
+            return {"key": ref, "discarded": True}
+        return {"key": await sup.discard(ref), "discarded": True}
 
     async def _events(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         since, wait = args.get("since", 0), args.get("wait", 0)
@@ -110,6 +140,9 @@ class Durability:
 def _mark_lost(durability: "Durability") -> None:
     """Every child the journal says was live: journaled ``lost`` and listed in ``stale``."""
     sup, journal = durability.sup, durability.journal
+    # Keys go on after every key the journal names: a new a1 must not take a lost a1's place.
+    numbers = [int(r.key[1:]) for r in journal.found.records if r.key[1:].isdigit()]
+    sup.registry._next = max([sup.registry._next, *(n + 1 for n in numbers)])
     stale = {entry["key"]: entry for entry in sup.stale}
     lost = durability.lost
     for facts in list(journal.facts.values()):

@@ -10,6 +10,7 @@ transcript it saved after each), and the restart line the child alone sees.
 import json
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from child.backends.builtin._loop import RESTARTED
 from tests.fakes.model_server import ModelServer
+from tests.faults.conftest import GIT_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -121,3 +123,93 @@ def test_a_revive_that_cannot_happen_says_why_in_one_line(faults) -> None:
         unknown = faults.cli("revive", "a7")
         assert unknown.returncode == 2
         assert unknown.stderr.startswith("fleet revive: no lost child 'a7' (see the stale list")
+
+
+def _git(cwd, *args: str) -> str:
+    env = {**os.environ, **GIT_ENV}
+    result = subprocess.run(
+        ["git", "-C", str(cwd), *args], capture_output=True, text=True, env=env, check=True
+    )
+    return result.stdout.strip()
+
+
+def _write(text: str) -> dict[str, Any]:
+    call = {"name": "write", "arguments": {"path": "src/app.py", "content": text}}
+    return {"tool_calls": [call]}
+
+
+def test_a_revived_worker_gets_its_worktree_and_locks_back_or_one_line_why_not(faults) -> None:
+    session = faults.home / "sessions" / "t"
+    with ModelServer() as srv:
+        srv.script("c1", [_write("A = 1\n"), {"text": "## Summary\nwrote"}, {"stall": True}])
+        srv.script("c2", [_write("B = 2\n"), {"text": "## Summary\nmine"}])
+        srv.script("c3", [{"text": "## Summary\nback"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--agent", "worker", "--model", model, "change it")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nwrote"
+        _until(lambda: b'"locks"' in (session / "journal.jsonl").read_bytes())
+        _json(faults, "resume", "a1", "more")
+        _until(lambda: len(srv.requests("c1")) == 3)
+        _kill_supervisor(faults)
+        worktree = session / "worktrees" / "a1"
+        assert (worktree / "src" / "app.py").read_text() == "A = 1\n"
+
+        # Meanwhile a new worker (a2: keys go on) takes the path a1 owned.
+        model2 = f"openai:fake-model@{srv.base_url('c2')}/v1"
+        spawned = _json(faults, "spawn", "--agent", "worker", "--model", model2, "mine")
+        assert spawned["agents"][0]["key"] == "a2"
+        _json(faults, "wait", "a2")
+        taken = faults.cli("revive", "a1")
+        assert taken.returncode == 4
+        [line] = taken.stderr.strip().splitlines()
+        app = faults.repo / "src" / "app.py"
+        assert line == (
+            f"fleet revive: a1: its ownership of {app} is now held by a2; stop a2 (or wait for "
+            "it) and revive again"
+        )
+        assert _json(faults, "peek", "--locks")["locks"] == {"a2": [str(app)]}  # nothing taken
+        _json(faults, "stop", "a2")
+
+        # The worktree drifted from its snapshot: refused, and it stays as it is.
+        commit = _git(worktree, "rev-parse", "HEAD")
+        _git(worktree, "commit", "-q", "--allow-empty", "-m", "drift")
+        drifted = faults.cli("revive", "a1")
+        assert drifted.returncode == 4
+        [line] = drifted.stderr.strip().splitlines()
+        assert line.startswith(f"fleet revive: a1: its worktree {worktree} drifted (HEAD ")
+        assert f"its snapshot was {commit[:12]}); fleet stop a1 copies its changes back" in line
+        _git(worktree, "reset", "-q", "--soft", commit)
+
+        # Back as it was: the same worktree, its change in it, its lock held again.
+        srv.script("c1", [{"text": "## Summary\nback"}])
+        assert _json(faults, "revive", "a1")["revived"][0]["key"] == "a1"
+        assert _json(faults, "peek", "--locks")["locks"] == {"a1": [str(app)]}
+        assert (worktree / "src" / "app.py").read_text() == "A = 1\n"
+        _until(lambda: _json(faults, "peek", "a1")["agents"][0]["state"] == "idle")
+        _json(faults, "discard", "a1")
+
+
+def test_a_torn_journal_line_is_one_warning_and_resume_revives_a_lost_child(faults) -> None:
+    session = faults.home / "sessions" / "t"
+    with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nfirst"}, {"text": "## Summary\nsecond"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--model", model, "turn one")
+        _json(faults, "wait", "a1")
+        _kill_supervisor(faults)
+        with (session / "journal.jsonl").open("ab") as journal:
+            journal.write(b'{"v": 2, "seq": 90, "at": 1, "kind": "hibernated", "key": "a1"}\n')
+            journal.write(b'{"v": 1, "seq": 91, "at": 1, "kind": "sta')
+        first = faults.cli("peek", "--json")
+        lines = first.stderr.strip().splitlines()
+        assert len(lines) == 3, lines
+        assert any("are journal v2, newer than this fleet reads (v1)" in x for x in lines)
+        assert any("the last line is torn (41 bytes" in x for x in lines)
+        # `resume` on a lost child revives it first: its context is there.
+        _json(faults, "resume", "a1", "turn two")
+        [note] = _json(faults, "wait", "a1")["settled"]
+        assert note["report"] == "## Summary\nsecond"
+        texts = _user_texts(srv.requests("c1")[1].body)
+        assert texts == ["turn one", "## Summary\nfirst", f"{RESTARTED}\nturn two"]
+        assert b'"hibernated"' in (session / "journal.jsonl").read_bytes()  # kept for later
+        _json(faults, "stop", "a1")

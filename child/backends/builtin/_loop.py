@@ -126,11 +126,12 @@ class BuiltinBackend:
         ]
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
-        try:
-            return await self._turn_of(text, side=side)
-        finally:
-            if self.transcript is not None:
-                await self._save()
+        result = await self._turn_of(text, side=side)
+        # After each turn that ended (an aborted one too); a turn cut short by the child's own
+        # end is not saved: a revive starts from the last turn that ended.
+        if self.transcript is not None:
+            await self._save()
+        return result
 
     async def _save(self) -> None:
         assert self.transcript is not None  # noqa: S101 - only called with one
