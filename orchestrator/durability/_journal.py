@@ -164,8 +164,10 @@ class Journal:
         with self._lock:
             del self._buffer[: len(records)]
             self._sync = self._sync and bool(self._buffer)
-        if self._size > self.cap_bytes:
-            self.rotate()
+            # Under the lock, with nothing buffered: no record can fall between the old file
+            # and the new one's compacted records (a busy journal rotates at a later flush).
+            if self._size > self.cap_bytes and not self._buffer:
+                self._rotate()
         return True
 
     def _write(self, data: bytes, *, sync: bool) -> None:
@@ -182,23 +184,22 @@ class Journal:
             raise
         self._size += len(data)
 
-    def rotate(self) -> None:
-        """Start a new file holding one ``child`` record per child still needed."""
-        with self._lock:
-            kept = [facts for facts in self.facts.values() if facts.keep]
-            records = []
-            for facts in kept:
-                self._seq += 1
-                records.append(
-                    JournalRecord(
-                        seq=self._seq,
-                        at=round(time.time(), 3),
-                        kind="child",
-                        key=facts.key,
-                        fields=facts.as_fields(),
-                    )
+    def _rotate(self) -> None:
+        """Start a new file holding one ``child`` record per child still needed (called with
+        the lock held and the buffer empty)."""
+        kept = [facts for facts in self.facts.values() if facts.keep]
+        records = []
+        for facts in kept:
+            self._seq += 1
+            records.append(
+                JournalRecord(
+                    seq=self._seq,
+                    at=round(time.time(), 3),
+                    kind="child",
+                    key=facts.key,
+                    fields=facts.as_fields(),
                 )
-            self.facts = {facts.key: facts for facts in kept}
+            )
         data = b"".join(record.line() for record in records)
         fresh = self.path.with_name(f"{self.path.stem}.next{self.path.suffix}")
         try:
@@ -206,17 +207,26 @@ class Journal:
             os.replace(self.path, previous(self.path))
             os.replace(fresh, self.path)
         except OSError as exc:
+            self._seq -= len(records)  # none of them was written
             self.warn(f"journal {self.path} not rotated ({exc.strerror or exc}); it grows on")
             return
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(self.path, flags)
         os.close(self._fd)
         self._fd, self._size = fd, len(data)
+        self.facts = {facts.key: facts for facts in kept}
         self._recent.extend(records)
 
+    @property
+    def pending(self) -> bool:
+        """Whether records wait to be written."""
+        return bool(self._buffer)
+
     def since(self, seq: int) -> list[dict[str, Any]]:
-        """Every record after *seq*, oldest first, as ``fleet events --json`` prints them."""
-        recent = list(self._recent)
+        """Every record after *seq*, oldest first, as ``fleet events --json`` prints them
+        (blocking when it must read the files: call it from a thread)."""
+        with self._lock:  # appends go on meanwhile, on the event loop
+            recent = list(self._recent)
         if recent and recent[0].seq <= seq + 1:
             return [r.as_json() for r in recent if r.seq > seq]
         return [r.as_json() for r in self._on_disk() if r.seq > seq]
@@ -230,9 +240,9 @@ class Journal:
                 if record.seq > seen:
                     seen = record.seq
                     yield record
-        for record in self._buffer:  # not written yet (a full disk)
-            if record.seq > seen:
-                yield record
+        with self._lock:
+            unwritten = list(self._buffer)  # not written yet (a full disk)
+        yield from (record for record in unwritten if record.seq > seen)
 
     def close(self) -> None:
         self.flush()
@@ -247,4 +257,5 @@ async def keep_journal(journal: Journal, interval: float = FLUSH_INTERVAL) -> No
         with trio.move_on_after(interval):
             await journal.wake.wait()
         journal.wake = trio.Event()
-        await trio.to_thread.run_sync(journal.flush)
+        if journal.pending:
+            await trio.to_thread.run_sync(journal.flush)
