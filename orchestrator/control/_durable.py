@@ -163,7 +163,8 @@ def _mark_lost(durability: "Durability") -> None:
                 "running": False,
             }
             sup.stale.append(entry)
-        reason = "it is still running" if entry.get("running") else why_not(revival)
+        scratch = sup.paths.scratch / facts.key
+        reason = "it is still running" if entry.get("running") else why_not(revival, scratch)
         entry.update(state="lost", revivable=not reason, revive=reason or "fleet revive")
         journal.append("lost", facts.key, durable=True, state="lost", was=facts.state)
         if reason:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["REVIVABLE", "Revival", "revive"]
 
 #: Backends a lost child of which can be revived with its context.
-REVIVABLE = frozenset({"builtin"})
+REVIVABLE = frozenset({"builtin", "claude"})
 
 
 @attrs.frozen(kw_only=True)
@@ -55,11 +55,17 @@ class Revival:
     report: str = ""
 
 
-def why_not(revival: Revival) -> str:
-    """Why *revival*'s backend cannot resume it ("" when it can)."""
+def why_not(revival: Revival, scratch: Path) -> str:
+    """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own."""
     if revival.backend not in REVIVABLE:
-        return f"the {revival.backend} backend cannot be revived yet (only builtin can)"
+        return f"the {revival.backend} backend cannot be revived yet (only builtin and claude can)"
     resume = str(revival.loadout.get("resume") or "")
+    if revival.backend == "claude":
+        # Claude Code keeps the session under the child's kept private HOME.
+        store = scratch / "claude" / "home" / ".claude" / "projects"
+        if not resume or not any(store.glob(f"*/{resume}.jsonl")):
+            return f"its Claude Code session {resume or '(none)'} is not in {store}"
+        return ""
     if not resume or not Path(resume).is_file():
         return f"its transcript {resume or '(none)'} is gone; it cannot be revived"
     return ""
@@ -126,7 +132,7 @@ async def revive(
     key = revival.key
     if key in sup.registry.records:
         raise UsageError(f"revive: {key}: it is live (see fleet peek)")
-    reason = why_not(revival)
+    reason = why_not(revival, sup.config.paths.scratch / key)
     if reason:
         raise Refused(f"revive: {key}: {reason}")
     spawning.launcher_for(revival.surface)  # refuses a surface this session cannot reach

@@ -18,6 +18,7 @@ starts and so cannot inherit from us, gets a 0600 loadout file and connects to t
 import errno
 import os
 import socket
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,9 +132,9 @@ class Spawning:
                 )
                 sup.registry.add(record)
                 records.append(record)
-                if record.backend == "builtin":  # its transcript: what a revive starts from
-                    transcript = sup.config.paths.scratch / key / "transcript.json"
-                    plan.loadout_fields["resume"] = str(transcript)
+                resume = resume_id(record.backend, sup.config.paths.scratch / key)
+                if resume:
+                    plan.loadout_fields["resume"] = resume
             try:
                 runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
             except Exception as exc:
@@ -378,6 +379,17 @@ class Spawning:
             sup.refuse_hello(exc.reason, run.key, via="pair")
             return
         await run.attach(channel, hello)
+
+
+def resume_id(backend: str, scratch: Path) -> str:
+    """What a revive of a *backend* child resumes from, chosen before its launch so the journal
+    has it before the first prompt: the builtin agent's transcript file, a Claude Code session
+    id; "" for a backend that cannot be revived."""
+    if backend == "builtin":
+        return str(scratch / "transcript.json")
+    if backend == "claude":
+        return str(uuid.uuid4())
+    return ""
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

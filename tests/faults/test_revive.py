@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 
-from child.backends.builtin._loop import RESTARTED
+from child.backends._base import RESTARTED
+from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
 from tests.faults.conftest import GIT_ENV
 
 pytestmark = pytest.mark.slow
 
 
-def _json(faults, *args: str) -> dict[str, Any]:
-    result = faults.cli(*args, "--json")
+def _json(faults, *args: str, timeout: float = 60) -> dict[str, Any]:
+    result = faults.cli(*args, "--json", timeout=timeout)
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -212,4 +213,57 @@ def test_a_torn_journal_line_is_one_warning_and_resume_revives_a_lost_child(faul
         texts = _user_texts(srv.requests("c1")[1].body)
         assert texts == ["turn one", "## Summary\nfirst", f"{RESTARTED}\nturn two"]
         assert b'"hibernated"' in (session / "journal.jsonl").read_bytes()  # kept for later
+        _json(faults, "stop", "a1")
+
+
+def _texts(body: dict[str, Any]) -> list[str]:
+    """Every message's text, in order (Anthropic content blocks flattened)."""
+    texts = []
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+        texts.append(str(content))
+    return texts
+
+
+@pytest.mark.needs("claude")
+def test_a_revived_claude_child_resumes_its_session(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_CLAUDE_BIN", str(NPM_BIN / "claude"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-scripted")
+    with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"text": "## Summary\nfirst"},
+                {"text": "## Summary\nsecond"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        model = f"anthropic:claude-fake@{srv.base_url('c1')}"
+        _json(faults, "spawn", "--backend", "claude", "--model", model, "turn one")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
+        _json(faults, "resume", "a1", "turn two")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nsecond"
+        _json(faults, "resume", "a1", "turn three")
+        _until(lambda: len([r for r in srv.requests("c1") if r.api]) == 3, timeout=60)
+        _kill_supervisor(faults)
+
+        [lost] = _json(faults, "peek")["stale"]
+        assert (lost["state"], lost["revivable"]) == ("lost", True), lost
+        events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
+        [spawn] = [e for e in events if e["kind"] == "spawn"]
+        [resume] = [e for e in events if e["kind"] == "resume"]
+        assert resume["seq"] == spawn["seq"] + 1  # before the first prompt was sent
+        assert resume["backend"] == "claude"
+
+        _json(faults, "resume", "a1", "turn four", timeout=120)
+        [note] = _json(faults, "wait", "a1")["settled"]
+        assert note["report"] == "## Summary\nafter the revive"
+        last = [r for r in srv.requests("c1") if r.api][-1].body
+        joined = "\n".join(_texts(last))
+        for earlier in ("turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"):
+            assert earlier in joined
+        assert f"{RESTARTED}\nturn four" in _texts(last)[-1]
         _json(faults, "stop", "a1")

@@ -15,18 +15,13 @@ import attrs
 import trio
 
 import ipc
-from child.backends._base import Host, TurnResult
+from child.backends._base import RESTARTED, Host, TurnResult
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
 from child.backends.builtin._transcript import load_transcript, save_transcript
 from child.tools import Progress, Tool, ToolContext, build_tools
 
 MAX_STEPS = 200
-#: Said once, hidden from everyone but the model, in the first prompt after a revive.
-RESTARTED = (
-    "(You were restarted: your supervisor ended and this conversation was restored from "
-    "your transcript. Files may have changed meanwhile; check before relying on them.)"
-)
 _ARG_PREVIEW = 80
 
 
