@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["REVIVABLE", "Revival", "revive"]
 
 #: Backends a lost child of which can be revived with its context.
-REVIVABLE = frozenset({"builtin", "claude"})
+REVIVABLE = frozenset({"builtin", "claude", "pi"})
 
 
 @attrs.frozen(kw_only=True)
@@ -58,7 +58,7 @@ class Revival:
 def why_not(revival: Revival, scratch: Path) -> str:
     """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own."""
     if revival.backend not in REVIVABLE:
-        return f"the {revival.backend} backend cannot be revived yet (only builtin and claude can)"
+        return f"the {revival.backend} backend cannot be revived (only builtin, claude and pi)"
     resume = str(revival.loadout.get("resume") or "")
     if revival.backend == "claude":
         # Claude Code keeps the session under the child's kept private HOME.
@@ -67,7 +67,8 @@ def why_not(revival: Revival, scratch: Path) -> str:
             return f"its Claude Code session {resume or '(none)'} is not in {store}"
         return ""
     if not resume or not Path(resume).is_file():
-        return f"its transcript {resume or '(none)'} is gone; it cannot be revived"
+        what = "Pi session file" if revival.backend == "pi" else "transcript"
+        return f"its {what} {resume or '(none)'} is gone; it cannot be revived"
     return ""
 
 

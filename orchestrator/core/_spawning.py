@@ -384,11 +384,13 @@ class Spawning:
 def resume_id(backend: str, scratch: Path) -> str:
     """What a revive of a *backend* child resumes from, chosen before its launch so the journal
     has it before the first prompt: the builtin agent's transcript file, a Claude Code session
-    id; "" for a backend that cannot be revived."""
+    id, a Pi session file; "" for a backend that cannot be revived."""
     if backend == "builtin":
         return str(scratch / "transcript.json")
     if backend == "claude":
         return str(uuid.uuid4())
+    if backend == "pi":
+        return str(scratch / "pi-session.jsonl")
     return ""
 
 

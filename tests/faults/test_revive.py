@@ -267,3 +267,39 @@ def test_a_revived_claude_child_resumes_its_session(faults, monkeypatch) -> None
             assert earlier in joined
         assert f"{RESTARTED}\nturn four" in _texts(last)[-1]
         _json(faults, "stop", "a1")
+
+
+@pytest.mark.needs("pi")
+def test_a_revived_pi_child_continues_its_session_file(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_PI_BIN", str(NPM_BIN / "pi"))
+    with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"text": "## Summary\nfirst"},
+                {"text": "## Summary\nsecond"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--backend", "pi", "--model", model, "turn one", timeout=90)
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
+        _json(faults, "resume", "a1", "turn two")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nsecond"
+        _json(faults, "resume", "a1", "turn three")
+        _until(lambda: len([r for r in srv.requests("c1") if r.api]) == 3, timeout=60)
+        _kill_supervisor(faults)
+
+        [lost] = _json(faults, "peek")["stale"]
+        assert (lost["state"], lost["revivable"]) == ("lost", True), lost
+        _json(faults, "resume", "a1", "turn four", timeout=120)
+        [note] = _json(faults, "wait", "a1", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nafter the revive"
+        last = [r for r in srv.requests("c1") if r.api][-1].body
+        texts = _texts(last)
+        joined = "\n".join(texts)
+        for earlier in ("turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"):
+            assert earlier in joined
+        assert f"{RESTARTED}\nturn four" in texts[-1]
+        _json(faults, "stop", "a1")
