@@ -292,6 +292,8 @@ class CliBackend:
     _turn: CliTurn | None = None
     _nursery: trio.Nursery | None = None
     _watch: StallWatch = attrs.field(init=False)
+    #: Whether the private directories outlive the child (a resumable CLI's session store).
+    keep_dirs: bool = False
     #: A revived child's first prompt says so once (``restarted`` in its loadout).
     _restarted: bool = attrs.field(init=False)
 
@@ -377,5 +379,5 @@ class CliBackend:
         if self._cli is not None:
             # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
             await self._cli.terminate()
-        if self._dirs is not None and not self.loadout.resume:
+        if self._dirs is not None and not (self.loadout.resume or self.keep_dirs):
             self._dirs.remove()  # a resumable CLI's session store stays for a revive

@@ -22,6 +22,9 @@ class Journal(Protocol):
     def worktree(self, key: str, snapshot: Mapping[str, str]) -> None:
         """*key*'s worktree exists: ``repo``, ``path`` and the snapshot ``commit``."""
 
+    def resumable(self, key: str, backend: str, resume_id: str) -> None:
+        """*key*'s backend reported the id it can be resumed from."""
+
     def changed(self, record: ChildRecord) -> None:
         """*record*'s state may have changed (written only when it did)."""
 
@@ -42,6 +45,9 @@ class NoJournal:
         pass
 
     def worktree(self, key: str, snapshot: Mapping[str, str]) -> None:
+        pass
+
+    def resumable(self, key: str, backend: str, resume_id: str) -> None:
         pass
 
     def changed(self, record: ChildRecord) -> None:

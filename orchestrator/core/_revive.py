@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["REVIVABLE", "Revival", "revive"]
 
 #: Backends a lost child of which can be revived with its context.
-REVIVABLE = frozenset({"builtin", "claude", "pi"})
+REVIVABLE = frozenset({"builtin", "claude", "pi", "codex"})
 
 
 @attrs.frozen(kw_only=True)
@@ -58,13 +58,19 @@ class Revival:
 def why_not(revival: Revival, scratch: Path) -> str:
     """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own."""
     if revival.backend not in REVIVABLE:
-        return f"the {revival.backend} backend cannot be revived (only builtin, claude and pi)"
+        return f"the {revival.backend} backend cannot be revived (only builtin and the agent CLIs)"
     resume = str(revival.loadout.get("resume") or "")
     if revival.backend == "claude":
         # Claude Code keeps the session under the child's kept private HOME.
         store = scratch / "claude" / "home" / ".claude" / "projects"
         if not resume or not any(store.glob(f"*/{resume}.jsonl")):
             return f"its Claude Code session {resume or '(none)'} is not in {store}"
+        return ""
+    if revival.backend == "codex":
+        # Codex keeps its threads' rollouts under the child's kept CODEX_HOME.
+        home = scratch / "codex" / "config" / "codex"
+        if not resume or not any(home.glob(f"sessions/**/*{resume}*.jsonl")):
+            return f"its Codex thread {resume or '(none)'} is not in {home}"
         return ""
     if not resume or not Path(resume).is_file():
         what = "Pi session file" if revival.backend == "pi" else "transcript"

@@ -96,6 +96,10 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def resumable(self, resume_id: str) -> None:
+        """The backend reported what a revive resumes it from: journaled at once."""
+        self.host.journal.resumable(self.key, self.record.backend, resume_id)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""

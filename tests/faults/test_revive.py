@@ -303,3 +303,55 @@ def test_a_revived_pi_child_continues_its_session_file(faults, monkeypatch) -> N
             assert earlier in joined
         assert f"{RESTARTED}\nturn four" in texts[-1]
         _json(faults, "stop", "a1")
+
+
+def _input_texts(body: dict[str, Any]) -> list[str]:
+    """Every message's text in a Responses request (Codex resends the whole history)."""
+    texts = []
+    for item in body.get("input") or []:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):
+            texts.append("\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict)))
+    return texts
+
+
+@pytest.mark.needs("codex")
+def test_a_revived_codex_child_resumes_its_thread(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_CODEX_BIN", str(NPM_BIN / "codex"))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-scripted")
+    with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"text": "## Summary\nfirst"},
+                {"text": "## Summary\nsecond"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--backend", "codex", "--model", model, "turn one", timeout=90)
+        assert _json(faults, "wait", "a1", timeout=120)["settled"][0]["report"] == (
+            "## Summary\nfirst"
+        )
+        _json(faults, "resume", "a1", "turn two")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nsecond"
+        _json(faults, "resume", "a1", "turn three")
+        _until(lambda: len([r for r in srv.requests("c1") if r.api]) == 3, timeout=60)
+        _kill_supervisor(faults)
+
+        [lost] = _json(faults, "peek")["stale"]
+        assert (lost["state"], lost["revivable"]) == ("lost", True), lost
+        events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
+        [resume] = [e for e in events if e["kind"] == "resume"]
+        first_turn = next(e for e in events if e["kind"] == "settled")
+        assert resume["seq"] < first_turn["seq"]  # known before the first turn ended
+        _json(faults, "resume", "a1", "turn four", timeout=120)
+        [note] = _json(faults, "wait", "a1", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nafter the revive"
+        last = [r for r in srv.requests("c1") if r.api][-1].body
+        joined = "\n".join(_input_texts(last))
+        for earlier in ("turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"):
+            assert earlier in joined
+        assert f"{RESTARTED}\nturn four" in _input_texts(last)[-1]
+        _json(faults, "stop", "a1")
