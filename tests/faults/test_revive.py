@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -355,3 +356,41 @@ def test_a_revived_codex_child_resumes_its_thread(faults, monkeypatch) -> None:
             assert earlier in joined
         assert f"{RESTARTED}\nturn four" in _input_texts(last)[-1]
         _json(faults, "stop", "a1")
+
+
+REPORT = """
+turns:
+  - steps:
+      - reply: "## Summary\\ndone"
+"""
+
+
+def test_events_follow_prints_each_record_as_it_is_written_and_a_clean_stop_loses_none(
+    faults,
+) -> None:
+    model = faults.script("report", REPORT)
+    _json(faults, "spawn", "--model", model, "one")
+    _json(faults, "wait", "a1")
+    env = {**os.environ, **GIT_ENV, "FLEET_HOME": str(faults.home), "FLEET_SESSION": "t"}
+    argv = [sys.executable, "-m", "orchestrator", "events", "--follow", "--json"]
+    with subprocess.Popen(
+        argv, cwd=faults.repo, env=env, stdout=subprocess.PIPE, text=True
+    ) as follower:
+        try:
+            assert follower.stdout is not None
+            seen = [json.loads(follower.stdout.readline()) for _ in range(3)]
+            assert [e["seq"] for e in seen] == [1, 2, 3]  # the journal so far, oldest first
+            _json(faults, "stop", "a1")
+            while True:  # then each new record as it is written
+                event = json.loads(follower.stdout.readline())
+                if event["kind"] == "handoff":
+                    break
+            assert (event["key"], event["state"]) == ("a1", "stopped")
+            assert event["last"] == "## Summary\ndone"
+        finally:
+            follower.kill()
+    stopped = faults.cli("serve", "--stop")
+    assert stopped.returncode == 0, stopped.stderr
+    again = faults.cli("peek", "--json")
+    assert again.stderr == ""  # a clean stop leaves nothing lost
+    assert json.loads(again.stdout)["stale"] == []
