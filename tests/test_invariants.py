@@ -184,11 +184,12 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
-    "orchestrator.remote": {FOUNDATION},
+    "orchestrator.remote": {FOUNDATION, "ipc"},
     # The journal is written for core through a protocol; control wires it in.
     "orchestrator.durability": {FOUNDATION, "ipc"},
     "orchestrator.core": {
         FOUNDATION,
+        "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.workspace",
         "orchestrator.coordination",
