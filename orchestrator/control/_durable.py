@@ -54,6 +54,7 @@ def revival_of(facts: ChildFacts) -> Revival:
         worktree=spawn.get("worktree"),
         locks=tuple(spawn.get("locks") or ()),
         report=facts.report,
+        schema=spawn.get("schema"),
     )
 
 

@@ -20,6 +20,7 @@ import trio
 import ipc
 from orchestrator._errors import NotFound, Refused, UsageError
 from orchestrator._records import ChildRecord
+from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._ownership import LockConflict, LockTable
 from orchestrator.workspace._worktree import Snapshot
@@ -53,10 +54,14 @@ class Revival:
     #: The ownership it held when it was lost (a declared child's specs, or its paths).
     locks: Sequence[str] = ()
     report: str = ""
+    #: A checked child's result schema (docs/governance.md "Checked results").
+    schema: dict[str, Any] | None = None
 
 
 def why_not(revival: Revival, scratch: Path) -> str:
     """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own."""
+    if revival.surface in REMOTE_SURFACES:
+        return f"a child on a {revival.surface} node cannot be revived yet"
     if revival.backend not in REVIVABLE:
         return f"the {revival.backend} backend cannot be revived (only builtin and the agent CLIs)"
     resume = str(revival.loadout.get("resume") or "")
@@ -157,6 +162,7 @@ async def revive(
         workflow_mode=revival.workflow_mode,
         depth=revival.depth,
         report=revival.report,
+        schema=revival.schema,
     )
     try:
         _retake(locks, revival, sup.config.workspace)

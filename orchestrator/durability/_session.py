@@ -58,6 +58,7 @@ class SessionJournal:
             depth=record.depth,
             parent=record.parent,
             ownership=loadout.get("ownership", []),
+            schema=record.schema,
             loadout=loadout,
         )
         self._states[record.key] = "starting"
