@@ -107,6 +107,11 @@ class Loadout:
     #: Seconds a remote child may go without a renewed lease before it stops writing and
     #: exits (``child._lease``); 0: no lease (a local child).
     lease_s: float = attrs.field(default=0.0, validator=_non_negative)
+    #: What the backend resumes from and keeps up to date: the builtin agent's transcript
+    #: file (in its own scratch, 0600, rewritten atomically after each turn); "" = nothing.
+    resume: str = ""
+    #: This child is a revive of one whose supervisor died: its first prompt says so.
+    restarted: bool = False
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

@@ -108,6 +108,8 @@ class Event:
     tool: str = ""
     progress: Progress | None = None
     usage: Usage | None = None
+    #: The backend's resumable session id, reported once it exists (Codex: its thread id).
+    resume_id: str = ""
 
 
 @attrs.frozen(kw_only=True)

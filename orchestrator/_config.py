@@ -241,6 +241,10 @@ class SessionPaths:
         return self.root / "registry.json"
 
     @property
+    def journal(self) -> Path:
+        return self.root / "journal.jsonl"
+
+    @property
     def daemon_log(self) -> Path:
         return self.root / "supervisor.log"
 

@@ -27,6 +27,7 @@ from orchestrator.cli._drive import (
     cmd_stop,
     cmd_wait,
 )
+from orchestrator.cli._durable import cmd_events, cmd_revive
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
@@ -260,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("logs", cmd_logs, "a child's diagnostics log")
     p.add_argument("agent")
     p.add_argument("--tail", type=int, default=8192)
+
+    p = verb("events", cmd_events, "the session journal: every fact, oldest first")
+    p.add_argument("--since", type=int, default=0, help="only records after this seq")
+    p.add_argument("--follow", action="store_true", help="keep printing new records")
+
+    p = verb("revive", cmd_revive, "start lost children again with their context")
+    p.add_argument("agents", nargs="+")
 
     p = verb("agents", cmd_agents, "list agent definitions")
     p.add_argument("--scope", choices=["default", "project", "both"])

@@ -72,6 +72,7 @@ class Requester(Protocol):
     def new_question(self, text: str) -> Question: ...
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
+    def resumable(self, resume_id: str) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -96,6 +97,8 @@ class ChildRequests:
 
     def _activity(self, event: ipc.Event) -> None:
         record = self.run.record
+        if event.resume_id:
+            self.run.resumable(event.resume_id)
         if event.activity in HEARTBEATS:
             self.run.watchdog.heartbeat()
         if event.progress is not None:

@@ -103,6 +103,10 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def resumable(self, resume_id: str) -> None:
+        """The backend reported what a revive resumes it from: journaled at once."""
+        self.host.journal.resumable(self.key, self.record.backend, resume_id)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""
@@ -120,8 +124,10 @@ class ChildRun:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
-                if self.record.mode == "worktree":
-                    await self.host.worktrees.create(self.key)
+                if self.record.mode == "worktree" and self.key not in self.host.worktrees.snapshots:
+                    made = await self.host.worktrees.create(self.key)
+                    where = {"path": str(made.worktree), "repo": str(made.repo)}
+                    self.host.journal.worktree(self.key, {**where, "commit": made.commit})
                 self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()

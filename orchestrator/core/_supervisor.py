@@ -31,6 +31,7 @@ from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
+from orchestrator.core._journaling import Journal, NoJournal
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._remote import Remote
@@ -82,6 +83,8 @@ class Supervisor:
     #: bwrap one by one).
     boxed_fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
+    #: The session journal (``fleet serve`` wires the real one in).
+    journal: Journal = attrs.Factory(NoJournal)
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
     worktrees: Worktrees = attrs.field(init=False)
@@ -213,6 +216,7 @@ class Supervisor:
         """Resume: a new prompt to the same child (its context is kept)."""
         run = self.run_for(ref)
         run.queue_prompt(text)
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record
 
@@ -224,6 +228,7 @@ class Supervisor:
     async def pause(self, ref: str) -> tuple[ChildRecord, bool]:
         run = self.run_for(ref)
         settled = await run.pause()
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record, settled
 
@@ -233,7 +238,9 @@ class Supervisor:
 
     def answer(self, ref: str, text: str) -> Question:
         """Answer a question by id (``q3``) or the single open question of a child."""
-        return self.services.answer(ref, text, self.registry.find)
+        question = self.services.answer(ref, text, self.registry.find)
+        self.journal.answered(question.key, question.id, text)
+        return question
 
     async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
         """Stop each child (final) and return its handoff."""
@@ -382,6 +389,10 @@ class Supervisor:
         question: Question | None = None,
         failure: bool = False,
     ) -> None:
+        if question is not None:
+            self.journal.asked(record.key, question.id, question.text)
+        elif not failure:
+            self.journal.settled(record, report=report, error=error)
         # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
         # before the tally. Questions still reach the parent.
         if question is None and self.democracy.collect(
@@ -423,6 +434,7 @@ class Supervisor:
     async def release(self, run: ChildRun) -> None:
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
+        self.journal.handed_off(run.record)
         self.locks.release(run.key)
         self.remote.release(run.key)
         self.capacity.release()
