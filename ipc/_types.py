@@ -93,6 +93,8 @@ class Event:
 
     ``activity`` is one of ``tool_start``, ``tool_update``, ``tool_end``, ``message``,
     ``todo``, ``usage``, ``status``. ``text`` is a short human line (never a transcript).
+    ``tool_start`` carries ``input_digest`` and ``tool_end`` ``output_digest`` and ``failed``:
+    16 hex digits of the SHA-256 of the input's (output's) canonical JSON, for the loop gate.
     """
 
     activity: str
@@ -100,6 +102,9 @@ class Event:
     tool: str = ""
     progress: Progress | None = None
     usage: Usage | None = None
+    input_digest: str = ""
+    output_digest: str = ""
+    failed: bool = False
 
 
 @attrs.frozen(kw_only=True)

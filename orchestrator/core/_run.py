@@ -7,6 +7,7 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 """
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,8 +20,10 @@ from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
+from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.governance._diagnostics import FailureKind, RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
 
@@ -95,6 +98,12 @@ class ChildRun:
 
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
+
+    def on_loop(self, trip: Trip, *, steer: bool) -> None:
+        """The loop gate tripped: steer, or stop past its budget (:mod:`._loops`)."""
+        if self._nursery is not None and not self.finishing:
+            act = functools.partial(intervene, self, self.requests.loops, trip, steer=steer)
+            self._nursery.start_soon(act)
 
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
@@ -174,6 +183,8 @@ class ChildRun:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
+        if isinstance(body, ipc.Event):
+            return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
@@ -262,6 +273,7 @@ class ChildRun:
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
         self.turn = turn
+        self.requests.loops.new_prompt()
         record.turn = turn.number
         try:
             self.watchdog.start_active()
