@@ -84,3 +84,26 @@ async def test_a_cli_child_repeating_a_read_is_steered_with_the_gates_line(
     line = LINE.format(tool=tool, n=repeats)
     assert all(line not in str(c.body) for c in calls[:repeats])  # sent after the last repeat
     assert line in str(calls[-1].body)
+
+
+@pytest.mark.needs("pi")
+async def test_a_cli_child_that_keeps_repeating_is_stopped_incomplete_on_the_third_trip(
+    repo, home, monkeypatch
+):
+    use_cli(monkeypatch, "pi")
+    same = read_call("pi", repo)
+    async with ModelServer() as srv:
+        # Steered twice, it reads again: the fifth identical read is the third trip.
+        srv.script(CHILD, [same] * 5 + [{"delay": 30, "text": "never"}])
+        async with fleet(repo, home) as sup:
+            [record] = await sup.spawn([spawn_request("pi", srv.base_url(CHILD), "read it")])
+            notes: list[dict[str, object]] = []
+            with trio.fail_after(90):
+                while not notes or notes[-1].get("state") != "stopped":
+                    notes += await sup.wait([record.key])
+            handoff = record.handoff()
+    assert handoff["state"] == "stopped"
+    assert handoff["incomplete"] == LINE.format(tool="read", n=5) + (
+        " with the same result; stop repeating it and change approach"
+    )
+    assert notes[-1]["incomplete"] == handoff["incomplete"]
