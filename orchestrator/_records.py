@@ -84,6 +84,10 @@ class ChildRecord:
     #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
     #: could not break); "" while it runs or when it stopped as asked.
     incomplete: str = ""
+    #: The JSON Schema its result must satisfy (docs/governance.md "Checked results"), and the
+    #: last valid result parsed from its report; ``None`` without a schema.
+    schema: dict[str, Any] | None = None
+    result: Any = None
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -121,8 +125,9 @@ class ChildRecord:
         )
 
     def handoff(self) -> dict[str, Any]:
-        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report."""
-        return {
+        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report,
+        ``result`` beside it for a checked child."""
+        shape = {
             "key": self.key,
             "name": self.name,
             "state": str(self.state),
@@ -139,6 +144,13 @@ class ChildRecord:
             "failure": self.failure,
             "incomplete": self.incomplete,
         }
+        return self.with_result(shape)
+
+    def with_result(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """*shape* (a note, a handoff) with the parsed ``result`` of a checked child."""
+        if self.schema is not None:
+            shape["result"] = self.result
+        return shape
 
 
 @attrs.frozen(kw_only=True)
@@ -153,11 +165,14 @@ class SpawnRequest:
     model: str | None = None
     command: tuple[str, ...] = ()
     surface: str | None = None
+    #: A JSON Schema (an object) the child's result must satisfy; checked at spawn.
+    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
         known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known.add("schema")
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -171,6 +186,9 @@ class SpawnRequest:
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise UsageError("spawn: schema must be a JSON Schema object")
         return cls(
             task=task,
             agent=fields["agent"] or "scout",
@@ -180,4 +198,5 @@ class SpawnRequest:
             model=fields["model"],
             command=tuple(command),
             surface=fields["surface"],
+            schema=schema,
         )

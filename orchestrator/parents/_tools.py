@@ -28,6 +28,11 @@ _TASK_PROPS: Final = {
     "name": _STR,
     "backend": {"type": "string", "description": "builtin, claude, codex, pi, command, ..."},
     "model": {"type": "string", "description": "scripted:FILE, openai:MODEL, ... or a CLI's model"},
+    "schema": {
+        "type": "object",
+        "description": "a JSON Schema the child's final fenced json block must satisfy; "
+        "wait returns the parsed object as result",
+    },
 }
 
 
