@@ -107,3 +107,27 @@ async def test_a_cli_child_that_keeps_repeating_is_stopped_incomplete_on_the_thi
         " with the same result; stop repeating it and change approach"
     )
     assert notes[-1]["incomplete"] == handoff["incomplete"]
+
+
+@pytest.mark.needs("pi")
+async def test_three_failing_tool_results_in_a_row_steer_a_cli_child(repo, home, monkeypatch):
+    use_cli(monkeypatch, "pi")
+
+    def missing(name: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "read", "arguments": {"path": f"{name}.txt"}}]}
+
+    async with ModelServer() as srv:
+        srv.script(
+            CHILD,
+            [missing("a"), missing("b"), missing("c"), other_call("pi", repo), {"text": "ok"}],
+        )
+        async with fleet(repo, home) as sup:
+            [record] = await sup.spawn([spawn_request("pi", srv.base_url(CHILD), "read them")])
+            with trio.fail_after(90):
+                [note] = await sup.wait([record.key])
+            await sup.stop([record.key])
+        calls = [r for r in srv.requests(CHILD) if r.api]
+    line = "loop gate: 3 tool calls failed in a row (last: read)"
+    assert (note["error"], note["report"]) == ("", "ok")
+    assert all(line not in str(c.body) for c in calls[:3])
+    assert line in str(calls[-1].body)
