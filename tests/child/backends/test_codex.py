@@ -43,7 +43,10 @@ async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_p
         assert [r.api for r in calls] == ["responses", "responses"]
         assert "the secret is 4217" in calls[1].tool_results()[0]
         assert "You are a scout." in str(calls[0].body)
-        assert list((tmp_path / "scratch").iterdir()) == []
+        # Only Codex's own home is kept (a revive resumes its thread from it), private.
+        [kept] = (tmp_path / "scratch").iterdir()
+        assert kept.name == "codex"
+        assert kept.stat().st_mode & 0o077 == 0
 
 
 async def test_identical_commands_get_identical_digests_and_a_failing_one_says_so(tmp_path):
