@@ -69,6 +69,8 @@ class ChildRecord:
     last_event_at: float = attrs.Factory(time.monotonic)
     tokens: int = 0
     cost_usd: float | None = None
+    #: The ledger's entry (input/output/cache tokens, model, budget, levels reached).
+    usage: dict[str, Any] = attrs.Factory(dict)
     report: str = ""
     error: str = ""
     failure: dict[str, Any] | None = None
@@ -106,7 +108,7 @@ class ChildRecord:
             "surface": self.surface,
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
-            "usage": {"tokens": self.tokens, "cost_usd": self.cost_usd},
+            "usage": self.usage | {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
         }
 
@@ -153,11 +155,15 @@ class SpawnRequest:
     model: str | None = None
     command: tuple[str, ...] = ()
     surface: str | None = None
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``) that may
+    #: only lower the configured one.
+    budget: Mapping[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
         known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known.add("budget")
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -171,7 +177,11 @@ class SpawnRequest:
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
+        budget = data.get("budget")
+        if budget is not None and not isinstance(budget, Mapping):
+            raise UsageError("spawn: budget must be a mapping (soft_tokens, hard_tokens, ...)")
         return cls(
+            budget=budget,
             task=task,
             agent=fields["agent"] or "scout",
             mode=fields["mode"],

@@ -16,6 +16,7 @@ import attrs
 import yaml
 
 from orchestrator._errors import UsageError
+from orchestrator.governance._budget import Limit, parse_limit
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,6 +78,9 @@ class AgentDefinition:
     env: tuple[str, ...] = ()
     #: ``host:port`` pairs its children may reach through the egress proxy, beyond the model.
     egress: tuple[str, ...] = ()
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``): it may
+    #: only lower the configured one (docs/governance.md, Budgets).
+    budget: Limit | None = None
     prompt: str
     source: str
     path: Path
@@ -190,6 +194,7 @@ class _Reader:
             sandbox=self.choice("sandbox", SANDBOXES),
             env=self.names("env", _ENV_NAME, "environment variable name"),
             egress=self.names("egress", _ENDPOINT, "host:port endpoint"),
+            budget=self.budget(),
             prompt=prompt,
             source=self.source,
             path=self.path,
@@ -197,6 +202,16 @@ class _Reader:
         )
         self.check_roles(definition)
         return definition
+
+    def budget(self) -> Limit | None:
+        if self.data.get("budget") is None:
+            return None
+        try:
+            return parse_limit(self.data["budget"], "budget")
+        except UsageError as exc:
+            raise self.fail(
+                "budget", str(exc).removeprefix("budget: "), "see docs/governance.md, Budgets"
+            ) from None
 
     def text(self, field: str) -> str | None:
         value = self.data.get(field)

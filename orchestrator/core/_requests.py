@@ -64,6 +64,7 @@ class Requester(Protocol):
     def new_question(self, text: str) -> Question: ...
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
+    def on_usage(self, usage: ipc.Usage) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -100,6 +101,7 @@ class ChildRequests:
             record.tokens = event.usage.tokens
             if event.usage.cost_usd is not None:
                 record.cost_usd = event.usage.cost_usd
+            self.run.on_usage(event.usage)
         if event.activity in {"tool_start", "tool_update"}:
             record.touch(clip(f"{event.tool} {event.text}".strip(), 120))
         elif event.activity == "message" and event.text:

@@ -96,6 +96,9 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def on_usage(self, usage: ipc.Usage) -> None:
+        self.host.spend.on_usage(self, usage)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""

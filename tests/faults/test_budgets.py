@@ -1,0 +1,172 @@
+"""Usage budgets through the real supervisor: real children, the scripted model and the
+loopback model server reporting usage (issue 18, item 1).
+
+Each scenario waits for the state it needs under a deadline and reads the notes without taking
+them, so no ``wait`` is left to hang on a note another step consumed.
+"""
+
+from typing import Any
+
+import pytest
+import trio
+
+from orchestrator._errors import PolicyError
+from orchestrator._records import TERMINAL, State
+from orchestrator.core._budgets import SOFT_STEER
+from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from tests.fakes.model_server import ModelServer
+from tests.faults.conftest import Faults
+
+CEILING = 40
+
+#: One tool call (the scripted model reports 10 tokens for it), then a wait a steer ends, then
+#: a reply that quotes the last steer the child received.
+STEERED = """
+turns:
+  - steps:
+      - tool: read
+        args: {path: README.md}
+      - wait: 10
+        until: steer
+      - reply: "steered: {{steer}}"
+"""
+
+
+def budget_notes(sup: Supervisor, key: str) -> list[dict[str, Any]]:
+    return [n for n in sup.notes.pending if n["key"] == key and "budget" in n]
+
+
+async def settled_state(sup: Supervisor, key: str, states: frozenset[State]) -> None:
+    """Until *key* is in one of *states* with nothing queued (the caller holds the deadline)."""
+    record = sup.registry.find(key)
+    await Faults.until(lambda: record.state in states and not record.queued)
+
+
+async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults) -> None:
+    model = faults.script("steered", STEERED)
+    budget = {"child": {"soft_tokens": 5, "hard_tokens": 10_000}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="read")])
+            await settled_state(sup, record.key, frozenset({State.IDLE}))
+            # The child saw the steer: its reply quotes it.
+            assert record.report == f"steered: {SOFT_STEER}"
+            [note] = budget_notes(sup, record.key)
+            assert note["budget"]["scope"] == "child"
+            assert note["budget"]["level"] == "soft"
+            assert note["budget"]["line"].startswith("budget soft limit reached: ")
+            usage = sup.peek([record.key])["agents"][0]["usage"]
+            assert usage["reached"] == ["soft"]
+            assert usage["budget"] == {"soft_tokens": 5, "hard_tokens": 10_000}
+            assert usage["tokens"] >= 10
+            # Once: a second turn past the soft limit neither steers nor notes again.
+            await sup.prompt(record.key, "again")
+            await settled_state(sup, record.key, frozenset({State.IDLE}))
+            assert len(budget_notes(sup, record.key)) == 1
+            log = (sup.paths.logs / f"{record.key}.log").read_text()
+            await sup.stop([record.key])
+    assert log.count(SOFT_STEER) <= 1
+
+
+@pytest.mark.slow
+async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults) -> None:
+    async with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]},
+                {"delay": 5, "text": "never reached"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        budget = {"child": {"hard_tokens": 100}}
+        with trio.fail_after(CEILING):
+            async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, TERMINAL)
+                [handoff] = await sup.stop([record.key])
+                report = sup.spend.report()
+                notes = [n for n in sup.notes.pending if n["key"] == record.key]
+    assert record.state is State.STOPPED
+    assert handoff["incomplete"] == "budget spent: 120 of 100 tokens"
+    assert any(n.get("incomplete") == handoff["incomplete"] for n in notes)
+    child = report["children"][record.key]
+    # The model server's default usage (100 in, 20 out) in the backend's own fields.
+    assert (child["input_tokens"], child["output_tokens"], child["tokens"]) == (100, 20, 120)
+    assert child["model"] == "fake-model"
+    assert child["reached"] == ["hard", "soft"]
+
+
+async def test_the_session_hard_limit_refuses_new_turns(faults) -> None:
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "{{task}} done and dusted"\n')
+    budget = {"session": {"soft_tokens": 1, "hard_tokens": 3}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="a long enough task")])
+            await settled_state(sup, record.key, frozenset({State.IDLE}))
+            for attempt in (
+                sup.spawn([SpawnRequest(task="more")]),
+                sup.prompt(record.key, "more"),
+                sup.ask(record.key, "how?"),
+            ):
+                with pytest.raises(PolicyError) as info:
+                    await attempt
+                message = str(info.value)
+                assert "session budget spent (" in message
+                assert "\n" not in message
+            assert sup.spend.report()["session"]["reached"] == ["hard", "soft"]
+            assert len(sup.registry.records) == 1
+            await sup.stop([record.key])
+
+
+async def test_a_spawn_may_lower_its_budget_but_never_raise_it(faults) -> None:
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "ok"\n')
+    budget = {"child": {"soft_tokens": 800, "hard_tokens": 1000}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+            with pytest.raises(PolicyError) as info:
+                await sup.spawn([SpawnRequest(task="t", budget={"hard_tokens": 5000})])
+            assert str(info.value) == (
+                "spawn scout: budget hard_tokens 5000 is above the configured 1000 "
+                "(a spawn may lower a budget, never raise it)"
+            )
+            assert sup.registry.records == {}
+            assert sup.capacity.used == 0
+            [record] = await sup.spawn([SpawnRequest(task="t", budget={"hard_tokens": 500})])
+            # The lowered hard is under the configured soft: that soft is dropped.
+            assert sup.peek([record.key])["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
+            await sup.stop([record.key])
+
+
+LEAD = """
+turns:
+  - steps:
+      - tool: subagent
+        args: {agent: helper, task: "help"}
+      - reply: "lead: {{last}}"
+"""
+
+
+async def test_a_nested_spawn_never_gets_more_than_its_parent_holds(faults) -> None:
+    faults.agent("lead", tools=["read"], mode="fork", subagent_agents=["helper"])
+    faults.agent("helper", tools=["read"], mode="scout", budget={"hard_tokens": 4000})
+    helper = faults.script("helper", 'turns:\n  - steps:\n      - reply: "helped"\n')
+    budget = {"child": {"hard_tokens": 10_000}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=helper, budget=budget)) as sup:
+            [lead] = await sup.spawn(
+                [
+                    SpawnRequest(
+                        task="delegate",
+                        agent="lead",
+                        model=faults.script("lead", LEAD),
+                        budget={"hard_tokens": 300},
+                    )
+                ]
+            )
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            assert lead.report == "lead: helped"
+            limits = {k: a.limit.hard_tokens for k, a in sup.spend.ledger.accounts.items()}
+            await sup.stop([lead.key])
+    # The helper's definition says 4000, the configuration 10000: its parent holds 300.
+    assert limits == {lead.key: 300, "a2": 300}
