@@ -191,3 +191,27 @@ class SpawnRequest:
             command=tuple(command),
             surface=fields["surface"],
         )
+
+
+def budget_from_text(text: str) -> dict[str, float | int]:
+    """``--budget``: a bare number of tokens (the hard limit), or ``KEY=NUMBER,...`` with the
+    keys ``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd`` (the supervisor checks
+    them)."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        items = [f"hard_tokens={items[0]}"]
+    budget: dict[str, float | int] = {}
+    for item in items:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key or not raw:
+            raise UsageError(
+                f"--budget {text!r}: {item!r} must be KEY=NUMBER "
+                "(soft_tokens, hard_tokens, soft_usd, hard_usd) or one number of tokens"
+            )
+        try:
+            budget[key] = int(raw) if raw.isdigit() else float(raw)
+        except ValueError:
+            raise UsageError(f"--budget {text!r}: {key} {raw!r} is not a number") from None
+    if not budget:
+        raise UsageError("--budget: give a number of tokens or KEY=NUMBER pairs")
+    return budget

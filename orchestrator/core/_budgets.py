@@ -8,7 +8,7 @@ by a definition and a spawn; a nested child's is capped by its parent's.
 """
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -127,6 +127,6 @@ class Budgets:
             self.notes.changed()
         self.notifier.emit(budget_event(record, session=self.session, line=line, scrub=self.scrub))
 
-    def report(self) -> dict[str, Any]:
-        """``fleet usage``: per child, per definition, for the session."""
-        return self.ledger.report()
+    def report(self, keys: Collection[str] = ()) -> dict[str, Any]:
+        """``fleet usage``: the session, per child (*keys* only, when given), per definition."""
+        return self.ledger.report(keys)

@@ -100,20 +100,6 @@ def parse_limit(value: object, where: str) -> Limit:
     return Limit(**fields).check(where)  # type: ignore[arg-type]
 
 
-def parse_limit_text(text: str, where: str = "--budget") -> Limit:
-    """``hard_tokens=50000,soft_usd=1.5`` (the ``--budget`` flag) as a :class:`Limit`."""
-    data: dict[str, object] = {}
-    for item in (part.strip() for part in text.split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or not raw.strip():
-            raise UsageError(f"{where}: {item!r} must be KEY=NUMBER ({', '.join(LIMIT_KEYS)})")
-        try:
-            data[key.strip()] = float(raw) if "." in raw or "e" in raw.lower() else int(raw)
-        except ValueError:
-            raise UsageError(f"{where}: {key.strip()} {raw.strip()!r} is not a number") from None
-    return parse_limit(data, where)
-
-
 def _min(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 

@@ -9,11 +9,14 @@ is reached at most once per child and once per session.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 
 from orchestrator.governance._budget import NO_LIMIT, Level, Limit, SpendPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
 
 Scope = Literal["child", "session"]
 
@@ -168,17 +171,22 @@ class Ledger:
             "(raise subagents.budget.session and restart the supervisor)"
         )
 
-    def report(self) -> dict[str, Any]:
-        """``fleet usage --json``: per child, per definition and for the session."""
-        agents: dict[str, list[Account]] = {}
+    def report(self, keys: Collection[str] = ()) -> dict[str, Any]:
+        """``fleet usage --json``: the session, each child (only *keys*, when given) and each
+        agent definition."""
+        definitions: dict[str, list[Account]] = {}
         for account in self.accounts.values():
-            agents.setdefault(account.agent, []).append(account)
+            definitions.setdefault(account.agent, []).append(account)
         session = self.session() | {
             "budget": self.policy.session.as_json(),
             "reached": sorted(self.session_reached),
         }
         return {
-            "children": {key: a.as_json() | {"agent": a.agent} for key, a in self.accounts.items()},
-            "agents": {name: _sum(group) for name, group in sorted(agents.items())},
             "session": session,
+            "agents": [
+                {"key": key, "agent": a.agent} | a.as_json()
+                for key, a in self.accounts.items()
+                if not keys or key in keys
+            ],
+            "definitions": {name: _sum(group) for name, group in sorted(definitions.items())},
         }

@@ -90,7 +90,7 @@ async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults)
     assert record.state is State.STOPPED
     assert handoff["incomplete"] == "budget spent: 120 of 100 tokens"
     assert any(n.get("incomplete") == handoff["incomplete"] for n in notes)
-    child = report["children"][record.key]
+    [child] = [a for a in report["agents"] if a["key"] == record.key]
     # The model server's default usage (100 in, 20 out) in the backend's own fields.
     assert (child["input_tokens"], child["output_tokens"], child["tokens"]) == (100, 20, 120)
     assert child["model"] == "fake-model"

@@ -6,13 +6,13 @@ import attrs
 import pytest
 
 from orchestrator._errors import PolicyError, UsageError
+from orchestrator._records import budget_from_text
 from orchestrator.governance._budget import (
     Limit,
     Price,
     clamp,
     lower,
     parse_limit,
-    parse_limit_text,
     parse_policy,
     resolve_limit,
 )
@@ -73,12 +73,28 @@ def test_parse_limit_refuses_with_one_line(value: object, message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_parse_limit_text() -> None:
-    assert parse_limit_text("hard_tokens=500,soft_usd=0.5") == Limit(hard_tokens=500, soft_usd=0.5)
-    with pytest.raises(UsageError, match="must be KEY=NUMBER"):
-        parse_limit_text("hard_tokens")
-    with pytest.raises(UsageError, match="is not a number"):
-        parse_limit_text("hard_tokens=lots")
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5000", {"hard_tokens": 5000}),
+        ("hard_tokens=500,soft_usd=0.5", {"hard_tokens": 500, "soft_usd": 0.5}),
+        (" soft_tokens = 10 , hard_tokens=20 ", {"soft_tokens": 10, "hard_tokens": 20}),
+    ],
+)
+def test_budget_from_text(text: str, expected: dict[str, float]) -> None:
+    assert budget_from_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("soft_tokens=1,hard", "must be KEY=NUMBER"), ("hard_tokens=lots", "is not a")],
+)
+def test_budget_from_text_refuses(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        budget_from_text(text)
+    # the keys and their values are checked by the supervisor, as for every other client
+    with pytest.raises(UsageError, match="unknown key 'hard'"):
+        parse_limit(budget_from_text("hard=5"), "x")
 
 
 CONF = Limit(soft_tokens=800, hard_tokens=1000, hard_usd=2.0)
@@ -251,10 +267,12 @@ def test_ledger_session_and_report() -> None:
     assert refusal is not None
     assert refusal.startswith("session budget spent (210 of 200 tokens): no new turns")
     report = ledger.report()
-    assert set(report) == {"children", "agents", "session"}
-    assert report["children"]["a2"]["input_tokens"] == 60
-    assert report["children"]["a2"]["agent"] == "worker"
-    assert report["agents"]["scout"]["tokens"] == 120
+    assert set(report) == {"session", "agents", "definitions"}
+    assert [a["key"] for a in report["agents"]] == ["a1", "a2"]
+    assert report["agents"][1]["input_tokens"] == 60
+    assert report["agents"][1]["agent"] == "worker"
+    assert report["definitions"]["scout"]["tokens"] == 120
+    assert [a["key"] for a in ledger.report(["a2"])["agents"]] == ["a2"]
     assert report["session"]["tokens"] == 210
     assert report["session"]["reached"] == ["hard", "soft"]
     assert report["session"]["budget"] == {"soft_tokens": 100, "hard_tokens": 200}
