@@ -5,6 +5,7 @@ Each scenario waits for the state it needs under a deadline and reads the notes 
 them, so no ``wait`` is left to hang on a note another step consumed.
 """
 
+import json
 from typing import Any
 
 import pytest
@@ -81,7 +82,10 @@ async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults)
         model = f"openai:fake-model@{srv.base_url('c1')}/v1"
         budget = {"child": {"hard_tokens": 100}}
         with trio.fail_after(CEILING):
-            async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+            # The builtin agent's openai model reports no cost: the price table prices it.
+            prices = {"fake-model": {"input": 1, "output": 2}}
+            config = faults.config(model=model, budget=budget, prices=prices)
+            async with open_supervisor(config) as sup:
                 [record] = await sup.spawn([SpawnRequest(task="read")])
                 await settled_state(sup, record.key, TERMINAL)
                 [handoff] = await sup.stop([record.key])
@@ -94,6 +98,7 @@ async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults)
     # The model server's default usage (100 in, 20 out) in the backend's own fields.
     assert (child["input_tokens"], child["output_tokens"], child["tokens"]) == (100, 20, 120)
     assert child["model"] == "fake-model"
+    assert child["cost_usd"] == pytest.approx((100 * 1 + 20 * 2) / 1e6)
     assert child["reached"] == ["hard", "soft"]
 
 
@@ -170,3 +175,40 @@ async def test_a_nested_spawn_never_gets_more_than_its_parent_holds(faults) -> N
             await sup.stop([lead.key])
     # The helper's definition says 4000, the configuration 10000: its parent holds 300.
     assert limits == {lead.key: 300, "a2": 300}
+
+
+@pytest.mark.slow
+def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
+    (faults.home / "config.yaml").write_text(
+        "subagents:\n"
+        "  budget:\n"
+        "    child: {hard_tokens: 10000}\n"
+        "    session: {soft_usd: 1, hard_usd: 2}\n"
+        "  prices:\n"
+        "    scripted: {input: 1, output: 2}\n"
+    )
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "all done here"\n')
+    raised = faults.cli("spawn", "--model", model, "--budget", "20000", "t")
+    assert raised.returncode == 4, raised.stderr
+    [line] = raised.stderr.strip().splitlines()
+    assert "budget hard_tokens 20000 is above the configured 10000" in line
+    spawned = faults.cli("spawn", "--json", "--wait", "--model", model, "--budget", "500", "t")
+    assert spawned.returncode == 0, spawned.stderr
+    done = faults.cli("usage", "--json")
+    assert done.returncode == 0, done.stderr
+    usage = json.loads(done.stdout)
+    assert set(usage) == {"session", "agents", "definitions"}
+    [child] = usage["agents"]
+    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached"}
+    assert child["budget"] == {"hard_tokens": 500}
+    assert child["tokens"] > 0
+    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0}
+    assert usage["session"]["tokens"] == child["tokens"]
+    assert usage["definitions"]["scout"]["children"] == 1
+    human = faults.cli("usage")
+    assert human.returncode == 0
+    assert human.stdout.splitlines()[-1].startswith(f"session: {child['tokens']} tokens")
+    peek = json.loads(faults.cli("peek", "--json", child["key"]).stdout)
+    assert peek["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
+    bad = faults.cli("usage", "--json", "nobody")
+    assert bad.returncode != 0
