@@ -210,7 +210,9 @@ class _Reader:
             return parse_limit(self.data["budget"], "budget")
         except UsageError as exc:
             raise self.fail(
-                "budget", str(exc).removeprefix("budget: "), "see docs/governance.md, Budgets"
+                "budget",
+                str(exc).removeprefix("budget").lstrip(": "),
+                "see docs/governance.md, Budgets",
             ) from None
 
     def text(self, field: str) -> str | None:

@@ -445,6 +445,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
+    parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
     secrets = SecretSet([session_key])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from orchestrator._errors import PolicyError
+from orchestrator._errors import PolicyError, UsageError
 from orchestrator._records import TERMINAL, State
 from orchestrator.core._budgets import SOFT_STEER
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
@@ -212,3 +212,14 @@ def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
     assert peek["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
     bad = faults.cli("usage", "--json", "nobody")
     assert bad.returncode != 0
+
+
+async def test_a_bad_budget_configuration_refuses_to_start_in_one_line(faults) -> None:
+    bad = {"child": {"soft_tokens": 9, "hard_tokens": 5}}
+    with pytest.raises(UsageError) as info:
+        async with open_supervisor(faults.config(budget=bad)):
+            pass
+    assert str(info.value) == "subagents.budget.child: soft_tokens 9 must be below hard_tokens 5"
+    with pytest.raises(UsageError, match=r"^subagents.budget: unknown key 'childs'"):
+        async with open_supervisor(faults.config(budget={"childs": {}})):
+            pass
