@@ -110,9 +110,9 @@ class Budgets:
             await run.steer(SOFT_STEER)
 
     def _tell(self, record: ChildRecord, crossing: Crossing, line: str) -> None:
-        """The parent's note (a top-level child's; a nested one's parent is a child, which
-        its own budget governs) and the ``budget`` event for people."""
-        if record.parent is None:
+        """The parent agent's note (for the session, or a top-level child: a nested one's
+        parent is a child, which its own budget governs) and the ``budget`` event."""
+        if record.parent is None or crossing.scope == "session":
             self.notes.pending.append(
                 {
                     "key": record.key,

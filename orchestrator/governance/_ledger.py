@@ -125,13 +125,14 @@ class Ledger:
         account = self.accounts.get(key)
         if account is None:
             return []
-        account.tokens = max(account.tokens, usage.tokens)
-        account.input_tokens = usage.input_tokens
-        account.output_tokens = usage.output_tokens
-        account.cache_read_tokens = usage.cache_read_tokens
-        account.cache_write_tokens = usage.cache_write_tokens
+        # Cumulative: a report never lowers what was spent (a child cannot unspend its budget).
+        for name in _SUMMED:
+            setattr(account, name, max(getattr(account, name), getattr(usage, name)))
         account.model = usage.model or account.model
-        account.cost_usd = self._cost(account, usage.cost_usd)
+        cost = self._cost(account, usage.cost_usd)
+        if cost is not None and account.cost_usd is not None:
+            cost = max(cost, account.cost_usd)
+        account.cost_usd = account.cost_usd if cost is None else cost
         session = self.session()
         return [
             *_newly("child", account.limit, account.reached, account.tokens, account.cost_usd),

@@ -223,3 +223,33 @@ async def test_a_bad_budget_configuration_refuses_to_start_in_one_line(faults) -
     with pytest.raises(UsageError, match=r"^subagents.budget: unknown key 'childs'"):
         async with open_supervisor(faults.config(budget={"childs": {}})):
             pass
+
+
+async def test_a_nested_child_past_its_capped_budget_reports_incomplete_to_its_caller(
+    faults,
+) -> None:
+    faults.agent("lead", tools=["read"], mode="fork", subagent_agents=["helper"])
+    faults.agent("helper", tools=["read"], mode="scout", budget={"hard_tokens": 15})
+    helper = faults.script(
+        "helper",
+        """
+        turns:
+          - steps:
+              - tool: read
+                args: {path: README.md}
+              - tool: read
+                args: {path: README.md}
+              - wait: 10
+              - reply: "never"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=helper)) as sup:
+            # Nothing is configured: the helper's definition sets its budget.
+            request = SpawnRequest(task="delegate", agent="lead", model=faults.script("lead", LEAD))
+            [lead] = await sup.spawn([request])
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            helper_record = sup.registry.find("a2")
+            await sup.stop([lead.key])
+    assert helper_record.incomplete == "budget spent: 20 of 15 tokens"
+    assert "a2 incomplete: budget spent: 20 of 15 tokens" in lead.report

@@ -276,3 +276,14 @@ def test_ledger_session_and_report() -> None:
     assert report["session"]["tokens"] == 210
     assert report["session"]["reached"] == ["hard", "soft"]
     assert report["session"]["budget"] == {"soft_tokens": 100, "hard_tokens": 200}
+
+
+def test_a_report_never_lowers_what_was_spent() -> None:
+    ledger = _ledger(budget=None)
+    ledger.open("a1", "scout", Limit(hard_tokens=100, hard_usd=1.0))
+    ledger.record("a1", U(tokens=90, input_tokens=80, cost_usd=0.9))
+    # a hostile or confused child reports less: nothing is unspent
+    assert ledger.record("a1", U(tokens=5, input_tokens=1, cost_usd=0.1)) == []
+    account = ledger.accounts["a1"]
+    assert (account.tokens, account.input_tokens, account.cost_usd) == (90, 80, 0.9)
+    assert [c.level for c in ledger.record("a1", U(tokens=1, cost_usd=1.0))] == ["hard"]
