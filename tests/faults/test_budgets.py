@@ -30,6 +30,12 @@ turns:
       - wait: 10
         until: steer
       - reply: "steered: {{steer}}"
+  - steps:
+      - tool: read
+        args: {path: README.md}
+      - wait: 0.5
+        until: steer
+      - reply: "again: {{steer}}"
 """
 
 
@@ -64,12 +70,10 @@ async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults)
             await sup.prompt(record.key, "again")
             await settled_state(sup, record.key, frozenset({State.IDLE}))
             assert len(budget_notes(sup, record.key)) == 1
-            log = (sup.paths.logs / f"{record.key}.log").read_text()
+            assert record.report == "again: "  # no steer this turn
             await sup.stop([record.key])
-    assert log.count(SOFT_STEER) <= 1
 
 
-@pytest.mark.slow
 async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults) -> None:
     async with ModelServer() as srv:
         srv.script(
