@@ -13,6 +13,7 @@ process exits when the IPC connection ends.
 import contextlib
 import logging
 import os
+import pathlib
 import socket
 import sys
 from collections.abc import Sequence
@@ -273,11 +274,28 @@ async def run(loadout_path: str) -> int:
         os.unlink(loadout_path)
     with contextlib.suppress(OSError):
         os.chdir(loadout.workspace)  # tools resolve relative paths against the workspace
+    hello = ipc.Hello(pid=os.getpid(), backend=loadout.backend)
+    if loadout.socket.startswith(ipc.TLS_SCHEME):
+        # A child on another node: TCP + mutual TLS, through the egress relay when sandboxed
+        # (its namespace has no network; the supervisor's proxy lets only its door through).
+        from child._tls import dial_context  # noqa: PLC0415 - cryptography: remote children only
+
+        context = dial_context(pathlib.Path(loadout.tls))
+        async with open_egress(loadout):
+            channel, _ = await ipc.open_tls_client(
+                loadout.socket,
+                context,
+                owner=loadout.owner,
+                token=loadout.token,
+                hello=hello,
+                request_timeout=loadout.request_timeout,
+            )
+            return await Runtime(loadout=loadout, channel=channel).serve()
     channel, _ = await ipc.open_client(
         loadout.socket,
         owner=loadout.owner,
         token=loadout.token,
-        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
+        hello=hello,
         request_timeout=loadout.request_timeout,
     )
     async with open_egress(loadout):

@@ -23,7 +23,15 @@ from ipc._errors import (
     SchemaError,
 )
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
-from ipc._handshake import HELLO_TIMEOUT, accept_hello, hello_on, open_client
+from ipc._handshake import (
+    HELLO_TIMEOUT,
+    TLS_SCHEME,
+    accept_hello,
+    hello_on,
+    open_client,
+    open_tls_client,
+    tls_address,
+)
 from ipc._listener import Listener, ensure_private_dir
 from ipc._loadout import Loadout, ModelSpec, sealed_loadout, write_loadout, write_private
 from ipc._messages import decode_envelope, encode_envelope
@@ -61,6 +69,7 @@ __all__ = [
     "MAX_FRAME",
     "MESSAGE_TYPES",
     "NO_DEADLINE_TYPES",
+    "TLS_SCHEME",
     "Abort",
     "Answer",
     "Ask",
@@ -106,9 +115,11 @@ __all__ = [
     "hello_on",
     "new_session_key",
     "open_client",
+    "open_tls_client",
     "peer_uid",
     "prepare_codecs",
     "sealed_loadout",
+    "tls_address",
     "tokens_match",
     "valid_identifier",
     "write_loadout",

@@ -96,6 +96,9 @@ class Loadout:
     #: ``host:port`` pairs the supervisor's egress proxy lets this child reach (its model
     #: endpoint and its definition's ``egress:``); nothing else leaves its sandbox.
     egress: list[str] = attrs.Factory(list)
+    #: A child on another node (``socket`` is ``tls://HOST:PORT``): the directory its actor
+    #: wrote its key (made on the node, never sent), leaf certificate and the session CA into.
+    tls: str = ""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

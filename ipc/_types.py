@@ -102,7 +102,9 @@ class Event:
     """Throttled activity: what the child is doing now.
 
     ``activity`` is one of ``tool_start``, ``tool_update``, ``tool_end``, ``message``,
-    ``todo``, ``usage``, ``status``. ``text`` is a short human line (never a transcript).
+    ``todo``, ``usage``, ``status``, ``wake`` (a background shell's watch matched while no turn
+    ran: the supervisor prompts an idle child). ``text`` is a short human line (never a
+    transcript).
     """
 
     activity: str

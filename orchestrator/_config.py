@@ -161,6 +161,8 @@ class Config:
     #: Where the ``ray`` surface places children: ``ray.init(address=...)``; "" / "local"
     #: starts a local cluster, "auto" or ``host:port`` joins one (docs/scale-out.md).
     ray_address: str = ""
+    #: The address the TLS door for remote children listens on (a port is picked per session).
+    ray_listen: str = "127.0.0.1"
     allow_unsandboxed: bool = False
     sandbox: str = "auto"
     agents_scope: str = "default"
@@ -302,6 +304,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("model", "model"),
         ("surface", "surface"),
         ("ray_address", "ray_address"),
+        ("ray_listen", "ray_listen"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
         ("reject_log", "reject_log"),
@@ -324,6 +327,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_MODEL", "model", str),
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_RAY_ADDRESS", "ray_address", str),
+        ("FLEET_RAY_LISTEN", "ray_listen", str),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
         ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),

@@ -86,6 +86,10 @@ class ChildRecord:
     #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
     #: could not break); "" while it runs or when it stopped as asked.
     incomplete: str = ""
+    #: The JSON Schema its result must satisfy (docs/governance.md "Checked results"), and the
+    #: last valid result parsed from its report; ``None`` without a schema.
+    schema: dict[str, Any] | None = None
+    result: Any = None
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -123,8 +127,9 @@ class ChildRecord:
         )
 
     def handoff(self) -> dict[str, Any]:
-        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report."""
-        return {
+        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report,
+        ``result`` beside it for a checked child."""
+        shape = {
             "key": self.key,
             "name": self.name,
             "state": str(self.state),
@@ -141,6 +146,13 @@ class ChildRecord:
             "failure": self.failure,
             "incomplete": self.incomplete,
         }
+        return self.with_result(shape)
+
+    def with_result(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """*shape* (a note, a handoff) with the parsed ``result`` of a checked child."""
+        if self.schema is not None:
+            shape["result"] = self.result
+        return shape
 
 
 @attrs.frozen(kw_only=True)
@@ -158,12 +170,15 @@ class SpawnRequest:
     #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``) that may
     #: only lower the configured one.
     budget: Mapping[str, Any] | None = None
+    #: A JSON Schema (an object) the child's result must satisfy; checked at spawn.
+    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
         known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
         known.add("budget")
+        known.add("schema")
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -180,6 +195,9 @@ class SpawnRequest:
         budget = data.get("budget")
         if budget is not None and not isinstance(budget, Mapping):
             raise UsageError("spawn: budget must be a mapping (soft_tokens, hard_tokens, ...)")
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise UsageError("spawn: schema must be a JSON Schema object")
         return cls(
             budget=budget,
             task=task,
@@ -190,6 +208,7 @@ class SpawnRequest:
             model=fields["model"],
             command=tuple(command),
             surface=fields["surface"],
+            schema=schema,
         )
 
 

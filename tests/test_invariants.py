@@ -184,9 +184,10 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
-    "orchestrator.remote": {FOUNDATION},
+    "orchestrator.remote": {FOUNDATION, "ipc"},
     "orchestrator.core": {
         FOUNDATION,
+        "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.workspace",
         "orchestrator.coordination",

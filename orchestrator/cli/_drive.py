@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator._errors import TimedOut, UsageError
+from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
 from orchestrator.control._client import WAIT_SLICE
@@ -40,6 +41,11 @@ def cmd_spawn(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise UsageError(f"--command {args.command!r}: {exc}") from None
         requests = [request]
+    if args.schema:
+        # Read here (the supervisor may not see the file), checked as a schema at spawn; a
+        # batch entry's own schema wins.
+        schema = read_schema_file(Path(args.schema))
+        requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
     if args.wait:
         keys = [a["key"] for a in data["agents"]]

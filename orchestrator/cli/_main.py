@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "KEY=NUMBER,... of soft_tokens, hard_tokens, soft_usd, hard_usd",
     )
     p.add_argument("--batch", help="JSON file with a list of task objects")
+    p.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="a JSON Schema file: the child ends its report with a fenced json block that must "
+        "validate (one corrective steer, then it fails); wait returns it as result",
+    )
     p.add_argument("--wait", action="store_true", help="wait until they settle")
 
     p = verb("peek", cmd_peek, "show the fleet from memory")

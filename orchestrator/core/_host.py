@@ -5,7 +5,7 @@ generic in the run type so this module needs nothing of :mod:`orchestrator.core.
 """
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -25,7 +25,10 @@ from orchestrator.governance._watchdog import BudgetPolicy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher
 
-__all__ = ["RunHost", "ServiceHost", "SpawnHost"]
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost"]
 
 R_contra = TypeVar("R_contra", contravariant=True)
 
@@ -61,6 +64,15 @@ class RunHost(Protocol[R_contra]):
     ) -> None: ...
 
 
+class RemoteHost(Protocol):
+    """What spawning needs for children on other nodes (``core._remote.Remote``)."""
+
+    async def fields_for(
+        self, key: str, scratch: "Path", fields: dict[str, Any], *, mode: str = ""
+    ) -> dict[str, Any]: ...
+    def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
+
+
 class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
     """What spawning needs: the fleet's tables, its capacity, its launchers, and a run's host."""
 
@@ -88,6 +100,8 @@ class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
     def fork_server(self) -> ForkServer | None: ...
     @property
     def boxed_fork_server(self) -> ForkServer | None: ...
+    @property
+    def remote(self) -> "RemoteHost": ...
     def agents(self, scope: str | None = None) -> dict[str, AgentDefinition]: ...
     def refuse_hello(self, reason: str, owner: str, **evidence: Any) -> None: ...
 

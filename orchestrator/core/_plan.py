@@ -16,6 +16,7 @@ from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
+from orchestrator.governance._checked import check_schema
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for
 
@@ -39,6 +40,8 @@ class Plan:
     task: str
     surface: str
     loadout_fields: dict[str, Any]
+    #: The JSON Schema its result must satisfy (the spawn's, else its definition's).
+    schema: dict[str, Any] | None = None
 
 
 def parse_model(text: str, workspace: Path, backend: str = "builtin") -> ipc.ModelSpec:
@@ -135,7 +138,11 @@ def plan_spawn(
         command = list(request.command)
         if not command:
             raise UsageError("spawn: the command backend needs --command ARGV")
+    schema = definition.schema if request.schema is None else request.schema
+    if schema is not None:
+        schema = check_schema(schema, source="spawn: schema")
     return Plan(
+        schema=schema,
         agent=definition.name,
         name=request.name,
         mode=mode,

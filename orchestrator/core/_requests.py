@@ -2,9 +2,11 @@
 
 A :class:`ChildRequests` belongs to one run (a :class:`Requester`): its channel
 hands every event and request here. Questions wait on the parent; nested spawns, ownership
-and the paper are the supervisor's services.
+and the paper are the supervisor's services. A ``wake`` event (a builtin child's background
+shell matched its watch while no turn ran) becomes a prompt when the child is idle.
 """
 
+import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -12,6 +14,7 @@ import attrs
 import trio
 
 import ipc
+from orchestrator._errors import UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State, clip
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._watchdog import Watchdog
@@ -19,6 +22,10 @@ from orchestrator.governance._watchdog import Watchdog
 __all__ = ["HEARTBEATS", "ChildRequests", "Question", "Requester", "Turn"]
 
 HEARTBEATS = frozenset({"tool_start", "tool_update", "message"})
+#: The prompt a child's own ``wake`` starts; the child shows its model the note before it.
+WAKE_PROMPT = "A background shell needs your attention (its note is above): act on it and report."
+#: Wakes honoured per run: a child cannot keep itself busy for ever on its own say-so.
+MAX_WAKES = 100
 
 
 @attrs.define(eq=False)
@@ -55,6 +62,7 @@ class Requester(Protocol):
     def watchdog(self) -> Watchdog: ...
     @property
     def turn(self) -> Turn | None: ...
+    def queue_prompt(self, text: str) -> None: ...
     @property
     def side_turn(self) -> Turn | None: ...
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None: ...
@@ -72,6 +80,8 @@ class ChildRequests:
     """Serves one run's channel: events update the record, requests get their reply."""
 
     run: Requester
+    _wakes: int = 0
+    _wake_after_turn: bool = False
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         body = envelope.body
@@ -115,6 +125,27 @@ class ChildRequests:
             record.touch("answering a side question" if side else "working")
         else:
             record.touch()
+        if event.activity == "wake":
+            self._wake()
+
+    def _wake(self) -> None:
+        """An idle child gets :data:`WAKE_PROMPT`; a paused one waits for its parent."""
+        state = self.run.record.state
+        if self._wakes >= MAX_WAKES:
+            return
+        if state is State.IDLE:
+            self._wakes += 1
+            with contextlib.suppress(UsageError):  # it is ending
+                self.run.queue_prompt(WAKE_PROMPT)
+        elif state in {State.WORKING, State.WAITING} and not self.run.record.queued:
+            # Sent as its turn ended (a queued prompt would show the note anyway).
+            self._wake_after_turn = True
+
+    def turn_ended_idle(self) -> None:
+        """The run's turn left the child idle: a wake that raced that turn's end wakes it now."""
+        if self._wake_after_turn:
+            self._wake_after_turn = False
+            self._wake()
 
     async def handle(self, envelope: ipc.Envelope) -> ipc.Message:
         body = envelope.body

@@ -20,6 +20,8 @@ from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import ChildRequests, Question, Turn
+from orchestrator.governance._checked import CheckedResult, Verdict
+from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
@@ -66,9 +68,12 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
+    checked: CheckedResult | None = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
+        self.checked = None if self.record.schema is None else CheckedResult(self.record.schema)
         self.requests = ChildRequests(run=self)
         self._slot = LaneSlot(self.host.lane)
 
@@ -287,6 +292,7 @@ class ChildRun:
             self.watchdog.stop_active()
             self._slot.give_back()
             self.turn = None
+        await self._check_result(turn)
         self._settled(turn)
 
     async def _wait_connected(self) -> None:
@@ -330,6 +336,12 @@ class ChildRun:
             record.report = report
         # The last turn's error, or none: a later good turn clears an earlier failure's.
         record.error = "" if result.ok else error
+        if self.checked is not None and result.ok and not (result.aborted or self.pausing):
+            verdict = self.checked.judge(report)
+            record.result = verdict.value
+            if not verdict.valid:
+                self._reject_result(verdict)
+                return
         notify = not (result.aborted and (self.pausing or self.stopping))
         if self.pausing or result.aborted:
             record.state = State.PAUSED
@@ -339,9 +351,28 @@ class ChildRun:
         else:
             record.state = State.IDLE
             record.touch("idle" if result.ok else f"turn failed: {error}")
+            self.requests.turn_ended_idle()
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
+
+    async def _check_result(self, turn: Turn) -> None:
+        """A checked child's result validated before the settle judges it (in a killable
+        process when its schema has patterns: a backtracking one must not stall the loop)."""
+        result = turn.result
+        if self.checked is not None and result is not None and result.ok and not result.aborted:
+            report = self.log.secrets.scrub(result.text)
+            self.checked.remember(report, await validate_safely(report, self.checked.schema))
+
+    def _reject_result(self, verdict: Verdict) -> None:
+        """A checked child's result failed its schema: one corrective turn first, else the end."""
+        if verdict.steer:
+            self._prompts.insert(0, verdict.steer)
+            self._prompt_ready.set()
+            self.log.write(f"result rejected; corrective steer: {verdict.steer}")
+            self.record.touch("result invalid: asked once to correct it")
+        elif self._nursery is not None:
+            self._nursery.start_soon(self.finish, State.FAILED, "invalid-result", verdict.error)
 
     async def _request(self, message: ipc.Message) -> ipc.Message:
         if self.channel is None:
@@ -478,7 +509,11 @@ class ChildRun:
             self._slot.give_back()
             if record.mode == "worktree":
                 await settle_worktree(
-                    self.host.worktrees, record, self.log, copy_back=state is State.STOPPED
+                    self.host.worktrees,
+                    record,
+                    self.log,
+                    copy_back=state is State.STOPPED,
+                    launched=self.launched,
                 )
             record.state = state
             record.queued = False

@@ -30,7 +30,9 @@ from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._plan import plan_spawn
+from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
+from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
@@ -40,6 +42,7 @@ from orchestrator.launch._launcher import (
     Launcher,
     LaunchSpec,
     ProcessLauncher,
+    Shipment,
     child_argv,
     inherited_child_argv,
 )
@@ -137,6 +140,7 @@ class Spawning:
                     workflow_mode=sup.mode,
                     depth=1 if parent is None else parent.record.depth + 1,
                     parent=None if parent is None else parent.key,
+                    schema=plan.schema,
                 )
                 sup.registry.add(record)
                 sup.spend.open(record, limit, plan.loadout_fields["model"].name)
@@ -168,7 +172,7 @@ class Spawning:
             async with trio.open_nursery() as launching:
                 for run in runs:
                     sup.runs[run.key] = run
-                    run.queue_prompt(run.record.task)
+                    run.queue_prompt(task_prompt(run.record))
                     launching.start_soon(sup.nursery.start, run.run)
             sup.notes.changed()
             return records
@@ -187,6 +191,14 @@ class Spawning:
             ipc.ensure_private_dir(paths.worktrees)
         prepared: dict[str, _Prepared] = {}
         failures: list[_PrepareError] = []
+        fields = [
+            await sup.remote.fields_for(
+                record.key, paths.scratch / record.key, loadout_fields, mode=record.mode
+            )
+            if record.surface in REMOTE_SURFACES
+            else loadout_fields
+            for record, loadout_fields in zip(records, fields, strict=True)
+        ]
 
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
@@ -219,6 +231,7 @@ class Spawning:
 
     def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+        fields = dict(fields)
         sup = self.sup
         paths = sup.config.paths
         scratch = paths.scratch / record.key
@@ -233,9 +246,10 @@ class Spawning:
             name=record.name,
             agent=record.agent,
             token=token,
-            # An inheriting child has no socket to find: its connection is a descriptor.
-            socket="" if inherits(record.surface) else str(paths.ipc_socket),
-            workspace=record.workspace,
+            # An inheriting child has no socket to find: its connection is a descriptor; a
+            # remote child's is the TLS door's address (in *fields*).
+            socket=fields.pop("socket", "" if inherits(record.surface) else str(paths.ipc_socket)),
+            workspace=fields.pop("workspace", record.workspace),
             depth=record.depth,
             paper=str(paths.paper),
             scratch=str(scratch),
@@ -272,7 +286,12 @@ class Spawning:
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
             elif surface == "ray":
-                launcher = RayLauncher(address=sup.config.ray_address or None)
+                launcher = RayLauncher(
+                    address=sup.config.ray_address or None,
+                    certify=sup.remote.certify,
+                    session=sup.config.session,
+                    python=sup.config.python,
+                )
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
             sup.launchers[surface] = launcher
@@ -309,7 +328,7 @@ class Spawning:
                 key=run.key,
                 name=run.record.name,
                 argv=placement.argv,
-                cwd=run.record.workspace,
+                cwd=loadout.workspace,
                 env={
                     **child_environment(os.environ),
                     **placement.env,
@@ -320,6 +339,8 @@ class Spawning:
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
                 plain=not placement.sandboxed,
                 view=placement.view,
+                tls=loadout.tls,
+                ship=await self._shipment(run, loadout),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
         except BaseException:
@@ -338,6 +359,14 @@ class Spawning:
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
         return launched
+
+    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
+        """A worktree child on another node gets its snapshot as a bundle, and brings its
+        changes back as one (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES or run.record.mode != "worktree":
+            return None
+        bundle = await self.sup.worktrees.bundle(run.key)
+        return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
@@ -384,6 +413,13 @@ class Spawning:
             sup.refuse_hello(exc.reason, run.key, via="pair")
             return
         await run.attach(channel, hello)
+
+
+def task_prompt(record: ChildRecord) -> str:
+    """The first prompt: the task, and for a checked child the one line asking for its result."""
+    if record.schema is None:
+        return record.task
+    return f"{record.task}\n\n{instruction(record.schema)}"
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
+from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
@@ -92,6 +93,8 @@ class Supervisor:
     #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
     refusals: Refusals = attrs.field(init=False)
     door: ListenerDoor = attrs.field(init=False)
+    #: The session CA and TLS door for children on other nodes (made on first use).
+    remote: Remote = attrs.field(init=False)
     #: Events for people (``subagents.notify``): fed every settle note the parent gets.
     notifier: Notifier = attrs.field(init=False)
     #: Usage budgets and the ledger (``subagents.budget``, ``subagents.prices``).
@@ -117,6 +120,16 @@ class Supervisor:
         self.spawning = Spawning(sup=self)
         self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
         self.door = ListenerDoor(runs=self.runs, config=self.config, refusals=self.refusals)
+        self.remote = Remote(
+            session=self.config.session,
+            runs=self.runs,
+            token_for=self.door.token_for,
+            refuse=self.refusals.refuse,
+            nursery=self.nursery,
+            host=self.config.ray_listen,
+            hello_timeout=self.config.hello_timeout,
+            request_timeout=self.config.request_timeout,
+        )
         self.agent_dirs = self.config.agent_dirs
         self.notifier = Notifier(
             self.config.notify,
@@ -426,6 +439,7 @@ class Supervisor:
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.locks.release(run.key)
+        self.remote.release(run.key)
         self.capacity.release()
         self.registry.retire(run.key, pinned=self.worktrees.unresolved())
         self.runs.pop(run.key, None)

@@ -37,6 +37,11 @@ _TASK_PROPS: Final = {
         },
         "additionalProperties": False,
     },
+    "schema": {
+        "type": "object",
+        "description": "a JSON Schema the child's final fenced json block must satisfy; "
+        "wait returns the parsed object as result",
+    },
 }
 
 

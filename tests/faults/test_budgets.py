@@ -20,24 +20,6 @@ from tests.faults.conftest import Faults
 
 CEILING = 40
 
-#: One tool call (the scripted model reports 10 tokens for it), then a wait a steer ends, then
-#: a reply that quotes the last steer the child received.
-STEERED = """
-turns:
-  - steps:
-      - tool: read
-        args: {path: README.md}
-      - wait: 10
-        until: steer
-      - reply: "steered: {{steer}}"
-  - steps:
-      - tool: read
-        args: {path: README.md}
-      - wait: 0.5
-        until: steer
-      - reply: "again: {{steer}}"
-"""
-
 
 def budget_notes(sup: Supervisor, key: str) -> list[dict[str, Any]]:
     return [n for n in sup.notes.pending if n["key"] == key and "budget" in n]
@@ -49,29 +31,42 @@ async def settled_state(sup: Supervisor, key: str, states: frozenset[State]) -> 
     await Faults.until(lambda: record.state in states and not record.queued)
 
 
+READ = {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]}
+STEER_LINE = f"Steer from parent: {SOFT_STEER}"
+
+
+def steers_seen(request: Any) -> int:
+    return sum(m.get("content") == STEER_LINE for m in request.body["messages"])
+
+
+@pytest.mark.slow
 async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults) -> None:
-    model = faults.script("steered", STEERED)
-    budget = {"child": {"soft_tokens": 5, "hard_tokens": 10_000}}
-    with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
-            [record] = await sup.spawn([SpawnRequest(task="read")])
-            await settled_state(sup, record.key, frozenset({State.IDLE}))
-            # The child saw the steer: its reply quotes it.
-            assert record.report == f"steered: {SOFT_STEER}"
-            [note] = budget_notes(sup, record.key)
-            assert note["budget"]["scope"] == "child"
-            assert note["budget"]["level"] == "soft"
-            assert note["budget"]["line"].startswith("budget soft limit reached: ")
-            usage = sup.peek([record.key])["agents"][0]["usage"]
-            assert usage["reached"] == ["soft"]
-            assert usage["budget"] == {"soft_tokens": 5, "hard_tokens": 10_000}
-            assert usage["tokens"] >= 10
-            # Once: a second turn past the soft limit neither steers nor notes again.
-            await sup.prompt(record.key, "again")
-            await settled_state(sup, record.key, frozenset({State.IDLE}))
-            assert len(budget_notes(sup, record.key)) == 1
-            assert record.report == "again: "  # no steer this turn
-            await sup.stop([record.key])
+    async with ModelServer() as srv:
+        # The first step's usage (100 in, 20 out) passes the soft limit; the second answer is
+        # held a second, so the steer is in before the third request.
+        srv.script("c1", [READ, {**READ, "delay": 1}, {"text": "done"}, {"text": "again"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        budget = {"child": {"soft_tokens": 100, "hard_tokens": 10_000}}
+        with trio.fail_after(CEILING):
+            async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                [note] = budget_notes(sup, record.key)
+                usage = sup.peek([record.key])["agents"][0]["usage"]
+                # Once: a second turn past the soft limit neither steers nor notes again.
+                await sup.prompt(record.key, "again")
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                notes = budget_notes(sup, record.key)
+                await sup.stop([record.key])
+        requests = srv.requests("c1")
+    assert [steers_seen(r) for r in requests] == [0, 0, 1, 1]
+    assert (record.report, len(notes)) == ("again", 1)
+    assert note["budget"]["scope"] == "child"
+    assert note["budget"]["level"] == "soft"
+    assert note["budget"]["line"] == "budget soft limit reached: 120 of 100 tokens"
+    assert usage["reached"] == ["soft"]
+    assert usage["budget"] == {"soft_tokens": 100, "hard_tokens": 10_000}
+    assert (usage["input_tokens"], usage["output_tokens"]) == (300, 60)
 
 
 async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults) -> None:

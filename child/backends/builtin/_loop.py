@@ -3,6 +3,10 @@
 The conversation lives as long as the child, so a resume continues the same context. A steer
 joins the conversation before the next model step. An abort cancels the turn wherever it is
 (a model call, a tool) and the turn settles as aborted.
+
+A background event (a ``shell`` watch that matched) reaches the model as a user line before its
+next step; with no turn running it waits for the next one and an ``activity="wake"`` event asks
+the supervisor to start it.
 """
 
 import json
@@ -20,9 +24,11 @@ from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends._usage import accumulate
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
 from child.tools import Progress, Tool, ToolContext, build_tools
+from child.tools._shell import ShellTool
 
 MAX_STEPS = 200
 _ARG_PREVIEW = 80
+_WAKE_TEXT = 200
 
 
 def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
@@ -54,6 +60,28 @@ def _to_ipc(progress: Progress) -> ipc.Progress:
 
 
 @attrs.define(eq=False)
+class Notes:
+    """Background events for the model, delivered at its next step."""
+
+    host: Host
+    pending: list[str] = attrs.Factory(list)
+    busy: bool = False
+
+    def put(self, text: str) -> None:
+        self.pending.append(text)
+        self.wake()
+
+    def wake(self) -> None:
+        """No turn runs to show the pending notes: ask the supervisor for one."""
+        if self.pending and not self.busy:
+            self.host.emit(ipc.Event(activity="wake", text=self.pending[-1][:_WAKE_TEXT]))
+
+    def drain(self, messages: list[dict[str, Any]]) -> None:
+        messages.extend({"role": "user", "content": f"[background] {n}"} for n in self.pending)
+        self.pending.clear()
+
+
+@attrs.define(eq=False)
 class BuiltinBackend:
     """Backend ``builtin``."""
 
@@ -62,6 +90,7 @@ class BuiltinBackend:
     host: Host
     ctx: ToolContext
     messages: list[dict[str, Any]]
+    notes: Notes
     name: str = "builtin"
     steers: SteerInbox = attrs.Factory(SteerInbox)
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
@@ -80,10 +109,12 @@ class BuiltinBackend:
             host.emit(ipc.Event(activity="todo", progress=_to_ipc(progress)))
 
         state_dir = loadout.state_dir or os.environ.get("FLEET_HOME")
+        notes = Notes(host)
         ctx = ToolContext(
             workspace=workspace,
             may_write=may_write,
             on_progress=on_progress,
+            notify=notes.put,
             state_dir=Path(state_dir) if state_dir else None,
             own=(loadout.scratch,) if loadout.scratch else (),
         )
@@ -96,6 +127,7 @@ class BuiltinBackend:
             host=host,
             ctx=ctx,
             messages=[{"role": "system", "content": loadout.system_prompt}],
+            notes=notes,
         )
 
     def _schemas(self) -> list[dict[str, Any]]:
@@ -114,6 +146,7 @@ class BuiltinBackend:
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
         if not side:
             self._turn += 1
+            self.notes.drain(self.messages)  # what happened while idle comes before the prompt
         content = (
             f"By the way (a side question; answer it briefly and do not resume your task): {text}"
             if side
@@ -126,12 +159,15 @@ class BuiltinBackend:
             return TurnResult(text="", ok=True, aborted=True)
         with trio.CancelScope() as scope:
             self._scope = scope
+            self.notes.busy = True
             try:
                 return await self._loop(text, side=side)
             except ModelError as exc:
                 return TurnResult(text="", ok=False, error=f"model: {exc}")
             finally:
                 self._scope = None
+                self.notes.busy = False
+                self.notes.wake()  # a note the turn's last step missed
         return TurnResult(text="", ok=True, aborted=True)
 
     async def _loop(self, task: str, *, side: bool) -> TurnResult:
@@ -147,6 +183,8 @@ class BuiltinBackend:
         for _ in range(MAX_STEPS):
             for steer in self.steers.drain():
                 self.messages.append({"role": "user", "content": f"Steer from parent: {steer}"})
+            if not side:
+                self.notes.drain(self.messages)
             step = await self.model.step(ctx)
             if step.usage is not None:
                 # A step's usage (and cost) is its own; the child reports its life's total.
@@ -199,4 +237,7 @@ class BuiltinBackend:
             self._abort_pending = True
 
     async def aclose(self) -> None:
+        shell = self.tools.get("shell")
+        if isinstance(shell, ShellTool):
+            await shell.aclose()  # every background shell dies with the child
         await self.model.aclose()
