@@ -73,6 +73,7 @@ class Requester(Protocol):
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
     def on_usage(self, usage: ipc.Usage) -> None: ...
+    def session_spent(self) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -131,8 +132,8 @@ class ChildRequests:
     def _wake(self) -> None:
         """An idle child gets :data:`WAKE_PROMPT`; a paused one waits for its parent."""
         state = self.run.record.state
-        if self._wakes >= MAX_WAKES:
-            return
+        if self._wakes >= MAX_WAKES or self.run.session_spent():
+            return  # a spent session starts no new turn, not even a wake
         if state is State.IDLE:
             self._wakes += 1
             with contextlib.suppress(UsageError):  # it is ending

@@ -104,6 +104,9 @@ class ChildRun:
     def on_usage(self, usage: ipc.Usage) -> None:
         self.host.spend.on_usage(self, usage)
 
+    def session_spent(self) -> bool:
+        return self.host.spend.ledger.session_refusal() is not None
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""

@@ -252,3 +252,33 @@ async def test_a_nested_child_past_its_capped_budget_reports_incomplete_to_its_c
             await sup.stop([lead.key])
     assert helper_record.incomplete == "budget spent: 20 of 15 tokens"
     assert "a2 incomplete: budget spent: 20 of 15 tokens" in lead.report
+
+
+WATCHES = """
+turns:
+  - steps:
+      - tool: shell
+        args: {action: start, command: "sleep 0.5; echo BUILD OK; exec sleep 60", watch: "OK$"}
+      - reply: "first"
+  - steps:
+      - reply: "woken"
+"""
+
+
+@pytest.mark.slow
+async def test_a_spent_session_starts_no_wake_turn(faults) -> None:
+    faults.agent("runner", tools=["read", "bash"], mode="worktree")
+    model = faults.script("watches", WATCHES)
+    settings = {"sandbox": "off", "allow_unsandboxed": True}
+    for budget, turns in ((None, 2), ({"session": {"hard_tokens": 5}}, 1)):
+        with trio.fail_after(CEILING):
+            async with open_supervisor(
+                faults.config(model=model, budget=budget, **settings)
+            ) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="build", agent="runner")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                # The watch fires 0.5 s in: without a budget it wakes the child for a turn.
+                with trio.move_on_after(3):
+                    await Faults.until(lambda: record.turn == 2)  # noqa: B023 - awaited here
+                assert (record.turn, record.state) == (turns, State.IDLE)
+                await sup.stop([record.key])
