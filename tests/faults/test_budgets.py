@@ -6,6 +6,7 @@ them, so no ``wait`` is left to hang on a note another step consumed.
 """
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -104,10 +105,25 @@ async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults)
 async def test_the_session_hard_limit_refuses_new_turns(faults) -> None:
     model = faults.script("one", 'turns:\n  - steps:\n      - reply: "{{task}} done and dusted"\n')
     budget = {"session": {"soft_tokens": 1, "hard_tokens": 3}}
+    events = faults.scripts / "events.jsonl"
+    # The budget event for people: a subagents.notify command gets the event JSON on stdin.
+    write = f"import sys; open({str(events)!r}, 'a').write(sys.stdin.read().strip() + '\\n')"
+    notify = {"command": [sys.executable, "-c", write], "events": ["budget"]}
     with trio.fail_after(CEILING):
-        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+        async with open_supervisor(faults.config(model=model, budget=budget, notify=notify)) as sup:
             [record] = await sup.spawn([SpawnRequest(task="a long enough task")])
             await settled_state(sup, record.key, frozenset({State.IDLE}))
+            [note] = budget_notes(sup, record.key)
+            assert note["budget"] == {
+                "scope": "session",
+                "level": "hard",
+                "line": note["budget"]["line"],
+            }
+            assert note["budget"]["line"].startswith("session budget hard limit reached: ")
+            await Faults.until(lambda: events.exists() and events.read_text().endswith("\n"))
+            [event] = [json.loads(line) for line in events.read_text().splitlines() if line]
+            assert (event["kind"], event["key"]) == ("budget", record.key)
+            assert event["context"] == note["budget"]["line"]
             for attempt in (
                 sup.spawn([SpawnRequest(task="more")]),
                 sup.prompt(record.key, "more"),
