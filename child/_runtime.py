@@ -23,6 +23,7 @@ import attrs
 import trio
 
 import ipc
+from child._lease import hold_lease
 from child.backends import Backend, TurnResult
 from child.backends._egress import open_egress
 
@@ -249,6 +250,8 @@ class Runtime:
                     self.view = ActivityView.for_loadout(self.loadout, sys.stdout)
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
+                if self.loadout.lease_s:
+                    nursery.start_soon(hold_lease, self.channel, self.loadout.lease_s)
                 await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:

@@ -61,6 +61,12 @@ class Shutdown:
 
 
 @attrs.frozen(kw_only=True)
+class Renew:
+    """A remote child renews its lease; the reply's ``data`` carries ``lease_s``. A child that
+    has had no reply for a whole lease stops every write and exits (``child._lease``)."""
+
+
+@attrs.frozen(kw_only=True)
 class Hello:
     """The first frame of every connection; its envelope carries the token."""
 
@@ -112,6 +118,8 @@ class Event:
     tool: str = ""
     progress: Progress | None = None
     usage: Usage | None = None
+    #: The backend's resumable session id, reported once it exists (Codex: its thread id).
+    resume_id: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -205,6 +213,7 @@ Message = (
     | Proxy
     | Reply
     | Control
+    | Renew
 )
 
 MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
@@ -224,6 +233,7 @@ MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
     "proxy": Proxy,
     "reply": Reply,
     "control": Control,
+    "renew": Renew,
 }
 TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
 

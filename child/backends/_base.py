@@ -12,6 +12,12 @@ import attrs
 
 import ipc
 
+#: Said once, hidden from everyone but the model, in the first prompt after a revive.
+RESTARTED = (
+    "(You were restarted: your supervisor ended and this conversation was restored from "
+    "your transcript. Files may have changed meanwhile; check before relying on them.)"
+)
+
 
 @attrs.frozen(kw_only=True)
 class TurnResult:

@@ -104,7 +104,6 @@ def claude_argv(
         "--verbose",
         "--include-partial-messages",  # a steady stream: our stall watchdog sees liveness
         "--replay-user-messages",  # acknowledges each user line when it is consumed
-        "--no-session-persistence",
         "--strict-mcp-config",
         # Only the private HOME's settings: a repository's .claude/settings.json could add
         # hooks (shell commands a scout without Bash would run), permissions or a sandbox.
@@ -117,6 +116,12 @@ def claude_argv(
         f"--allowedTools={','.join(allowed)}",
         f"--disallowedTools={','.join(DISALLOWED_TOOLS)}",
     ]
+    if not loadout.resume:
+        argv.append("--no-session-persistence")
+    elif loadout.restarted:
+        argv += ["--resume", loadout.resume]  # the session it had: a revive
+    else:
+        argv += ["--session-id", loadout.resume]  # chosen by the supervisor, journaled first
     if inside_fleet_sandbox(loadout):
         argv += ["--settings", NO_NESTED_SANDBOX]
     if mcp_config is not None:
@@ -179,7 +184,10 @@ class ClaudeBackend(CliBackend):
             if self._cli.process.returncode is None:
                 return self._cli
             raise self._gone()
-        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
+        if self.loadout.resume and self.loadout.scratch:
+            dirs = self._dirs = PrivateDirs.kept(self.loadout.scratch, "claude")
+        else:
+            dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
         secrets = list(self.loadout.secret_env)
         extra = claude_extra_env(self.loadout, self.stall)
         key_env = self.loadout.model.api_key_env

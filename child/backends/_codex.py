@@ -150,9 +150,14 @@ class CodexBackend(CliBackend):
             if self._cli.process.returncode is None and self._thread:
                 return self._cli
             raise self._gone()
-        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
+        if self.loadout.scratch:
+            # Kept: its threads live in CODEX_HOME, and a revive resumes the one it had.
+            dirs = self._dirs = PrivateDirs.kept(self.loadout.scratch, "codex")
+            self.keep_dirs = True
+        else:
+            dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
         codex_home = dirs.config / "codex"
-        codex_home.mkdir(mode=0o700)
+        codex_home.mkdir(mode=0o700, exist_ok=True)
         config = codex_config(self.loadout, self.stall)
         if relayed_tools(self.loadout.tools):
             self._relay = ToolRelay.create(
@@ -190,8 +195,15 @@ class CodexBackend(CliBackend):
             }
             if self.loadout.system_prompt:
                 params["developerInstructions"] = self.loadout.system_prompt
-            reply = await self._request("thread/start", params)
+            if self.loadout.restarted and self.loadout.resume:
+                reply = await self._request(
+                    "thread/resume", {**params, "threadId": self.loadout.resume}
+                )
+            else:
+                reply = await self._request("thread/start", params)
             self._thread = str(((reply.get("result") or {}).get("thread") or {}).get("id", ""))
+            if self._thread:  # journaled by the supervisor before the first turn starts
+                self.host.emit(ipc.Event(activity="status", resume_id=self._thread))
             if self._thread and self._relay is not None:
                 # Else a fast first turn starts before our tools exist.
                 with trio.move_on_after(MCP_STARTUP):

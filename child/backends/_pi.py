@@ -91,7 +91,9 @@ def pi_models(spec: ipc.ModelSpec) -> dict[str, Any]:
 
 
 def pi_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[str]:
-    argv = [binary, "--mode", "rpc", "--no-session"]
+    # A resumable child's session file (in its own scratch) is what a revive continues.
+    session = ["--session", loadout.resume] if loadout.resume else ["--no-session"]
+    argv = [binary, "--mode", "rpc", *session]
     spec = loadout.model
     if spec.kind == "openai":
         argv += ["--provider", _PROVIDER, "--model", spec.name]

@@ -38,6 +38,13 @@ def waiting_first(agents: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]
     return sorted(agents, key=lambda a: a["state"] != "waiting")
 
 
+def _revive_hint(stale: dict[str, Any]) -> str:
+    """How a lost child comes back, or why it cannot (the journal's verdict)."""
+    if stale.get("revivable"):
+        return f"; fleet revive {stale['key']} brings it back"
+    return f"; not revivable: {stale['revive']}" if stale.get("revive") else ""
+
+
 def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     head = _head(data)
     rows = [
@@ -61,6 +68,7 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     stale = [
         f"stale {s['key']} {s['name']} ({s['state']}, pid {s['pid']}): log {s['log']}"
         + (f", worktree {s['worktree']}" if s.get("worktree") else "")
+        + _revive_hint(s)
         for s in data.get("stale", [])
     ]
     if not rows:

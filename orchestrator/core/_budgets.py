@@ -15,10 +15,16 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._errors import FleetError, PolicyError
+from orchestrator._errors import FleetError, PolicyError, UsageError
 from orchestrator._records import ChildRecord
 from orchestrator.core._notes import Notes
-from orchestrator.governance._budget import Limit, SpendPolicy, parse_limit, resolve_limit
+from orchestrator.governance._budget import (
+    Limit,
+    SpendPolicy,
+    clamp,
+    parse_limit,
+    resolve_limit,
+)
 from orchestrator.governance._ledger import Crossing, Ledger
 from orchestrator.notify import Notifier, budget_event
 
@@ -75,6 +81,15 @@ class Budgets:
         account = self.ledger.open(record.key, record.agent, limit)
         account.model = model
         record.usage = account.as_json()
+
+    def revived(self, record: ChildRecord, journaled: Mapping[str, Any] | None) -> None:
+        """A revived child's account: the budget it was spawned with, never more than the
+        configuration gives its definition now (the spend of its earlier life is not kept)."""
+        try:
+            before = parse_limit(journaled, f"revive {record.key}: budget")
+        except UsageError:
+            before = None  # a journal line from elsewhere: the configured limit applies
+        self.open(record, clamp(self.policy.configured(record.agent), before))
 
     def check_turn(self, what: str) -> None:
         """Refuse a new turn once the session's hard limit is reached."""

@@ -5,6 +5,7 @@ mode, a model that cannot be found, the workflow-mode toolset gate — so a batc
 whole before anything is reserved or launched.
 """
 
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,16 @@ def plan_spawn(
             ),
         },
     )
+
+
+def resume_id(backend: str, scratch: Path) -> str:
+    """What a revive of a *backend* child resumes from, chosen before its launch so the journal
+    has it before the first prompt: the builtin agent's transcript file, a Claude Code session
+    id, a Pi session file; "" for a backend that cannot be revived."""
+    if backend == "builtin":
+        return str(scratch / "transcript.json")
+    if backend == "claude":
+        return str(uuid.uuid4())
+    if backend == "pi":
+        return str(scratch / "pi-session.jsonl")
+    return ""

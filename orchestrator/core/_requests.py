@@ -74,6 +74,7 @@ class Requester(Protocol):
     def notify_question(self, question: Question) -> None: ...
     def on_usage(self, usage: ipc.Usage) -> None: ...
     def session_spent(self) -> bool: ...
+    def resumable(self, resume_id: str) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -98,6 +99,8 @@ class ChildRequests:
 
     def _activity(self, event: ipc.Event) -> None:
         record = self.run.record
+        if event.resume_id:
+            self.run.resumable(event.resume_id)
         if event.activity in HEARTBEATS:
             self.run.watchdog.heartbeat()
         if event.progress is not None:

@@ -68,6 +68,8 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
+    lease_until: float = 0.0
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
     checked: CheckedResult | None = attrs.field(init=False)
 
@@ -107,6 +109,10 @@ class ChildRun:
     def session_spent(self) -> bool:
         return self.host.spend.ledger.session_refusal() is not None
 
+    def resumable(self, resume_id: str) -> None:
+        """The backend reported what a revive resumes it from: journaled at once."""
+        self.host.journal.resumable(self.key, self.record.backend, resume_id)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""
@@ -124,8 +130,10 @@ class ChildRun:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
-                if self.record.mode == "worktree":
-                    await self.host.worktrees.create(self.key)
+                if self.record.mode == "worktree" and self.key not in self.host.worktrees.snapshots:
+                    made = await self.host.worktrees.create(self.key)
+                    where = {"path": str(made.worktree), "repo": str(made.repo)}
+                    self.host.journal.worktree(self.key, {**where, "commit": made.commit})
                 self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()
@@ -185,7 +193,23 @@ class ChildRun:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
+        if isinstance(body, ipc.Renew):
+            return self._renew()
         return None
+
+    def _renew(self) -> ipc.Message:
+        lease = self.card.lease_s if self.card is not None else 0.0
+        if not lease:
+            return ipc.Reply(ok=False, error="this child holds no lease")
+        self.lease_until = trio.current_time() + lease
+        return ipc.Reply(ok=True, data={"lease_s": lease})
+
+    async def _outwait_lease(self) -> None:
+        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
+        has run out (so it has stopped writing by itself)."""
+        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
+            with trio.move_on_at(self.lease_until):
+                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -193,6 +217,8 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
+        if self.card is not None and self.card.lease_s:
+            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -528,6 +554,7 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
+            await self._outwait_lease()
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

@@ -29,7 +29,7 @@ import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._admission import accept_own, inherited_pair
-from orchestrator.core._plan import plan_spawn
+from orchestrator.core._plan import plan_spawn, resume_id
 from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
@@ -145,6 +145,9 @@ class Spawning:
                 sup.registry.add(record)
                 sup.spend.open(record, limit, plan.loadout_fields["model"].name)
                 records.append(record)
+                resume = resume_id(record.backend, sup.config.paths.scratch / key)
+                if resume:
+                    plan.loadout_fields["resume"] = resume
             try:
                 runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
             except Exception as exc:
@@ -168,6 +171,8 @@ class Spawning:
                     f"spawn {failed}: could not prepare its launch: {cause} "
                     "(fix the cause and spawn again)"
                 ) from exc
+            for run, plan in zip(runs, plans, strict=True):
+                sup.journal.spawned(run.record, plan.loadout_fields)
             # Launch the batch together: a worktree or a fork each child waits on is its own.
             async with trio.open_nursery() as launching:
                 for run in runs:
@@ -203,7 +208,7 @@ class Spawning:
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
                 prepared[record.key] = await trio.to_thread.run_sync(
-                    self._prepare, record, loadout_fields
+                    self.prepare_one, record, loadout_fields
                 )
             except Exception as exc:  # reported below, for the first failed record
                 failures.append(_PrepareError(record.key, exc))
@@ -229,7 +234,7 @@ class Spawning:
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
 
-    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
+    def prepare_one(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
         fields = dict(fields)
         sup = self.sup

@@ -32,6 +32,7 @@ from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_a
 from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
+from orchestrator.core._journaling import Journal, NoJournal
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._remote import Remote
@@ -84,6 +85,8 @@ class Supervisor:
     #: bwrap one by one).
     boxed_fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
+    #: The session journal (``fleet serve`` wires the real one in).
+    journal: Journal = attrs.Factory(NoJournal)
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
     worktrees: Worktrees = attrs.field(init=False)
@@ -127,6 +130,7 @@ class Supervisor:
             refuse=self.refusals.refuse,
             nursery=self.nursery,
             host=self.config.ray_listen,
+            lease_s=self.config.lease_s,
             hello_timeout=self.config.hello_timeout,
             request_timeout=self.config.request_timeout,
         )
@@ -226,6 +230,7 @@ class Supervisor:
         run = self.run_for(ref)
         self.spend.check_turn(f"prompt {run.key}")
         run.queue_prompt(text)
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record
 
@@ -237,6 +242,7 @@ class Supervisor:
     async def pause(self, ref: str) -> tuple[ChildRecord, bool]:
         run = self.run_for(ref)
         settled = await run.pause()
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record, settled
 
@@ -247,7 +253,9 @@ class Supervisor:
 
     def answer(self, ref: str, text: str) -> Question:
         """Answer a question by id (``q3``) or the single open question of a child."""
-        return self.services.answer(ref, text, self.registry.find)
+        question = self.services.answer(ref, text, self.registry.find)
+        self.journal.answered(question.key, question.id, text)
+        return question
 
     async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
         """Stop each child (final) and return its handoff."""
@@ -397,6 +405,10 @@ class Supervisor:
         question: Question | None = None,
         failure: bool = False,
     ) -> None:
+        if question is not None:
+            self.journal.asked(record.key, question.id, question.text)
+        elif not failure:
+            self.journal.settled(record, report=report, error=error)
         # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
         # before the tally. Questions still reach the parent.
         if question is None and self.democracy.collect(
@@ -438,6 +450,7 @@ class Supervisor:
     async def release(self, run: ChildRun) -> None:
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
+        self.journal.handed_off(run.record)
         self.locks.release(run.key)
         self.remote.release(run.key)
         self.capacity.release()

@@ -75,7 +75,7 @@ def test_an_int_in_a_float_field_is_written_as_the_general_path_writes_it():
     assert general(body)[1] == (
         '{"activity":"usage","text":"","tool":"","progress":null,"usage":{"tokens":1,"cost_usd":2,'
         '"input_tokens":0,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0,'
-        '"model":""}}'
+        '"model":""},"resume_id":""}'
     )
 
 

@@ -19,10 +19,11 @@ import attrs
 import trio
 
 import ipc
-from child.backends._base import Host, TurnResult
+from child.backends._base import RESTARTED, Host, TurnResult
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends._usage import accumulate
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
+from child.backends.builtin._transcript import load_transcript, save_transcript
 from child.tools import Progress, Tool, ToolContext, build_tools
 from child.tools._shell import ShellTool
 
@@ -93,6 +94,9 @@ class BuiltinBackend:
     notes: Notes
     name: str = "builtin"
     steers: SteerInbox = attrs.Factory(SteerInbox)
+    #: Where the conversation is saved after each turn (``None``: it is not).
+    transcript: Path | None = None
+    restarted: bool = False
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
     _usage: ipc.Usage = attrs.field(factory=ipc.Usage, init=False)
@@ -121,12 +125,18 @@ class BuiltinBackend:
         names = set(loadout.tools)
         tools: dict[str, Tool] = dict(build_tools(sorted(names - HOST_TOOLS), ctx))
         tools.update(build_host_tools(names & HOST_TOOLS, host))
+        transcript = Path(loadout.resume) if loadout.resume else None
+        messages = [{"role": "system", "content": loadout.system_prompt}]
+        if transcript is not None and loadout.restarted:
+            messages = load_transcript(transcript)
         return cls(
             model=make_model(loadout.model, workspace),
             tools=tools,
             host=host,
             ctx=ctx,
-            messages=[{"role": "system", "content": loadout.system_prompt}],
+            messages=messages,
+            transcript=transcript,
+            restarted=loadout.restarted,
             notes=notes,
         )
 
@@ -144,6 +154,23 @@ class BuiltinBackend:
         ]
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        result = await self._turn_of(text, side=side)
+        # After each turn that ended (an aborted one too); a turn cut short by the child's own
+        # end is not saved: a revive starts from the last turn that ended.
+        if self.transcript is not None:
+            await self._save()
+        return result
+
+    async def _save(self) -> None:
+        assert self.transcript is not None  # noqa: S101 - only called with one
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
+        except OSError as exc:  # a full disk costs the revive, never the turn
+            why = exc.strerror or str(exc)
+            self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
+
+    async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
         if not side:
             self._turn += 1
             self.notes.drain(self.messages)  # what happened while idle comes before the prompt
@@ -152,6 +179,8 @@ class BuiltinBackend:
             if side
             else text
         )
+        if self.restarted:
+            content, self.restarted = f"{RESTARTED}\n{content}", False
         self.messages.append({"role": "user", "content": content})
         self.steers.new_turn()
         if self._abort_pending:  # the abort arrived before the turn began

@@ -59,6 +59,17 @@ def test_stale_children_of_a_dead_supervisor_are_listed_even_with_no_live_child(
     )
 
 
+def test_a_lost_child_says_how_it_comes_back_or_why_it_cannot():
+    base = {"name": "n", "state": "lost", "pid": None, "log": "/l", "worktree": None}
+    stale = [
+        {**base, "key": "a1", "revivable": True, "revive": "fleet revive"},
+        {**base, "key": "a2", "revivable": False, "revive": "its transcript /t is gone"},
+    ]
+    lines = peek_table(_peek([], stale=stale)).splitlines()
+    assert "stale a1 n (lost, pid None): log /l; fleet revive a1 brings it back" in lines
+    assert "stale a2 n (lost, pid None): log /l; not revivable: its transcript /t is gone" in lines
+
+
 def _row(lines: list[str], key: str) -> str:
     return next(line for line in lines if line.startswith(key))
 
