@@ -35,6 +35,7 @@ log = logging.getLogger("child")
 EVENT_INTERVAL: Final = 0.1
 MAX_BUFFERED_EVENTS: Final = 256
 _COALESCED: Final = frozenset({"message", "tool_update", "usage", "todo"})
+_KEPT: Final = frozenset({"tool_start", "tool_end"})
 
 
 def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
@@ -91,8 +92,12 @@ class Runtime:
                 self._events[-1] = event
                 return
         if len(self._events) >= MAX_BUFFERED_EVENTS:
-            # Under a storm keep the newest; the parent only ever shows the latest activity.
-            del self._events[: len(self._events) // 2]
+            # Under a storm keep the newest of what is only shown (the parent shows the latest
+            # activity); tool starts and ends are kept whole: the loop gate counts them.
+            half = len(self._events) // 2
+            self._events = [e for e in self._events[:half] if e.activity in _KEPT] + self._events[
+                half:
+            ]
         self._events.append(event)
         self._wake.set()
 
@@ -135,6 +140,22 @@ class Runtime:
         except ipc.RemoteError as exc:
             return f"discuss failed: {exc}"
         return str(reply.data.get("text", "")) if isinstance(reply, ipc.Reply) else ""
+
+    async def check_tool(self, start: ipc.Event) -> str | None:
+        if self.view is not None:
+            self.view.on_event(start)
+        try:
+            async with self._sending:
+                await self._flush()  # the supervisor sees the last call's end before this start
+                reply = await self.channel.request(start)
+        except ipc.RemoteError as exc:
+            log.info("tool check refused by the supervisor (%s); running the call", exc)
+            return None
+        except ipc.RequestError as exc:
+            log.info("tool check got no answer (%s); running the call", exc)
+            return None
+        refused = reply.data.get("refused") if isinstance(reply, ipc.Reply) else None
+        return str(refused) if refused else None
 
     # -- event pump ----------------------------------------------------------------------
 

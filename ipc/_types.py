@@ -111,6 +111,8 @@ class Event:
     ``todo``, ``usage``, ``status``, ``wake`` (a background shell's watch matched while no turn
     ran: the supervisor prompts an idle child). ``text`` is a short human line (never a
     transcript).
+    ``tool_start`` carries ``input_digest`` and ``tool_end`` ``output_digest`` and ``failed``:
+    16 hex digits of the SHA-256 of the input's (output's) canonical JSON, for the loop gate.
     """
 
     activity: str
@@ -120,6 +122,9 @@ class Event:
     usage: Usage | None = None
     #: The backend's resumable session id, reported once it exists (Codex: its thread id).
     resume_id: str = ""
+    input_digest: str = ""
+    output_digest: str = ""
+    failed: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -7,6 +7,7 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 """
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,10 +20,12 @@ from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
+from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
 
@@ -113,6 +116,12 @@ class ChildRun:
         """The backend reported what a revive resumes it from: journaled at once."""
         self.host.journal.resumable(self.key, self.record.backend, resume_id)
 
+    def on_loop(self, trip: Trip, *, steer: bool) -> None:
+        """The loop gate tripped: steer, or stop past its budget (:mod:`._loops`)."""
+        if self._nursery is not None and not self.finishing:
+            act = functools.partial(intervene, self, self.requests.loops, trip, steer=steer)
+            self._nursery.start_soon(act)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""
@@ -195,6 +204,8 @@ class ChildRun:
             return self.take_ownership(body.paths)
         if isinstance(body, ipc.Renew):
             return self._renew()
+        if isinstance(body, ipc.Event):
+            return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
 
     def _renew(self) -> ipc.Message:
@@ -299,6 +310,7 @@ class ChildRun:
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
         self.turn = turn
+        self.requests.loops.new_prompt()
         record.turn = turn.number
         try:
             self.watchdog.start_active()
