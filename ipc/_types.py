@@ -87,10 +87,20 @@ class Progress:
 
 @attrs.frozen(kw_only=True)
 class Usage:
-    """Model usage so far in this child's life."""
+    """Model usage so far in this child's life (cumulative; each report replaces the last).
+
+    ``tokens`` is the total; ``input_tokens`` counts uncached input only, cache reads and
+    writes are their own. ``cost_usd`` is the backend's own cumulative cost, when it reports
+    one; ``model`` the model that answered, when the backend says.
+    """
 
     tokens: int = 0
     cost_usd: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    model: str = ""
 
 
 @attrs.frozen(kw_only=True)

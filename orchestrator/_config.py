@@ -184,6 +184,10 @@ class Config:
     idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
     #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
     notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
+    #: ``subagents.budget`` and ``subagents.prices``: usage budgets and the price table, as
+    #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
+    budget: object = None
+    prices: object = None
 
     @property
     def paths(self) -> "SessionPaths":
@@ -315,6 +319,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("egress", "egress"),
         ("idle_exit_s", "idle_exit_s"),
         ("notify", "notify"),
+        ("budget", "budget"),
+        ("prices", "prices"),
     ):
         if key in sub:
             settings[target] = sub[key]

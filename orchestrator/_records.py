@@ -69,6 +69,8 @@ class ChildRecord:
     last_event_at: float = attrs.Factory(time.monotonic)
     tokens: int = 0
     cost_usd: float | None = None
+    #: The ledger's entry (input/output/cache tokens, model, budget, levels reached).
+    usage: dict[str, Any] = attrs.Factory(dict)
     report: str = ""
     error: str = ""
     failure: dict[str, Any] | None = None
@@ -110,7 +112,7 @@ class ChildRecord:
             "surface": self.surface,
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
-            "usage": {"tokens": self.tokens, "cost_usd": self.cost_usd},
+            "usage": self.usage | {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
         }
 
@@ -165,6 +167,9 @@ class SpawnRequest:
     model: str | None = None
     command: tuple[str, ...] = ()
     surface: str | None = None
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``) that may
+    #: only lower the configured one.
+    budget: Mapping[str, Any] | None = None
     #: A JSON Schema (an object) the child's result must satisfy; checked at spawn.
     schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
@@ -172,6 +177,7 @@ class SpawnRequest:
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
         known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known.add("budget")
         known.add("schema")
         unknown = set(data) - known
         if unknown:
@@ -186,10 +192,14 @@ class SpawnRequest:
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
+        budget = data.get("budget")
+        if budget is not None and not isinstance(budget, Mapping):
+            raise UsageError("spawn: budget must be a mapping (soft_tokens, hard_tokens, ...)")
         schema = data.get("schema")
         if schema is not None and not isinstance(schema, dict):
             raise UsageError("spawn: schema must be a JSON Schema object")
         return cls(
+            budget=budget,
             task=task,
             agent=fields["agent"] or "scout",
             mode=fields["mode"],
@@ -200,3 +210,27 @@ class SpawnRequest:
             surface=fields["surface"],
             schema=schema,
         )
+
+
+def budget_from_text(text: str) -> dict[str, float | int]:
+    """``--budget``: a bare number of tokens (the hard limit), or ``KEY=NUMBER,...`` with the
+    keys ``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd`` (the supervisor checks
+    them)."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        items = [f"hard_tokens={items[0]}"]
+    budget: dict[str, float | int] = {}
+    for item in items:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key or not raw:
+            raise UsageError(
+                f"--budget {text!r}: {item!r} must be KEY=NUMBER "
+                "(soft_tokens, hard_tokens, soft_usd, hard_usd) or one number of tokens"
+            )
+        try:
+            budget[key] = int(raw) if raw.isdigit() else float(raw)
+        except ValueError:
+            raise UsageError(f"--budget {text!r}: {key} {raw!r} is not a number") from None
+    if not budget:
+        raise UsageError("--budget: give a number of tokens or KEY=NUMBER pairs")
+    return budget

@@ -44,6 +44,7 @@ from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
 from child.backends._nesting import inside_fleet_sandbox
+from child.backends._usage import claude_usage
 
 log = logging.getLogger("child")
 
@@ -167,7 +168,7 @@ class ClaudeBackend(CliBackend):
     _sent: int = 0  # user lines written
     _consumed: int = 0  # user lines Claude echoed back (consumed)
     _tools: dict[str, str] = attrs.Factory(dict)  # running tool_use id → tool name
-    _tokens: int = 0
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _interrupts: int = 0
 
     @classmethod
@@ -296,17 +297,8 @@ class ClaudeBackend(CliBackend):
             self._watch.arm()
 
     async def _on_result(self, turn: CliTurn, record: dict[str, Any]) -> None:
-        usage = record.get("usage") or {}
-        self._tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
-        cost = record.get("total_cost_usd")
-        self.host.emit(
-            ipc.Event(
-                activity="usage",
-                usage=ipc.Usage(
-                    tokens=self._tokens, cost_usd=float(cost) if cost is not None else None
-                ),
-            )
-        )
+        self._usage = claude_usage(self._usage, record)
+        self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         if self._consumed < self._sent:
             return  # a steer queued behind this result starts a follow-up turn: wait for it
         text = record.get("result")

@@ -43,6 +43,7 @@ from child.backends._digest import digest_fields
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
 from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
+from child.backends._usage import codex_usage
 
 log = logging.getLogger("child")
 
@@ -131,6 +132,7 @@ class CodexBackend(CliBackend):
     name: str = "codex"
     version: Version | None = None
     _thread: str = ""
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _turn_id: str = ""
     _mcp_ready: trio.Event = attrs.Factory(trio.Event)
     _ids: int = 0
@@ -294,9 +296,8 @@ class CodexBackend(CliBackend):
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
         elif method == "thread/tokenUsage/updated":
-            total = (params.get("tokenUsage") or {}).get("total") or {}
-            tokens = int(total.get("totalTokens") or 0)
-            self.host.emit(ipc.Event(activity="usage", usage=ipc.Usage(tokens=tokens)))
+            self._usage = codex_usage(self._usage, params.get("tokenUsage") or {})
+            self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         elif method == "error" and not params.get("willRetry"):
             turn.fail(f"codex: {_error_text(params) or 'the turn failed'}")
         elif method == "turn/completed":

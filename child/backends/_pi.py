@@ -45,6 +45,7 @@ from child.backends._cli_env import (
 from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import ToolRelay, relayed_tools
+from child.backends._usage import pi_usage
 
 log = logging.getLogger("child")
 
@@ -142,8 +143,7 @@ class PiBackend(CliBackend):
     has_queue: bool = False
     _pending: dict[str, _Pending] = attrs.Factory(dict)
     _ids: int = 0
-    _tokens: int = 0
-    _cost: float = 0.0
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _streamed: str = ""
 
     @classmethod
@@ -308,16 +308,8 @@ class PiBackend(CliBackend):
     def _on_message(self, turn: CliTurn, message: dict[str, Any]) -> None:
         if message.get("role") != "assistant":
             return
-        usage = message.get("usage") or {}
-        self._tokens += int(usage.get("totalTokens") or 0)
-        cost = usage.get("cost") or {}
-        self._cost += float(cost.get("total") or 0.0)
-        self.host.emit(
-            ipc.Event(
-                activity="usage",
-                usage=ipc.Usage(tokens=self._tokens, cost_usd=round(self._cost, 6)),
-            )
-        )
+        self._usage = pi_usage(self._usage, message)
+        self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         turn.text = _text_of(message)
         stop = message.get("stopReason")
         if stop == "error":

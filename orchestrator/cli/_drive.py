@@ -32,6 +32,10 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         for key in ("mode", "name", "backend", "model", "surface"):
             if getattr(args, key):
                 request[key] = getattr(args, key)
+        if args.budget:
+            from orchestrator._records import budget_from_text  # noqa: PLC0415 - warm verbs
+
+            request["budget"] = budget_from_text(args.budget)
         if args.command:
             try:
                 request["command"] = shlex.split(args.command)

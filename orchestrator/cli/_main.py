@@ -31,7 +31,7 @@ from orchestrator.cli._durable import cmd_events, cmd_revive
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
-from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
+from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top, cmd_usage
 from orchestrator.control._client import call as call_control
 from orchestrator.control._client import read_token
 from orchestrator.control._daemon_client import STOP_TIMEOUT, ensure_daemon, wait_released
@@ -211,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the child runs: process (default), a tmux window on fleet's own server, "
         "a window in your current tmux session, a cmux surface, or a Ray actor (ray)",
     )
+    p.add_argument(
+        "--budget",
+        help="lower the child's usage budget: a number of tokens (hard), or "
+        "KEY=NUMBER,... of soft_tokens, hard_tokens, soft_usd, hard_usd",
+    )
     p.add_argument("--batch", help="JSON file with a list of task objects")
     p.add_argument(
         "--schema",
@@ -226,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--locks", action="store_true", help="include ownership locks")
 
     verb("top", cmd_top, "the live fleet view (fleet peek --watch)")
+
+    p = verb("usage", cmd_usage, "tokens and cost per child, per definition and for the session")
+    p.add_argument("agents", nargs="*")
 
     p = verb("attach", cmd_attach, "open a tmux child's window, or the fleet's tmux session")
     p.add_argument("agent", nargs="?", help="a child in tmux (default: the whole fleet session)")

@@ -55,6 +55,7 @@ def revival_of(facts: ChildFacts) -> Revival:
         locks=tuple(spawn.get("locks") or ()),
         report=facts.report,
         schema=spawn.get("schema"),
+        budget=spawn.get("budget"),
     )
 
 

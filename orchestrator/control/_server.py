@@ -65,6 +65,11 @@ async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return sup.peek(strs_arg(args, "agents"))
 
 
+async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    keys = [sup.registry.find(ref).key for ref in strs_arg(args, "agents")]
+    return sup.spend.report(keys)
+
+
 async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     timeout = args.get("timeout")
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
@@ -246,6 +251,7 @@ async def _moderator_brief(sup: Supervisor, args: Mapping[str, Any]) -> dict[str
 OPS: Final[dict[str, Op]] = {
     "spawn": _spawn,
     "peek": _peek,
+    "usage": _usage,
     "wait": _wait,
     "steer": _steer,
     "pause": _pause,

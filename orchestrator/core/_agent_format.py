@@ -18,6 +18,7 @@ import yaml
 
 from orchestrator._errors import UsageError
 from orchestrator._schemafile import read_schema_file
+from orchestrator.governance._budget import Limit, parse_limit
 from orchestrator.governance._checked import check_schema
 
 #: Tools that can change the repository. ``child.tools.MUTATING_TOOLS`` is the same set; the
@@ -77,6 +78,9 @@ class AgentDefinition:
     env: tuple[str, ...] = ()
     #: ``host:port`` pairs its children may reach through the egress proxy, beyond the model.
     egress: tuple[str, ...] = ()
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``): it may
+    #: only lower the configured one (docs/governance.md, Budgets).
+    budget: Limit | None = None
     #: The JSON Schema its children's results must satisfy (inline, or a file beside it).
     schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
     prompt: str
@@ -192,6 +196,7 @@ class _Reader:
             sandbox=self.choice("sandbox", SANDBOXES),
             env=self.names("env", _ENV_NAME, "environment variable name"),
             egress=self.names("egress", _ENDPOINT, "host:port endpoint"),
+            budget=self.budget(),
             schema=self.schema(),
             prompt=prompt,
             source=self.source,
@@ -200,6 +205,18 @@ class _Reader:
         )
         self.check_roles(definition)
         return definition
+
+    def budget(self) -> Limit | None:
+        if self.data.get("budget") is None:
+            return None
+        try:
+            return parse_limit(self.data["budget"], "budget")
+        except UsageError as exc:
+            raise self.fail(
+                "budget",
+                str(exc).removeprefix("budget").lstrip(": "),
+                "see docs/governance.md, Budgets",
+            ) from None
 
     def schema(self) -> dict[str, Any] | None:
         """``schema:`` as a mapping, or a JSON file's path relative to the definition."""

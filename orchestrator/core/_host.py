@@ -13,6 +13,7 @@ import ipc
 from orchestrator._config import Config
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._agents import AgentDefinition
+from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees
 from orchestrator.core._journaling import Journal
@@ -42,6 +43,8 @@ class RunHost(Protocol[R_contra]):
     def lane(self) -> Lane: ...
     @property
     def worktrees(self) -> Worktrees: ...
+    @property
+    def spend(self) -> Budgets: ...
     @property
     def journal(self) -> Journal: ...
     async def launch(self, run: R_contra, nursery: trio.Nursery) -> Launched: ...

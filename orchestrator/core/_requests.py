@@ -74,6 +74,8 @@ class Requester(Protocol):
     def new_question(self, text: str) -> Question: ...
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
+    def on_usage(self, usage: ipc.Usage) -> None: ...
+    def session_spent(self) -> bool: ...
     def resumable(self, resume_id: str) -> None: ...
     def on_loop(self, trip: Trip, *, steer: bool) -> None: ...
 
@@ -139,6 +141,7 @@ class ChildRequests:
             record.tokens = event.usage.tokens
             if event.usage.cost_usd is not None:
                 record.cost_usd = event.usage.cost_usd
+            self.run.on_usage(event.usage)
         if self.loops.activity:
             record.touch()  # looping: peek keeps saying so until a call that does not trip
         elif event.activity in {"tool_start", "tool_update"}:
@@ -160,8 +163,8 @@ class ChildRequests:
     def _wake(self) -> None:
         """An idle child gets :data:`WAKE_PROMPT`; a paused one waits for its parent."""
         state = self.run.record.state
-        if self._wakes >= MAX_WAKES:
-            return
+        if self._wakes >= MAX_WAKES or self.run.session_spent():
+            return  # a spent session starts no new turn, not even a wake
         if state is State.IDLE:
             self._wakes += 1
             with contextlib.suppress(UsageError):  # it is ending

@@ -56,6 +56,8 @@ class Revival:
     report: str = ""
     #: A checked child's result schema (docs/governance.md "Checked results").
     schema: dict[str, Any] | None = None
+    #: The usage budget it was spawned with (docs/governance.md "Budgets").
+    budget: Mapping[str, Any] | None = None
 
 
 def why_not(revival: Revival, scratch: Path) -> str:
@@ -142,6 +144,7 @@ async def revive(
 ) -> ChildRecord:
     """Start *revival* again (see the module docstring), or raise in one line."""
     key = revival.key
+    sup.spend.check_turn(f"revive {key}")
     if key in sup.registry.records:
         raise UsageError(f"revive: {key}: it is live (see fleet peek)")
     reason = why_not(revival, sup.config.paths.scratch / key)
@@ -168,6 +171,7 @@ async def revive(
         _retake(locks, revival, sup.config.workspace)
         sup.registry.retired.pop(key, None)
         sup.registry.add(record)
+        sup.spend.revived(record, revival.budget)
     except BaseException:
         sup.capacity.release()
         raise

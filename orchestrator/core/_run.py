@@ -106,6 +106,12 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def on_usage(self, usage: ipc.Usage) -> None:
+        self.host.spend.on_usage(self, usage)
+
+    def session_spent(self) -> bool:
+        return self.host.spend.ledger.session_refusal() is not None
+
     def resumable(self, resume_id: str) -> None:
         """The backend reported what a revive resumes it from: journaled at once."""
         self.host.journal.resumable(self.key, self.record.backend, resume_id)

@@ -107,6 +107,15 @@ class Spawning:
                 )
                 for request in requests
             ]
+            limits = [
+                sup.spend.limit_for(
+                    plan.agent,
+                    definition=definitions[plan.agent].budget,
+                    requested=request.budget,
+                    parent=None if parent is None else parent.key,
+                )
+                for plan, request in zip(plans, requests, strict=True)
+            ]
             for plan in plans:
                 check_available(sup.config, plan.agent)
                 self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
@@ -117,7 +126,7 @@ class Spawning:
                 raise UsageError(f"spawn: the name {clash!r} is already taken (pick another)")
             sup.capacity.reserve(len(plans))
             records = []
-            for plan in plans:
+            for plan, limit in zip(plans, limits, strict=True):
                 key = sup.registry.new_key()
                 record = ChildRecord(
                     key=key,
@@ -134,6 +143,7 @@ class Spawning:
                     schema=plan.schema,
                 )
                 sup.registry.add(record)
+                sup.spend.open(record, limit, plan.loadout_fields["model"].name)
                 records.append(record)
                 resume = resume_id(record.backend, sup.config.paths.scratch / key)
                 if resume:
@@ -145,6 +155,7 @@ class Spawning:
                 # record, so a failed preparation leaves nothing live.
                 for record in records:
                     sup.registry.records.pop(record.key, None)
+                    sup.spend.ledger.accounts.pop(record.key, None)
                 sup.capacity.release(len(plans))
                 sup.notes.changed()
                 if isinstance(exc, FleetError):

@@ -29,6 +29,7 @@ from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
+from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._journaling import Journal, NoJournal
@@ -38,6 +39,7 @@ from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
+from orchestrator.governance._budget import parse_policy
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
@@ -98,6 +100,8 @@ class Supervisor:
     remote: Remote = attrs.field(init=False)
     #: Events for people (``subagents.notify``): fed every settle note the parent gets.
     notifier: Notifier = attrs.field(init=False)
+    #: Usage budgets and the ledger (``subagents.budget``, ``subagents.prices``).
+    spend: Budgets = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -138,6 +142,14 @@ class Supervisor:
             is_open=self.questions.__contains__,
         )
         self.notifier.start(self.nursery)
+        self.spend = Budgets(
+            policy=parse_policy(self.config.budget, self.config.prices),
+            nursery=self.nursery,
+            notes=self.notes,
+            notifier=self.notifier,
+            session=self.config.session,
+            scrub=self.secrets.scrub,
+        )
         if self.config.fork_server:
             self.fork_server = ForkServer(
                 python=child_argv(self.config.python, "")[0],
@@ -191,6 +203,7 @@ class Supervisor:
     ) -> list[ChildRecord]:
         """Launch a batch: validated and reserved all-or-nothing before any launch."""
         try:
+            self.spend.check_turn("spawn")
             return await self.spawning.spawn(requests, parent=parent)
         except PolicyError as exc:
             agents = [request.agent for request in requests]
@@ -215,6 +228,7 @@ class Supervisor:
     async def prompt(self, ref: str, text: str) -> ChildRecord:
         """Resume: a new prompt to the same child (its context is kept)."""
         run = self.run_for(ref)
+        self.spend.check_turn(f"prompt {run.key}")
         run.queue_prompt(text)
         self.journal.changed(run.record)
         self.notes.changed()
@@ -234,6 +248,7 @@ class Supervisor:
 
     async def ask(self, ref: str, text: str) -> str:
         run = self.run_for(ref)
+        self.spend.check_turn(f"ask {run.key}")
         return await run.ask(text)
 
     def answer(self, ref: str, text: str) -> Question:
@@ -304,6 +319,7 @@ class Supervisor:
             ],
             "stale": self.stale,
             "notify": self.notifier.counts(),
+            "usage": self.spend.report()["session"],
         }
 
     async def wait(
@@ -456,6 +472,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
+    parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
     secrets = SecretSet([session_key])

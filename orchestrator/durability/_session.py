@@ -59,6 +59,7 @@ class SessionJournal:
             parent=record.parent,
             ownership=loadout.get("ownership", []),
             schema=record.schema,
+            budget=record.usage.get("budget") or None,
             loadout=loadout,
         )
         self._states[record.key] = "starting"

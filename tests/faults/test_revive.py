@@ -63,7 +63,9 @@ def test_a_revived_builtin_child_continues_its_conversation(faults) -> None:
             ],
         )
         model = f"openai:fake-model@{srv.base_url('c1')}/v1"
-        spawned = _json(faults, "spawn", "--model", model, "--name", "mapper", "turn one")
+        spawned = _json(
+            faults, "spawn", "--model", model, "--name", "mapper", "--budget", "90000", "turn one"
+        )
         assert spawned["agents"][0]["key"] == "a1"
         assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
         _json(faults, "resume", "a1", "turn two")
@@ -84,6 +86,8 @@ def test_a_revived_builtin_child_continues_its_conversation(faults) -> None:
         assert revived["revived"][0]["key"] == "a1"
         assert revived["revived"][0]["name"] == "mapper"
         _until(lambda: _json(faults, "peek", "a1")["agents"][0]["state"] == "idle")
+        # The budget it was spawned with comes back with it (budgets are docs/governance.md's).
+        assert _json(faults, "usage", "a1")["agents"][0]["budget"] == {"hard_tokens": 90000}
         _json(faults, "resume", "a1", "turn four")
         [note] = _json(faults, "wait", "a1")["settled"]
         assert note["report"] == "## Summary\nafter the revive"

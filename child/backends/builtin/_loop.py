@@ -22,6 +22,7 @@ import ipc
 from child.backends._base import RESTARTED, Host, TurnResult
 from child.backends._digest import digest
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
+from child.backends._usage import accumulate
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
 from child.backends.builtin._transcript import load_transcript, save_transcript
 from child.tools import Progress, Tool, ToolContext, build_tools
@@ -99,7 +100,7 @@ class BuiltinBackend:
     restarted: bool = False
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
-    _tokens: int = attrs.field(default=0, init=False)
+    _usage: ipc.Usage = attrs.field(factory=ipc.Usage, init=False)
     _abort_pending: bool = attrs.field(default=False, init=False)
 
     @classmethod
@@ -216,13 +217,9 @@ class BuiltinBackend:
                 self.notes.drain(self.messages)
             step = await self.model.step(ctx)
             if step.usage is not None:
-                self._tokens += step.usage.tokens
-                self.host.emit(
-                    ipc.Event(
-                        activity="usage",
-                        usage=ipc.Usage(tokens=self._tokens, cost_usd=step.usage.cost_usd),
-                    )
-                )
+                # A step's usage (and cost) is its own; the child reports its life's total.
+                self._usage = accumulate(self._usage, step.usage)
+                self.host.emit(ipc.Event(activity="usage", usage=self._usage))
             if not step.tool_calls:
                 self.messages.append({"role": "assistant", "content": step.text})
                 return TurnResult(text=step.text)

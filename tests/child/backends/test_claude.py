@@ -53,6 +53,7 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path):
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 100 + 7 + 2 * 20
+        assert (usage.input_tokens, usage.output_tokens) == (100 + 7, 2 * 20)
         assert usage.cost_usd is not None
         assert usage.cost_usd > 0
         calls = model_calls(srv)

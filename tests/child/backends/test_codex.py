@@ -39,6 +39,7 @@ async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_p
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 240
+        assert (usage.input_tokens, usage.output_tokens) == (200, 40)
         calls = srv.requests("a")
         assert [r.api for r in calls] == ["responses", "responses"]
         assert "the secret is 4217" in calls[1].tool_results()[0]

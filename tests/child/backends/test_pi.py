@@ -46,6 +46,7 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path, binary)
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 240
+        assert (usage.input_tokens, usage.output_tokens) == (200, 40)
         requests = srv.requests("a")
         assert [r.api for r in requests] == ["chat", "chat"]
         assert requests[1].tool_results() == ["the secret is 4217\n"]
