@@ -23,6 +23,7 @@ import attrs
 import trio
 
 import ipc
+from child._lease import hold_lease
 from child.backends import Backend, TurnResult
 from child.backends._egress import open_egress
 
@@ -34,6 +35,7 @@ log = logging.getLogger("child")
 EVENT_INTERVAL: Final = 0.1
 MAX_BUFFERED_EVENTS: Final = 256
 _COALESCED: Final = frozenset({"message", "tool_update", "usage", "todo"})
+_KEPT: Final = frozenset({"tool_start", "tool_end"})
 
 
 def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
@@ -90,8 +92,12 @@ class Runtime:
                 self._events[-1] = event
                 return
         if len(self._events) >= MAX_BUFFERED_EVENTS:
-            # Under a storm keep the newest; the parent only ever shows the latest activity.
-            del self._events[: len(self._events) // 2]
+            # Under a storm keep the newest of what is only shown (the parent shows the latest
+            # activity); tool starts and ends are kept whole: the loop gate counts them.
+            half = len(self._events) // 2
+            self._events = [e for e in self._events[:half] if e.activity in _KEPT] + self._events[
+                half:
+            ]
         self._events.append(event)
         self._wake.set()
 
@@ -134,6 +140,22 @@ class Runtime:
         except ipc.RemoteError as exc:
             return f"discuss failed: {exc}"
         return str(reply.data.get("text", "")) if isinstance(reply, ipc.Reply) else ""
+
+    async def check_tool(self, start: ipc.Event) -> str | None:
+        if self.view is not None:
+            self.view.on_event(start)
+        try:
+            async with self._sending:
+                await self._flush()  # the supervisor sees the last call's end before this start
+                reply = await self.channel.request(start)
+        except ipc.RemoteError as exc:
+            log.info("tool check refused by the supervisor (%s); running the call", exc)
+            return None
+        except ipc.RequestError as exc:
+            log.info("tool check got no answer (%s); running the call", exc)
+            return None
+        refused = reply.data.get("refused") if isinstance(reply, ipc.Reply) else None
+        return str(refused) if refused else None
 
     # -- event pump ----------------------------------------------------------------------
 
@@ -249,6 +271,8 @@ class Runtime:
                     self.view = ActivityView.for_loadout(self.loadout, sys.stdout)
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
+                if self.loadout.lease_s:
+                    nursery.start_soon(hold_lease, self.channel, self.loadout.lease_s)
                 await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:

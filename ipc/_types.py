@@ -61,6 +61,12 @@ class Shutdown:
 
 
 @attrs.frozen(kw_only=True)
+class Renew:
+    """A remote child renews its lease; the reply's ``data`` carries ``lease_s``. A child that
+    has had no reply for a whole lease stops every write and exits (``child._lease``)."""
+
+
+@attrs.frozen(kw_only=True)
 class Hello:
     """The first frame of every connection; its envelope carries the token."""
 
@@ -95,6 +101,8 @@ class Event:
     ``todo``, ``usage``, ``status``, ``wake`` (a background shell's watch matched while no turn
     ran: the supervisor prompts an idle child). ``text`` is a short human line (never a
     transcript).
+    ``tool_start`` carries ``input_digest`` and ``tool_end`` ``output_digest`` and ``failed``:
+    16 hex digits of the SHA-256 of the input's (output's) canonical JSON, for the loop gate.
     """
 
     activity: str
@@ -104,6 +112,9 @@ class Event:
     usage: Usage | None = None
     #: The backend's resumable session id, reported once it exists (Codex: its thread id).
     resume_id: str = ""
+    input_digest: str = ""
+    output_digest: str = ""
+    failed: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -197,6 +208,7 @@ Message = (
     | Proxy
     | Reply
     | Control
+    | Renew
 )
 
 MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
@@ -216,6 +228,7 @@ MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
     "proxy": Proxy,
     "reply": Reply,
     "control": Control,
+    "renew": Renew,
 }
 TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
 

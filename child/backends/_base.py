@@ -51,6 +51,11 @@ class Host(Protocol):
     async def discuss(self, op: str, **fields: str | None) -> str:
         """A discussion-paper operation; returns the paper's reply text."""
 
+    async def check_tool(self, start: ipc.Event) -> str | None:
+        """Announce a ``tool_start`` *before* the tool runs (instead of emitting it), in order
+        behind the events already emitted; ``None`` when the call may run, else the loop
+        gate's refusal line."""
+
 
 class Backend(Protocol):
     """One agent process or loop, driven turn by turn.

@@ -40,6 +40,7 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
 from child.backends._nesting import inside_fleet_sandbox
@@ -252,7 +253,10 @@ class ClaudeBackend(CliBackend):
                     self._watch.disarm()
                     self.host.emit(
                         ipc.Event(
-                            activity="tool_start", tool=name, text=preview(block.get("input"))
+                            activity="tool_start",
+                            tool=name,
+                            text=preview(block.get("input")),
+                            input_digest=digest(block.get("input")),
                         )
                     )
         elif kind == "user":
@@ -276,10 +280,18 @@ class ClaudeBackend(CliBackend):
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 name = self._tools.pop(str(block.get("tool_use_id", "")), "")
-                outcome = "error" if block.get("is_error") else "ok"
-                if block.get("is_error"):
+                failed = bool(block.get("is_error"))
+                if failed:
                     turn.tool_failed("claude", name, block.get("content"))
-                self.host.emit(ipc.Event(activity="tool_end", tool=name, text=outcome))
+                self.host.emit(
+                    ipc.Event(
+                        activity="tool_end",
+                        tool=name,
+                        text="error" if failed else "ok",
+                        output_digest=digest(block.get("content")),
+                        failed=failed,
+                    )
+                )
         if not self._tools:
             self._watch.arm()
 

@@ -39,6 +39,7 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest_fields
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
 from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
@@ -53,6 +54,9 @@ MCP_STARTUP: Final = 60.0
 _WRITING: Final = frozenset({"edit", "write", "bash"})
 _EFFORTS: Final = frozenset({"minimal", "low", "medium", "high", "xhigh"})
 _TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall", "webSearch"})
+#: The fields of an item that say what it does, and those that say how it ended (loop gate).
+_ITEM_INPUT: Final = ("type", "command", "cwd", "changes", "server", "tool", "arguments", "query")
+_ITEM_OUTPUT: Final = ("status", "aggregatedOutput", "exitCode", "result", "error")
 
 
 def sandbox_mode(loadout: ipc.Loadout) -> str:
@@ -311,7 +315,14 @@ class CodexBackend(CliBackend):
             if kind == "commandExecution" and str(pid).isdigit():
                 self._commands[ident] = int(str(pid))
             what = item.get("command") or item.get("tool") or item.get("changes") or ""
-            self.host.emit(ipc.Event(activity="tool_start", tool=tool, text=preview(what)))
+            self.host.emit(
+                ipc.Event(
+                    activity="tool_start",
+                    tool=tool,
+                    text=preview(what),
+                    input_digest=digest_fields(item, _ITEM_INPUT),
+                )
+            )
             return
         self._tools.discard(ident)
         self._commands.pop(ident, None)
@@ -319,7 +330,15 @@ class CodexBackend(CliBackend):
             None,
             0,
         }
-        self.host.emit(ipc.Event(activity="tool_end", tool=tool, text="error" if failed else "ok"))
+        self.host.emit(
+            ipc.Event(
+                activity="tool_end",
+                tool=tool,
+                text="error" if failed else "ok",
+                output_digest=digest_fields(item, _ITEM_OUTPUT),
+                failed=failed,
+            )
+        )
         if failed and self._turn is not None:
             self._turn.tool_failed("codex", tool, item.get("aggregatedOutput"))
         if not self._tools:

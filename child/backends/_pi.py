@@ -42,6 +42,7 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import ToolRelay, relayed_tools
 
@@ -276,16 +277,31 @@ class PiBackend(CliBackend):
             self._on_message(turn, record.get("message") or {})
         elif kind == "tool_execution_start":
             self._watch.disarm()
-            tool = str(record.get("toolName", ""))
-            emit(ipc.Event(activity="tool_start", tool=tool, text=preview(record.get("args", {}))))
+            tool, args = str(record.get("toolName", "")), record.get("args", {})
+            emit(
+                ipc.Event(
+                    activity="tool_start",
+                    tool=tool,
+                    text=preview(args),
+                    input_digest=digest(args),
+                )
+            )
         elif kind == "tool_execution_update":
             emit(ipc.Event(activity="tool_update", tool=str(record.get("toolName", ""))))
         elif kind == "tool_execution_end":
             self._watch.arm()
-            outcome = "error" if record.get("isError") else "ok"
-            if record.get("isError"):
-                turn.tool_failed("pi", str(record.get("toolName", "")), record.get("result"))
-            emit(ipc.Event(activity="tool_end", tool=str(record.get("toolName", "")), text=outcome))
+            tool, failed = str(record.get("toolName", "")), bool(record.get("isError"))
+            if failed:
+                turn.tool_failed("pi", tool, record.get("result"))
+            emit(
+                ipc.Event(
+                    activity="tool_end",
+                    tool=tool,
+                    text="error" if failed else "ok",
+                    output_digest=digest(record.get("result")),
+                    failed=failed,
+                )
+            )
         elif kind == "agent_settled" or (kind == "agent_end" and not self.has_queue):
             turn.finish(aborted=bool(record.get("aborted")))
 

@@ -15,6 +15,7 @@ from orchestrator._errors import TimedOut, UsageError
 from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
+from orchestrator.cli._outcome import note_failed
 from orchestrator.control._client import WAIT_SLICE
 
 
@@ -66,13 +67,6 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
                 ) from None
     out(args, data, lambda d: _render.settled_text(d["settled"]))
     return 1 if any(note_failed(n) for n in data["settled"]) else 0
-
-
-def note_failed(note: Mapping[str, Any]) -> bool:
-    """Whether a settle note is a failure: the child failed, or its turn did (a model that is
-    unreachable or answers 500, a missing CLI, a CLI that is not logged in) and left it idle
-    with the turn's error. A question is not a failure."""
-    return note.get("state") == "failed" or (bool(note.get("error")) and "question" not in note)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

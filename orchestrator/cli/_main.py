@@ -7,10 +7,9 @@ programs; errors are one line on stderr (and an ``error`` object on stdout with 
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 
 from orchestrator._errors import FleetError, TimedOut, UsageError
 from orchestrator.cli import _render
@@ -29,6 +28,7 @@ from orchestrator.cli._drive import (
     cmd_wait,
 )
 from orchestrator.cli._durable import cmd_events, cmd_revive
+from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
@@ -321,22 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: The exit code when the reader of our output went away (``fleet peek | head -1``): what a
-#: shell reports for a process that SIGPIPE ended.
-CLOSED_PIPE: Final = 141
-
-
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    try:
-        code = _main(argv)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Nothing more can be said, and Python must not complain again when it flushes at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        code = CLOSED_PIPE
-    sys.exit(code)
+    """The full command line (``fleet`` itself is :func:`orchestrator.cli._fast.main`)."""
+    exit_with(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -347,23 +334,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         raise
     except FleetError as exc:
-        message = str(exc)
-        prefix = f"{args.verb}: "
-        line = f"fleet {message}" if message.startswith(prefix) else f"fleet {args.verb}: {message}"
-        if args.json:
-            print(json.dumps({"error": {"kind": exc.kind, "message": message}}))
-        print(line, file=sys.stderr)
-        code = exc.exit_code
+        code = error_code(exc, args.verb, json_output=args.json)
     except KeyboardInterrupt:
         code = 130
     except Exception as exc:
-        if args.debug or os.environ.get("FLEET_DEBUG"):
-            raise
-        if args.json:
-            print(json.dumps({"error": {"kind": "internal", "message": str(exc)}}))
-        print(
-            f"fleet {args.verb}: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-            file=sys.stderr,
-        )
-        code = 1
+        code = internal_error_code(exc, args.verb, json_output=args.json, debug=args.debug)
     return code

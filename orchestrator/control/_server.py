@@ -17,7 +17,8 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._config import agent_dir_entries, start_digests
+from orchestrator._config import agent_dir_entries
+from orchestrator._digests import start_digests
 from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg

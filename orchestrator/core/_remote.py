@@ -53,6 +53,8 @@ class Remote:
     host: str = "127.0.0.1"
     hello_timeout: float = ipc.HELLO_TIMEOUT
     request_timeout: float = 30.0
+    #: A remote child's lease (``child._lease``): seconds it may go unheard before it quits.
+    lease_s: float = 30.0
     _ca: SessionCA | None = attrs.field(default=None, init=False)
     _door: TlsDoor | None = attrs.field(default=None, init=False)
 
@@ -93,6 +95,7 @@ class Remote:
             **fields,
             **shipped,
             "socket": address,
+            "lease_s": self.lease_s,
             "tls": str(scratch / "tls"),
             "egress": [*fields.get("egress", ()), target],
         }

@@ -16,7 +16,9 @@ import trio
 import ipc
 from orchestrator._errors import UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State, clip
+from orchestrator.core._loops import LoopWatch
 from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import Watchdog
 
 __all__ = ["HEARTBEATS", "ChildRequests", "Question", "Requester", "Turn"]
@@ -73,6 +75,7 @@ class Requester(Protocol):
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
     def resumable(self, resume_id: str) -> None: ...
+    def on_loop(self, trip: Trip, *, steer: bool) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -80,6 +83,7 @@ class ChildRequests:
     """Serves one run's channel: events update the record, requests get their reply."""
 
     run: Requester
+    loops: LoopWatch = attrs.Factory(LoopWatch)
     _wakes: int = 0
     _wake_after_turn: bool = False
 
@@ -95,7 +99,29 @@ class ChildRequests:
             target.result = body
             target.settled.set()
 
+    def check_tool(self, start: ipc.Event) -> ipc.Message:
+        """A builtin agent's ``tool_start``, asked before the call runs (on the reader)."""
+        if start.activity != "tool_start":
+            return ipc.Reply(ok=False, error="only a tool_start is checked before it runs")
+        trip = self.loops.check(start)
+        self._record(start)
+        if trip is None:
+            return ipc.Reply(ok=True)
+        self._looping(trip, steer=False)
+        return ipc.Reply(ok=True, data={"refused": trip.line})
+
+    def _looping(self, trip: Trip, *, steer: bool) -> None:
+        self.run.record.touch(self.loops.activity)
+        self.run.log.write(f"fleet: {trip.line}")
+        self.run.on_loop(trip, steer=steer)
+
     def _activity(self, event: ipc.Event) -> None:
+        trip = self.loops.observe(event)
+        self._record(event)
+        if trip is not None:
+            self._looping(trip, steer=True)
+
+    def _record(self, event: ipc.Event) -> None:
         record = self.run.record
         if event.resume_id:
             self.run.resumable(event.resume_id)
@@ -113,7 +139,9 @@ class ChildRequests:
             record.tokens = event.usage.tokens
             if event.usage.cost_usd is not None:
                 record.cost_usd = event.usage.cost_usd
-        if event.activity in {"tool_start", "tool_update"}:
+        if self.loops.activity:
+            record.touch()  # looping: peek keeps saying so until a call that does not trip
+        elif event.activity in {"tool_start", "tool_update"}:
             record.touch(clip(f"{event.tool} {event.text}".strip(), 120))
         elif event.activity == "message" and event.text:
             record.touch(clip(event.text.splitlines()[0] if event.text else "", 120))

@@ -7,6 +7,7 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 """
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,10 +20,12 @@ from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
+from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
 
@@ -68,6 +71,8 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
+    lease_until: float = 0.0
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
     checked: CheckedResult | None = attrs.field(init=False)
 
@@ -104,6 +109,12 @@ class ChildRun:
     def resumable(self, resume_id: str) -> None:
         """The backend reported what a revive resumes it from: journaled at once."""
         self.host.journal.resumable(self.key, self.record.backend, resume_id)
+
+    def on_loop(self, trip: Trip, *, steer: bool) -> None:
+        """The loop gate tripped: steer, or stop past its budget (:mod:`._loops`)."""
+        if self._nursery is not None and not self.finishing:
+            act = functools.partial(intervene, self, self.requests.loops, trip, steer=steer)
+            self._nursery.start_soon(act)
 
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
@@ -185,7 +196,25 @@ class ChildRun:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
+        if isinstance(body, ipc.Renew):
+            return self._renew()
+        if isinstance(body, ipc.Event):
+            return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
+
+    def _renew(self) -> ipc.Message:
+        lease = self.card.lease_s if self.card is not None else 0.0
+        if not lease:
+            return ipc.Reply(ok=False, error="this child holds no lease")
+        self.lease_until = trio.current_time() + lease
+        return ipc.Reply(ok=True, data={"lease_s": lease})
+
+    async def _outwait_lease(self) -> None:
+        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
+        has run out (so it has stopped writing by itself)."""
+        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
+            with trio.move_on_at(self.lease_until):
+                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -193,6 +222,8 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
+        if self.card is not None and self.card.lease_s:
+            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -273,6 +304,7 @@ class ChildRun:
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
         self.turn = turn
+        self.requests.loops.new_prompt()
         record.turn = turn.number
         try:
             self.watchdog.start_active()
@@ -528,6 +560,7 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
+            await self._outwait_lease()
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

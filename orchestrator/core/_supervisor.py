@@ -126,6 +126,7 @@ class Supervisor:
             refuse=self.refusals.refuse,
             nursery=self.nursery,
             host=self.config.ray_listen,
+            lease_s=self.config.lease_s,
             hello_timeout=self.config.hello_timeout,
             request_timeout=self.config.request_timeout,
         )

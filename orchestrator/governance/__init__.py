@@ -3,8 +3,9 @@
 Owns the workflow-mode and toolset policy (``_policy``), path ownership locks with the exact
 glob-overlap automaton (``_ownership``, ``_globmatch``), the watchdog budgets (``_watchdog``), and
 bounded, redacted diagnostics (``_diagnostics``: run logs, failure tails, the reject log), the
-loop gate's pure rules (``_loopgate``), and checked results (``_checked``: a child's fenced JSON
-result validated against its spawn's JSON Schema with ``jsonschema``). Next: usage budgets.
+loop gate's pure rules (``_loopgate``; wired in ``core._loops``), and checked results
+(``_checked``: a child's fenced JSON result validated against its spawn's JSON Schema with
+``jsonschema``). Next: usage budgets.
 
 Imports: the foundation (``orchestrator._errors``, ``_config``, ``_records``, ``_sync``) only —
 nothing of the core, the launchers or the CLI.

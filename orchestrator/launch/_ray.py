@@ -238,6 +238,11 @@ class LaunchedRay:
     returned: bytes | None = None
     lost: str = ""
     _killed: bool = False
+    #: The child's exit status as the actor's ``stop`` returned it.
+    _stopped: int | None = None
+    #: The actor reported the child's exit; False while it runs, or when the actor or its node
+    #: was lost (the child may still be writing until its lease runs out).
+    confirmed_exit: bool = False
     #: The actor's worker process (on its node), for memory accounting.
     actor_pid: int = 0
 
@@ -248,9 +253,13 @@ class LaunchedRay:
             if out:
                 sink("stdout", out)
             self.returncode = code
-        except Exception as exc:  # the actor or its node died
-            log.warning("ray child %s: actor lost: %s", self.pid, exc)
-            self.returncode = -int(signal.SIGKILL)
+            self.confirmed_exit = True  # its actor saw the child's exit status
+        except Exception as exc:  # the actor or its node died, or we killed it after a stop
+            if self._stopped is not None:  # the actor told us how the child ended first
+                self.returncode, self.confirmed_exit = self._stopped, True
+            else:
+                log.warning("ray child %s: actor lost: %s", self.pid, exc)
+                self.returncode = -int(signal.SIGKILL)
         finally:
             self.exited.set()
 
@@ -265,7 +274,7 @@ class LaunchedRay:
         def stop(child_running: bool) -> None:
             try:
                 if child_running:
-                    ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
+                    self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
                 if self.ships_back:
                     self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
             except Exception as exc:  # actor gone: PDEATHSIG took the child

@@ -4,6 +4,7 @@ The cluster is ``ray.cluster_utils.Cluster`` on this machine, started once for t
 test's supervisor joins it as its own driver (``FLEET_RAY_ADDRESS``).
 """
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from cryptography import x509
 from ray.cluster_utils import Cluster
 
 from orchestrator.remote._ca import owner_of
-from tests.e2e.conftest import Fleet, running_fleet
+from tests.e2e.conftest import Fleet, fleet_processes, running_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +134,37 @@ def test_a_workers_changes_come_back_from_its_node_and_apply(fleet):
     assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 43\n"
     assert (fleet.repo / "NOTES.md").read_text() == "written on a node\n"
     assert not worktree.exists()
+
+
+def test_a_remote_child_whose_supervisor_goes_silent_stops_within_its_lease(tmp_path, cluster):
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray", "FLEET_LEASE_S": "3"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        model = fleet.script("hang", HANG)
+        fleet.json("spawn", "--surface", "ray", "--agent", "worker", "--model", model, "hold")
+        deadline = time.monotonic() + 90
+        while fleet.json("peek")["agents"][0]["state"] != "working":
+            assert time.monotonic() < deadline, "the child never started its turn"
+            time.sleep(0.2)
+        pids = child_pids(fleet.home)  # the sandbox and the child in it
+        [supervisor] = [
+            p
+            for p in fleet_processes(fleet.home)
+            if p.cmdline()[2:5] == ["-m", "orchestrator", "serve"]
+        ]
+        # Frozen, not gone: the TCP connection stays up, only the renewals stop.
+        supervisor.send_signal(signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            while any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
+            ):
+                assert time.monotonic() - stopped < 3 + 5, "the child outlived its lease"
+                time.sleep(0.1)
+        finally:
+            supervisor.send_signal(signal.SIGCONT)
+        [note] = fleet.json("wait", "a1", "--timeout", "60", code=1, timeout=90)["settled"]
+        assert note["state"] == "failed", note
+        logs = fleet.run("logs", "a1").stdout
+        assert "lease expired: no word from the supervisor for 3 s" in logs, logs
+        # Its locks went only with it: the worktree is kept, nothing was copied back.
+        assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"

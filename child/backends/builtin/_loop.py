@@ -20,6 +20,7 @@ import trio
 
 import ipc
 from child.backends._base import RESTARTED, Host, TurnResult
+from child.backends._digest import digest
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
 from child.backends.builtin._transcript import load_transcript, save_transcript
@@ -248,14 +249,26 @@ class BuiltinBackend:
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> str:
         tool = self.tools.get(name)
-        self.host.emit(ipc.Event(activity="tool_start", tool=name, text=_preview(args)))
+        start = ipc.Event(
+            activity="tool_start", tool=name, text=_preview(args), input_digest=digest(args)
+        )
+        # The supervisor's loop gate sees the call before it runs, and may refuse it.
+        refused = await self.host.check_tool(start)
+        if refused is not None:
+            return f"error: this {name} call ({_preview(args)}) was refused: {refused}"
         if tool is None:
             text, is_error = f"{name}: no such tool here (available: {sorted(self.tools)})", True
         else:
             result = await tool.run(self.ctx, args)
             text, is_error = result.text, result.is_error
         self.host.emit(
-            ipc.Event(activity="tool_end", tool=name, text="error" if is_error else "ok")
+            ipc.Event(
+                activity="tool_end",
+                tool=name,
+                text="error" if is_error else "ok",
+                output_digest=digest(text),
+                failed=is_error,
+            )
         )
         return text
 
