@@ -59,12 +59,16 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.since < 0:
         raise UsageError("--since must be a record number >= 0")
     since = args.since
-    data = call(args, "events", {"since": since})
-    _print(args, data["events"])
-    while args.follow:
+    while True:  # a reply carries at most a few thousand records: ask on from the last one
+        data = call(args, "events", {"since": since})
+        _print(args, data["events"])
         since = data["events"][-1]["seq"] if data["events"] else since
+        if not data["events"] or since >= data["seq"]:
+            break
+    while args.follow:
         data = call(args, "events", {"since": since, "wait": FOLLOW_WAIT})
         _print(args, data["events"])
+        since = data["events"][-1]["seq"] if data["events"] else since
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from orchestrator._errors import Refused, UsageError
+from orchestrator._errors import FleetError, Refused, UsageError
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._server import OPS, Op
 from orchestrator.core._revive import Revival, find_lost, revive, why_not
@@ -81,8 +81,10 @@ class Durability:
     def _reviving(self, op: Op) -> Op:
         async def reviving(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
             ref = args.get("agent")
-            if isinstance(ref, str) and ref in self.lost and ref not in sup.registry.records:
-                await self._revive(sup, {"agents": [ref]})
+            if isinstance(ref, str) and self.lost and not _live(sup, ref):
+                lost = next((r for r in self.lost.values() if ref in {r.key, r.name}), None)
+                if lost is not None:  # by key or name, as the op itself finds children
+                    await self._revive(sup, {"agents": [lost.key]})
             return await op(sup, args)
 
         return reviving
@@ -137,6 +139,14 @@ class Durability:
         while True:
             self.session.observe(self.sup.registry.live(), self.sup.locks.snapshot())
             await trio.sleep(OBSERVE_INTERVAL)
+
+
+def _live(sup: Supervisor, ref: str) -> bool:
+    try:
+        sup.registry.find(ref, include_retired=False)
+    except FleetError:
+        return False
+    return True
 
 
 def _mark_lost(durability: "Durability") -> None:

@@ -211,8 +211,9 @@ def test_a_torn_journal_line_is_one_warning_and_resume_revives_a_lost_child(faul
         assert len(lines) == 3, lines
         assert any("are journal v2, newer than this fleet reads (v1)" in x for x in lines)
         assert any("the last line is torn (41 bytes" in x for x in lines)
-        # `resume` on a lost child revives it first: its context is there.
-        _json(faults, "resume", "a1", "turn two")
+        # `resume` on a lost child (named by its name here) revives it first: its context is
+        # there.
+        _json(faults, "resume", "scout-1", "turn two")
         [note] = _json(faults, "wait", "a1")["settled"]
         assert note["report"] == "## Summary\nsecond"
         texts = _user_texts(srv.requests("c1")[1].body)
