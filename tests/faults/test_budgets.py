@@ -63,7 +63,8 @@ async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults)
     # The steer reaches the model once, at the first request after the usage that passed the
     # limit (the second or the third, as the events race the next step), and stays in context.
     seen = [steers_seen(r) for r in requests]
-    assert seen[0] == 0 and seen[-1] == 1 and seen == sorted(seen), seen
+    assert (seen[0], seen[-1]) == (0, 1), seen
+    assert seen == sorted(seen), seen
     assert (record.report, len(notes)) == ("again", 1)
     assert note["budget"]["scope"] == "child"
     assert note["budget"]["level"] == "soft"
