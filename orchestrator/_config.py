@@ -43,6 +43,21 @@ def _check_idle_exit(_: object, __: object, value: float) -> None:
         raise UsageError(f"idle_exit_s {value!r} must be a number of seconds >= 0 (0: never)")
 
 
+def _check_hibernate(_: object, __: object, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise UsageError(
+            f"hibernate_after_s {value!r} must be a number of seconds >= 0 (0: at once when "
+            "idle), or null for never"
+        )
+
+
+def _check_retained(_: object, __: object, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise UsageError(f"max_retained {value!r} must be a whole number in 1..4096")
+
+
 def _endpoints(value: object) -> tuple[str, ...]:
     """``egress`` as a list or a comma-separated string (each entry is checked at spawn)."""
     items = value.split(",") if isinstance(value, str) else value
@@ -182,6 +197,11 @@ class Config:
     #: live child, no unread note, no open question, no unresolved worktree, no request);
     #: 0: never.
     idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
+    #: ``subagents.hibernate_after_s``: an idle child whose backend can resume is stopped
+    #: without finalizing after this many idle seconds (0: at once; ``None``: never).
+    hibernate_after_s: float | None = attrs.field(default=None, validator=_check_hibernate)
+    #: ``subagents.max_retained``: live and hibernated children together (docs/durability.md).
+    max_retained: int = attrs.field(default=64, validator=_check_retained)
     #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
     notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
     #: ``subagents.budget`` and ``subagents.prices``: usage budgets and the price table, as
@@ -318,6 +338,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("agent_dirs", "agent_dirs"),
         ("egress", "egress"),
         ("idle_exit_s", "idle_exit_s"),
+        ("hibernate_after_s", "hibernate_after_s"),
+        ("max_retained", "max_retained"),
         ("notify", "notify"),
         ("budget", "budget"),
         ("prices", "prices"),

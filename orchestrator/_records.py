@@ -23,6 +23,8 @@ class State(enum.StrEnum):
     IDLE = "idle"
     PAUSED = "paused"
     WAITING = "waiting"
+    #: Stopped without finalizing: no process, its worktree, locks and context kept.
+    HIBERNATED = "hibernated"
     STOPPED = "stopped"
     FAILED = "failed"
 

@@ -29,7 +29,7 @@ __all__ = [
 DEFAULT_VOTERS: Final = 4
 MIN_VOTERS: Final = 2
 REFUSED: Final = "democracy round refused"
-VOTABLE: Final = frozenset({State.IDLE, State.PAUSED})
+VOTABLE: Final = frozenset({State.IDLE, State.PAUSED, State.HIBERNATED})
 
 
 class Slots(Protocol):

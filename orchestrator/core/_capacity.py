@@ -1,9 +1,10 @@
 """Capacity: the retained-fleet cap and the lane for working children.
 
-The cap counts every live child (idle and paused included). A batch reserves atomically and is
-refused whole before any launch. Lowering the cap keeps the fleet and blocks new spawns until
-there is room. The lane bounds how many children actively work at once; turns beyond it wait
-in FIFO order and never fail.
+The cap counts every live child (idle and paused included); a hibernated child has no process
+and counts only against ``max_retained``, which bounds live and hibernated children together.
+A batch reserves atomically and is refused whole before any launch. Lowering the cap keeps
+the fleet and blocks new spawns until there is room. The lane bounds how many children
+actively work at once; turns beyond it wait in FIFO order and never fail.
 """
 
 import attrs
@@ -19,11 +20,21 @@ class Capacity:
 
     cap: int
     used: int = 0
+    #: Children stopped without finalizing (``subagents.hibernate_after_s``).
+    hibernated: int = 0
+    max_retained: int = 64
 
     def reserve(self, count: int) -> None:
         """Reserve *count* slots at once, or none (raises :class:`CapacityError`)."""
         if count < 1:
             raise UsageError("spawn: nothing to reserve")
+        bound = max(self.max_retained, self.cap)
+        if self.used + self.hibernated + count > bound:
+            raise CapacityError(
+                f"spawn: {count} new child(ren) would exceed max_retained {bound} "
+                f"({self.used} live, {self.hibernated} hibernated) (stop or discard a "
+                "hibernated child, or raise subagents.max_retained)"
+            )
         if self.used + count > self.cap:
             free = max(0, self.cap - self.used)
             raise CapacityError(
@@ -34,6 +45,24 @@ class Capacity:
 
     def release(self, count: int = 1) -> None:
         self.used = max(0, self.used - count)
+
+    def hibernate(self) -> None:
+        """A live child gave up its slot and stays retained."""
+        self.release()
+        self.hibernated += 1
+
+    def wake(self) -> bool:
+        """A hibernated child takes a live slot back; ``False`` while the cap is full."""
+        if self.used >= self.cap:
+            return False
+        self.used += 1
+        self.hibernated = max(0, self.hibernated - 1)
+        return True
+
+    def reclaim(self) -> None:
+        """A hibernated child is being finalized: it holds a slot again until its release."""
+        self.hibernated = max(0, self.hibernated - 1)
+        self.used += 1
 
     def set_cap(self, cap: int) -> None:
         if cap not in CAPS:

@@ -29,7 +29,7 @@ from orchestrator.launch._launcher import Launched, Launcher
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost"]
+__all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost", "SpawnMemory"]
 
 R_contra = TypeVar("R_contra", contravariant=True)
 
@@ -76,6 +76,12 @@ class RemoteHost(Protocol):
     def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
 
 
+class SpawnMemory(Protocol):
+    """What keeps each child's loadout fields for a later wake (``core._hibernation``)."""
+
+    def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None: ...
+
+
 class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
     """What spawning needs: the fleet's tables, its capacity, its launchers, and a run's host."""
 
@@ -105,6 +111,8 @@ class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
     def boxed_fork_server(self) -> ForkServer | None: ...
     @property
     def remote(self) -> "RemoteHost": ...
+    @property
+    def hibernation(self) -> "SpawnMemory": ...
     def agents(self, scope: str | None = None) -> dict[str, AgentDefinition]: ...
     def refuse_hello(self, reason: str, owner: str, **evidence: Any) -> None: ...
 

@@ -37,6 +37,12 @@ class Journal(Protocol):
     def handed_off(self, record: ChildRecord) -> None:
         """*record* reached its terminal state; its handoff is final."""
 
+    def hibernated(self, record: ChildRecord) -> None:
+        """*record*'s process was stopped without finalizing (it can be woken)."""
+
+    def woke(self, record: ChildRecord) -> None:
+        """*record* was launched again from hibernation."""
+
 
 class NoJournal:
     """The journal of a supervisor that keeps none: every fact is dropped."""
@@ -63,4 +69,10 @@ class NoJournal:
         pass
 
     def handed_off(self, record: ChildRecord) -> None:
+        pass
+
+    def hibernated(self, record: ChildRecord) -> None:
+        pass
+
+    def woke(self, record: ChildRecord) -> None:
         pass

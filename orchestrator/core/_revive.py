@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
     from orchestrator.core._spawning import Spawning
 
-__all__ = ["REVIVABLE", "Revival", "revive"]
+__all__ = ["REVIVABLE", "Revival", "launch_again", "revive", "why_not"]
 
 #: Backends a lost child of which can be revived with its context.
 REVIVABLE = frozenset({"builtin", "claude", "pi", "codex"})
@@ -177,14 +177,27 @@ async def revive(
         raise
     if snapshot is not None:
         sup.worktrees.snapshots[key] = snapshot
-    fields = _loadout_fields(revival)
     try:
-        prepared = await trio.to_thread.run_sync(spawning.prepare_one, record, fields)
+        run = await launch_again(sup, spawning, record, revival)
+        sup.hibernation.spawned(run.record, revival.loadout)
     except BaseException:
         locks.release(key)
         sup.registry.records.pop(key, None)
         sup.capacity.release()
         raise
+    return record
+
+
+async def launch_again(
+    sup: "SpawnHost[ChildRun]",
+    spawning: "Spawning",
+    record: ChildRecord,
+    revival: Revival,
+) -> ChildRun:
+    """Launch *record* again with *revival*'s loadout, marked restarted (its slot is
+    already reserved; a wake from hibernation launches through here too)."""
+    fields = _loadout_fields(revival)
+    prepared = await trio.to_thread.run_sync(spawning.prepare_one, record, fields)
     run = ChildRun(
         host=sup,
         record=record,
@@ -195,10 +208,10 @@ async def revive(
         budgets=sup.budgets,
         declared=tuple(fields.get("ownership", ())),
     )
-    sup.runs[key] = run
+    sup.runs[record.key] = run
     await sup.nursery.start(run.run)
     sup.notes.changed()
-    return record
+    return run
 
 
 def find_lost(lost: Mapping[str, Revival], ref: str) -> Revival:

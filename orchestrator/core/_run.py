@@ -73,6 +73,8 @@ class ChildRun:
     _timed_out: bool = False
     #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
     lease_until: float = 0.0
+    #: What its backend said a revive resumes it from (a wake uses it).
+    resume_id: str = ""
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
     checked: CheckedResult | None = attrs.field(init=False)
 
@@ -114,6 +116,7 @@ class ChildRun:
 
     def resumable(self, resume_id: str) -> None:
         """The backend reported what a revive resumes it from: journaled at once."""
+        self.resume_id = resume_id
         self.host.journal.resumable(self.key, self.record.backend, resume_id)
 
     def on_loop(self, trip: Trip, *, steer: bool) -> None:

@@ -173,6 +173,7 @@ class Spawning:
                 ) from exc
             for run, plan in zip(runs, plans, strict=True):
                 sup.journal.spawned(run.record, plan.loadout_fields)
+                sup.hibernation.spawned(run.record, plan.loadout_fields)
             # Launch the batch together: a worktree or a fork each child waits on is its own.
             async with trio.open_nursery() as launching:
                 for run in runs:

@@ -22,6 +22,7 @@ from orchestrator._config import Config
 from orchestrator._errors import (
     PolicyError,
     TimedOut,
+    UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
@@ -31,6 +32,7 @@ from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
+from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._journaling import Journal, NoJournal
 from orchestrator.core._notes import Notes
@@ -102,9 +104,15 @@ class Supervisor:
     notifier: Notifier = attrs.field(init=False)
     #: Usage budgets and the ledger (``subagents.budget``, ``subagents.prices``).
     spend: Budgets = attrs.field(init=False)
+    #: Idle children stopped without finalizing (``subagents.hibernate_after_s``).
+    hibernation: Hibernation = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.capacity = Capacity(cap=self.config.max_subagents)
+        self.capacity = Capacity(
+            cap=self.config.max_subagents, max_retained=self.config.max_retained
+        )
+        self.hibernation = Hibernation(sup=self, after_s=self.config.hibernate_after_s)
+        self.hibernation.start(self.nursery)
         self.lane = Lane(capacity=self.config.lane)
         self.paper = Paper(self.config.paths.paper)
         self.review = ReviewStore(self.config.paths.review)
@@ -223,18 +231,29 @@ class Supervisor:
 
     def run_for(self, ref: str) -> ChildRun:
         record = self.registry.find(ref, include_retired=False)
-        return self.runs[record.key]
+        run = self.runs.get(record.key)
+        if run is None:
+            raise UsageError(f"{record.key} is {record.state}; fleet resume or fleet ask wakes it")
+        return run
 
     async def prompt(self, ref: str, text: str) -> ChildRecord:
-        """Resume: a new prompt to the same child (its context is kept)."""
-        run = self.run_for(ref)
-        self.spend.check_turn(f"prompt {run.key}")
-        run.queue_prompt(text)
-        self.journal.changed(run.record)
+        """Resume: a new prompt to the same child (its context is kept; a hibernated one
+        wakes for it)."""
+        record = self.registry.find(ref, include_retired=False)
+        self.spend.check_turn(f"prompt {record.key}")
+        if self.hibernation.asleep(record.key):
+            self.hibernation.prompt(record, text)
+        else:
+            self.run_for(record.key).queue_prompt(text)
+        self.journal.changed(record)
         self.notes.changed()
-        return run.record
+        return record
 
     async def steer(self, ref: str, text: str) -> ChildRecord:
+        record = self.registry.find(ref, include_retired=False)
+        if self.hibernation.asleep(record.key):
+            self.hibernation.steer(record, text)
+            return record
         run = self.run_for(ref)
         await run.steer(text)
         return run.record
@@ -247,9 +266,9 @@ class Supervisor:
         return run.record, settled
 
     async def ask(self, ref: str, text: str) -> str:
-        run = self.run_for(ref)
-        self.spend.check_turn(f"ask {run.key}")
-        return await run.ask(text)
+        self.spend.check_turn(f"ask {self.registry.find(ref, include_retired=False).key}")
+        async with self.hibernation.awake(ref) as run:  # a hibernated child wakes first
+            return await run.ask(text)
 
     def answer(self, ref: str, text: str) -> Question:
         """Answer a question by id (``q3``) or the single open question of a child."""
@@ -265,6 +284,9 @@ class Supervisor:
         async def stop_one(index: int, run: ChildRun) -> None:
             handoffs[index] = await run.stop()
 
+        async def finish_one(index: int, key: str) -> None:
+            handoffs[index] = await self.hibernation.finish(key)
+
         async def resolve_one(index: int, record: ChildRecord) -> None:
             # A retired worker whose worktree is unresolved: try the copy-back again.
             apply_settlement(record, await self.worktrees.settle(record.key, copy_back=True))
@@ -275,6 +297,8 @@ class Supervisor:
                 run = self.runs.get(record.key)
                 if run is not None:
                     nursery.start_soon(stop_one, index, run)
+                elif self.hibernation.asleep(record.key):
+                    nursery.start_soon(finish_one, index, record.key)
                 elif record.key in self.worktrees.snapshots:
                     nursery.start_soon(resolve_one, index, record)
         return handoffs
@@ -293,6 +317,8 @@ class Supervisor:
         run = self.runs.get(record.key)
         if run is not None:
             await run.stop()
+        elif self.hibernation.asleep(record.key):
+            await self.hibernation.finish(record.key)
         await self.worktrees.discard(record.key)
         self.registry.retired.pop(record.key, None)
         self.runs.pop(record.key, None)
@@ -451,6 +477,7 @@ class Supervisor:
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.journal.handed_off(run.record)
+        self.hibernation.forget(run.key)
         self.locks.release(run.key)
         self.remote.release(run.key)
         self.capacity.release()

@@ -176,7 +176,7 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
         return
     if kind == "resume":
         child.resume = str(fields.get("id") or "")
-    elif kind in {"state", "lost", "revived"}:
+    elif kind in {"state", "lost", "revived", "hibernate", "wake"}:
         child.state = str(fields.get("state") or kind)
         if kind == "revived":
             child.handoff = None

@@ -110,6 +110,14 @@ class SessionJournal:
     def answered(self, key: str, qid: str, text: str) -> None:
         self.journal.append("answer", key, durable=True, id=qid, text=clip(text))
 
+    def hibernated(self, record: ChildRecord) -> None:
+        self._states[record.key] = "hibernated"
+        self.journal.append("hibernate", record.key, durable=True, state="hibernated")
+
+    def woke(self, record: ChildRecord) -> None:
+        self._states[record.key] = str(record.state)
+        self.journal.append("wake", record.key, durable=True, state=str(record.state))
+
     def handed_off(self, record: ChildRecord) -> None:
         self._states.pop(record.key, None)
         self._locks.pop(record.key, None)

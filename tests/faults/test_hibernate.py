@@ -1,0 +1,120 @@
+"""Hibernation: idle children give their processes up, keep their context, and wake for a prompt.
+
+Real builtin children against the loopback scripted model server, under a real supervisor with
+``hibernate_after_s: 0`` and a live cap of 4: forty children each answer a first task and
+hibernate (no process left), each is then asked a follow-up question, and each answers with its
+own conversation (the model server sees each child's first turn in its second request).
+"""
+
+import pytest
+import trio
+
+from orchestrator._errors import CapacityError, UsageError
+from orchestrator._records import State
+from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from tests.fakes.model_server import ModelServer
+from tests.faults.conftest import Faults, running
+
+pytestmark = pytest.mark.slow
+
+CHILDREN = 40
+CAP = 4
+
+
+def _texts(body: dict[str, object]) -> list[str]:
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    return [m["content"] for m in messages if m["role"] in {"user", "assistant"}]
+
+
+async def _all_hibernated(sup: Supervisor, keys: list[str]) -> None:
+    records = [sup.registry.records[key] for key in keys]
+    await Faults.until(lambda: all(r.state is State.HIBERNATED for r in records))
+
+
+async def test_forty_children_hibernate_and_each_answers_with_its_own_context(faults) -> None:
+    async with ModelServer() as srv:
+        for i in range(CHILDREN):
+            srv.script(f"c{i}", [{"text": f"first {i}"}, {"text": f"answer {i}"}])
+        config = faults.config(max_subagents=CAP, hibernate_after_s=0, lane=CAP)
+        pids: list[int] = []
+        keys: list[str] = []
+        with trio.fail_after(90):
+            async with open_supervisor(config) as sup:
+                for batch in range(CHILDREN // CAP):
+                    records = await sup.spawn(
+                        [
+                            SpawnRequest(
+                                task=f"task {i}",
+                                model=f"openai:fake-model@{srv.base_url(f'c{i}')}/v1",
+                            )
+                            for i in range(batch * CAP, (batch + 1) * CAP)
+                        ]
+                    )
+                    batch_keys = [r.key for r in records]
+                    pids += [sup.runs[key].launched.pid for key in batch_keys]  # type: ignore[union-attr]
+                    keys += batch_keys
+                    await _all_hibernated(sup, batch_keys)
+                # No child process is left while they sleep; none counts against the cap.
+                assert running(pids) == []
+                peek = sup.peek()
+                assert [a["state"] for a in peek["agents"]] == ["hibernated"] * CHILDREN
+                assert (sup.capacity.used, sup.capacity.hibernated) == (0, CHILDREN)
+                answers: dict[str, str] = {}
+
+                async def ask(index: int, key: str) -> None:
+                    answers[key] = await sup.ask(key, f"what was task {index}?")
+
+                async with trio.open_nursery() as nursery:
+                    for index, key in enumerate(keys):
+                        nursery.start_soon(ask, index, key)
+                assert answers == {key: f"answer {i}" for i, key in enumerate(keys)}
+                await _all_hibernated(sup, keys)
+                for key in keys:  # woken and asleep again: no process of any child is left
+                    with pytest.raises(AssertionError, match="no process"):
+                        faults.child_process(key)
+                handoffs = await sup.stop(keys)
+                assert [h["state"] for h in handoffs] == ["stopped"] * CHILDREN
+                assert sup.registry.records == {}
+                assert (sup.capacity.used, sup.capacity.hibernated) == (0, 0)
+        for i in range(CHILDREN):
+            first, second = srv.requests(f"c{i}")
+            assert _texts(first.body) == [f"task {i}"]
+            texts = _texts(second.body)
+            assert texts[:2] == [f"task {i}", f"first {i}"], texts
+            assert texts[-1].endswith(f"what was task {i}?")
+    assert faults.processes() == []
+
+
+async def test_a_prompt_wakes_a_hibernated_child_and_max_retained_bounds_spawns(faults) -> None:
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "first"}, {"text": "second"}])
+        srv.script("c2", [{"text": "other"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        config = faults.config(max_subagents=2, hibernate_after_s=0, max_retained=1)
+        with trio.fail_after(60):
+            async with open_supervisor(config) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="one", model=model, name="m")])
+                await _all_hibernated(sup, [record.key])
+                assert (await sup.wait([record.key]))[0]["report"] == "first"
+                # Live and hibernated together are bounded by max_retained (here the cap, 2).
+                other = f"openai:fake-model@{srv.base_url('c2')}/v1"
+                with pytest.raises(CapacityError, match="max_retained 2"):
+                    await sup.spawn([SpawnRequest(task="x", model=other)] * 2)
+                with pytest.raises(UsageError, match="hibernated, not working"):
+                    await sup.steer("m", "faster")
+                with pytest.raises(UsageError, match="fleet resume or fleet ask wakes it"):
+                    await sup.pause("m")
+                await sup.prompt("m", "two")  # queued: it wakes in the background
+                assert record.state is State.WORKING
+                assert record.queued
+                notes = await sup.wait([record.key])
+                assert notes[0]["report"] == "second"
+                await _all_hibernated(sup, [record.key])
+                [handoff] = await sup.stop(["m"])
+                assert handoff["state"] == "stopped"
+                assert sup.registry.records == {}
+                assert sup.capacity.hibernated == 0
+        second = srv.requests("c1")[1].body
+        assert _texts(second)[:2] == ["one", "first"]
+    assert faults.processes() == []
