@@ -3,15 +3,24 @@
 Real builtin children against the loopback scripted model server, under a real supervisor with
 ``hibernate_after_s: 0`` and a live cap of 4: forty children each answer a first task and
 hibernate (no process left), each is then asked a follow-up question, and each answers with its
-own conversation (the model server sees each child's first turn in its second request).
+own conversation (the model server sees each child's first turn in its second request). A
+real Pi child, driven through the ``fleet`` CLI, hibernates and wakes for an ``ask`` with its
+session file.
 """
 
+import contextlib
+import json
+import time
+from typing import Any
+
+import psutil
 import pytest
 import trio
 
 from orchestrator._errors import CapacityError, UsageError
 from orchestrator._records import State
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
 from tests.faults.conftest import Faults, running
 
@@ -118,3 +127,57 @@ async def test_a_prompt_wakes_a_hibernated_child_and_max_retained_bounds_spawns(
         second = srv.requests("c1")[1].body
         assert _texts(second)[:2] == ["one", "first"]
     assert faults.processes() == []
+
+
+def _cli_json(faults, *args: str, timeout: float = 60) -> dict[str, Any]:
+    result = faults.cli(*args, "--json", timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _until(check, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _runs_of(faults, key: str) -> list[int]:
+    """Every process of *key*'s run: its fork (named for it) and its agent CLI (which names
+    its scratch directory)."""
+    pids = []
+    for process in faults.processes():
+        with contextlib.suppress(psutil.Error):
+            mine = f"/scratch/{key}/" in " ".join(process.info["cmdline"] or [])
+            if mine or process.name() == f"fleet {key}"[:15]:
+                pids.append(process.pid)
+    return pids
+
+
+@pytest.mark.needs("pi")
+def test_a_pi_child_hibernates_and_wakes_with_its_session(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_PI_BIN", str(NPM_BIN / "pi"))
+    (faults.home / "config.yaml").write_text("subagents:\n  hibernate_after_s: 0\n")
+    with ModelServer() as srv:
+        first = {"text": "## Summary\nfirst", "delay": 3}
+        srv.script("c1", [first, {"text": "it was turn one"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _cli_json(faults, "spawn", "--backend", "pi", "--model", model, "turn one", timeout=90)
+        _until(lambda: len(_runs_of(faults, "a1")) >= 2)  # the child and its pi, working
+        assert _cli_json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
+        _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
+        assert _runs_of(faults, "a1") == []  # no process of it is left while it sleeps
+        answer = _cli_json(faults, "ask", "a1", "what was the first turn?", timeout=120)
+        assert answer["answer"] == "it was turn one"
+        texts = [str(m.get("content")) for m in srv.requests("c1")[-1].body["messages"]]
+        joined = "\n".join(texts)
+        for earlier in ("turn one", "## Summary\nfirst"):
+            assert earlier in joined
+        assert "what was the first turn?" in texts[-1]
+        _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
+        events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
+        kinds = [e["kind"] for e in events if e["key"] == "a1"]
+        assert kinds.count("hibernate") == 2, kinds
+        assert kinds.count("wake") == 1, kinds
+        assert _cli_json(faults, "stop", "a1")["handoffs"][0]["state"] == "stopped"
