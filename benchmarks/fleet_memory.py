@@ -20,11 +20,22 @@ hello waits behind a 128-process import storm. Run::
 
     .venv/bin/python benchmarks/fleet_memory.py [--children 128] [--peeks 200]
 
+``--hibernate`` measures hibernation instead (docs/durability.md "Hibernation"): ``--children``
+(default 64) retained children of a real agent CLI (Pi, against the loopback scripted model
+server of tests/fakes) with at most 8 live and ``hibernate_after_s: 0`` — the total RSS of the
+fleet (this process and every process under it) once all have answered and hibernated, against
+the same children all live and idle in a second supervisor; and wake→hello p50 of eight
+hibernated children woken one at a time, against spawn→hello p50 of eight fresh children
+spawned one at a time (``revive_ratio``). Run::
+
+    .venv/bin/python benchmarks/fleet_memory.py --hibernate [--children 16]
+
 The last line is one JSON object.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,22 +43,30 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import trio
 
 from orchestrator._config import Config
-from orchestrator._records import SpawnRequest
+from orchestrator._records import SpawnRequest, State
 from orchestrator.core._capacity import Capacity
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 
+if TYPE_CHECKING:
+    from tests.fakes.model_server import ModelServer
+
+ROOT = Path(__file__).resolve().parents[1]
 MB = 1024 * 1024
 BATCH = 16
+#: ``--hibernate``: the most live children, and how many spawns and wakes are timed.
+LIVE = 8
+TIMED = 8
 TARGET_SUPERVISOR_MB = 150
 TARGET_CHILD_MB = 40
 TARGET_PEEK_MS = 5
 CEILING = 900.0
+HIBERNATE_CEILING = 1800.0
 
 SCRIPT = {
     "turns": [
@@ -192,12 +211,188 @@ async def bench(children: int, peeks: int) -> dict[str, Any]:
     }
 
 
+# -- --hibernate: a fleet of real Pi children, hibernated against live -----------------------
+
+
+def fleet_rss_mb() -> float:
+    """This process (supervisor, model server) and every process under it."""
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for process in me.children(recursive=True):
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / MB
+
+
+def request(srv: "ModelServer", index: int) -> SpawnRequest:
+    child = f"c{index}"
+    srv.script(child, [{"text": f"## Summary\nchild {index} read the app."}] * 4)
+    return SpawnRequest(
+        task="What does the app do?",
+        backend="pi",
+        name=f"pi{index:03d}",
+        model=f"openai:fake-model@{srv.base_url(child)}/v1",
+    )
+
+
+async def until(check: Any) -> None:
+    while not check():  # noqa: ASYNC110 - polling the fleet, as a person would
+        await trio.sleep(0.02)
+
+
+def fleet_config(base: Path, name: str, **overrides: Any) -> Config:
+    (base / "repo").mkdir(exist_ok=True)
+    (base / "repo" / "README.md").write_text("# app\n\nGreets whoever runs it.\n")
+    settings: dict[str, Any] = {"sandbox": "off", "allow_unsandboxed": True, "lane": LIVE}
+    return Config(home=base / name, session=name, workspace=base / "repo", **(settings | overrides))
+
+
+def asleep(sup: Supervisor, keys: list[str]) -> bool:
+    return all(sup.registry.records[key].state is State.HIBERNATED for key in keys)
+
+
+async def hibernated_fleet(srv: "ModelServer", base: Path, children: int) -> dict[str, Any]:
+    cfg = fleet_config(
+        base, "hibernated", max_subagents=LIVE, hibernate_after_s=0, max_retained=children
+    )
+    spawn_hello: list[float] = []
+    wake_hello: list[float] = []
+    spawn_first: list[float] = []
+    wake_first: list[float] = []
+    async with open_supervisor(cfg) as sup:
+        keys: list[str] = []
+        for index in range(min(TIMED, children)):  # one at a time: spawn→hello
+            started = time.perf_counter()
+            [record] = await sup.spawn([request(srv, index)])
+            await sup.runs[record.key].connected.wait()
+            spawn_hello.append(time.perf_counter() - started)
+            await until(lambda index=index: srv.requests(f"c{index}"))
+            spawn_first.append(time.perf_counter() - started)
+            keys.append(record.key)
+            await until(lambda: asleep(sup, keys))
+        for start in range(len(keys), children, LIVE):
+            records = await sup.spawn(
+                [request(srv, i) for i in range(start, min(children, start + LIVE))]
+            )
+            keys += [r.key for r in records]
+            await until(lambda keys=keys: asleep(sup, keys))
+        await sup.wait(keys, every=True)
+        await trio.sleep(1.0)  # the last exits reaped, allocations settled
+        rss = fleet_rss_mb()
+        processes = len(psutil.Process().children(recursive=True))
+        for index, key in enumerate(keys[:TIMED]):  # one at a time: wake→hello
+            started = time.perf_counter()
+            async with sup.hibernation.awake(key) as run:
+                await run.connected.wait()
+                wake_hello.append(time.perf_counter() - started)
+            await until(lambda: asleep(sup, keys))
+            # ... and a prompt to a hibernated child → its model request (Pi resumed).
+            seen = len(srv.requests(f"c{index}"))
+            started = time.perf_counter()
+            await sup.prompt(key, "And what does it print?")
+            await until(lambda index=index, seen=seen: len(srv.requests(f"c{index}")) > seen)
+            wake_first.append(time.perf_counter() - started)
+            await until(lambda: asleep(sup, keys))
+        handoffs = await sup.stop(keys)
+    stopped = sum(h["state"] == "stopped" for h in handoffs)
+    return {
+        "rss": rss,
+        "processes": processes,
+        "spawn_hello": spawn_hello,
+        "wake_hello": wake_hello,
+        "spawn_first": spawn_first,
+        "wake_first": wake_first,
+        "stopped": stopped,
+    }
+
+
+async def live_fleet(srv: "ModelServer", base: Path, children: int) -> dict[str, Any]:
+    async with open_supervisor(fleet_config(base, "live", max_subagents=16)) as sup:
+        sup.capacity = Capacity(cap=children, max_retained=children)  # benchmark-only
+        keys: list[str] = []
+        for start in range(0, children, LIVE):
+            records = await sup.spawn(
+                [request(srv, i) for i in range(start, min(children, start + LIVE))]
+            )
+            batch = [r.key for r in records]
+            await sup.wait(batch, every=True)
+            keys += batch
+        await until(lambda: all(sup.registry.records[k].state is State.IDLE for k in keys))
+        await trio.sleep(1.0)
+        rss = fleet_rss_mb()
+        processes = len(psutil.Process().children(recursive=True))
+        await sup.stop(keys)
+    return {"rss": rss, "processes": processes}
+
+
+async def bench_hibernation(children: int) -> dict[str, Any]:
+    """``--hibernate``: see the module docstring."""
+    os.environ.setdefault("FLEET_PI_BIN", str(ROOT / ".npm-prefix" / "bin" / "pi"))
+    sys.path.insert(0, str(ROOT))  # tests.fakes: the loopback scripted model server
+    from tests.fakes.model_server import ModelServer  # noqa: PLC0415 - only for --hibernate
+
+    empty = fleet_rss_mb()
+    with tempfile.TemporaryDirectory(prefix="fleet-hibernate-") as tmp:
+        with trio.fail_after(HIBERNATE_CEILING):
+            async with ModelServer() as srv:
+                asleep_run = await hibernated_fleet(srv, Path(tmp), children)
+                live = await live_fleet(srv, Path(tmp), children)
+    spawn_p50 = statistics.median(asleep_run["spawn_hello"])
+    wake_p50 = statistics.median(asleep_run["wake_hello"])
+    first_p50 = statistics.median(asleep_run["spawn_first"])
+    woken_p50 = statistics.median(asleep_run["wake_first"])
+    print(f"fleet RSS MB with nothing spawned: {empty:.1f}")
+    print(
+        f"{children} Pi children, all hibernated ({LIVE} live at most): fleet RSS "
+        f"{asleep_run['rss']:.1f} MB in {asleep_run['processes']} processes; "
+        f"{asleep_run['stopped']} stopped cleanly"
+    )
+    print(
+        f"{children} Pi children, all live and idle: fleet RSS {live['rss']:.1f} MB in "
+        f"{live['processes']} processes"
+    )
+    print(
+        f"spawn→hello s (one at a time): p50 {spawn_p50:.3f} "
+        f"min {min(asleep_run['spawn_hello']):.3f} max {max(asleep_run['spawn_hello']):.3f}"
+    )
+    print(
+        f"wake→hello s (one at a time): p50 {wake_p50:.3f} "
+        f"min {min(asleep_run['wake_hello']):.3f} max {max(asleep_run['wake_hello']):.3f}"
+    )
+    print(
+        f"spawn→first model request s: p50 {first_p50:.3f}; prompt to a hibernated child→its "
+        f"model request s: p50 {woken_p50:.3f}"
+    )
+    return {
+        "benchmark": "fleet_memory_hibernate",
+        "backend": "pi",
+        "children": children,
+        "max_live": LIVE,
+        "empty_rss_mb": round(empty, 1),
+        "hibernated_total_rss_mb": round(asleep_run["rss"], 1),
+        "live_total_rss_mb": round(live["rss"], 1),
+        "rss_ratio": round(asleep_run["rss"] / live["rss"], 3),
+        "spawn_hello_p50_s": round(spawn_p50, 3),
+        "revive_hello_p50_s": round(wake_p50, 3),
+        "revive_ratio": round(wake_p50 / spawn_p50, 3),
+        "spawn_first_request_p50_s": round(first_p50, 3),
+        "revive_first_request_p50_s": round(woken_p50, 3),
+        "revive_first_request_ratio": round(woken_p50 / first_p50, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="128 retained idle children: RSS and peek.")
-    parser.add_argument("--children", type=int, default=128)
+    parser.add_argument("--children", type=int, default=None)
     parser.add_argument("--peeks", type=int, default=200)
+    parser.add_argument("--hibernate", action="store_true", help="hibernated against live")
     args = parser.parse_args(argv)
-    result = trio.run(bench, args.children, args.peeks)
+    if args.hibernate:
+        result = trio.run(bench_hibernation, args.children or 64)
+    else:
+        result = trio.run(bench, args.children or 128, args.peeks)
     print(json.dumps(result))
     return 0
 
