@@ -28,6 +28,29 @@ def test_lowering_the_cap_keeps_the_fleet_and_blocks_new_spawns():
     assert capacity.used == 2
 
 
+def test_hibernated_children_hold_no_live_slot_but_count_against_max_retained():
+    capacity = Capacity(cap=2, max_retained=3)
+    capacity.reserve(2)
+    capacity.hibernate()
+    capacity.hibernate()
+    assert (capacity.used, capacity.hibernated) == (0, 2)
+    capacity.reserve(1)  # 1 live + 2 hibernated: at max_retained
+    with pytest.raises(CapacityError, match=r"max_retained 3 \(1 live, 2 hibernated\)"):
+        capacity.reserve(1)
+    assert capacity.wake()  # a wake keeps the total: it needs only a live slot
+    assert not capacity.wake()  # the cap (2) is full
+    assert (capacity.used, capacity.hibernated) == (2, 1)
+    capacity.reclaim()  # a hibernated child being finalized holds a slot until its release
+    capacity.release()
+    assert (capacity.used, capacity.hibernated) == (2, 0)
+
+
+def test_max_retained_never_binds_below_the_live_cap():
+    capacity = Capacity(cap=4, max_retained=1)
+    capacity.reserve(4)
+    assert capacity.used == 4
+
+
 @pytest.mark.parametrize("cap", [0, 3, 5, 32])
 def test_only_the_documented_caps_are_accepted(cap):
     with pytest.raises(UsageError, match="2, 4, 6, 8, 16"):
