@@ -24,7 +24,7 @@ import trio
 
 import ipc
 from orchestrator._errors import FleetError, Refused, UsageError
-from orchestrator._records import ChildRecord, State
+from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._revive import Revival, launch_again, why_not
 
@@ -74,6 +74,8 @@ class Hibernation:
     #: Children an ``ask`` or a queued prompt is about to use: not put to sleep meanwhile.
     _holds: dict[str, int] = attrs.Factory(dict)
     _waking: dict[str, trio.Event] = attrs.Factory(dict)
+    #: Children whose process is being shut down for hibernation.
+    _falling: dict[str, trio.Event] = attrs.Factory(dict)
     _pending: dict[str, list[str]] = attrs.Factory(dict)
     _steers: dict[str, list[str]] = attrs.Factory(dict)
 
@@ -86,7 +88,8 @@ class Hibernation:
         self._fields[record.key] = dict(fields)
 
     def asleep(self, key: str) -> bool:
-        return key in self.sleeping
+        """Whether *key* is hibernated, or going to be (its process is shutting down)."""
+        return key in self.sleeping or key in self._falling
 
     # -- going to sleep ---------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class Hibernation:
             return False
         sup, record = self.sup, run.record
         run.finishing = True  # every other ending leaves it alone from now on
+        falling = self._falling[run.key] = trio.Event()
         with trio.CancelScope(shield=True):
             if run.channel is not None and not run.channel.closed:
                 with trio.move_on_after(1.0), contextlib.suppress(ipc.RequestError):
@@ -173,11 +177,15 @@ class Hibernation:
         sup.runs.pop(run.key, None)
         self.sleeping[run.key] = _Sleeper(run=run, revival=revival)
         sup.capacity.hibernate()
-        record.state, record.pid = State.HIBERNATED, None
-        record.touch("hibernated")
+        record.pid = None
+        if run.key not in self._pending:  # (a prompt that came meanwhile wakes it at once)
+            record.state = State.HIBERNATED
+            record.touch("hibernated")
         run.log.write("fleet: hibernated (its context is kept; a prompt or ask wakes it)")
         run.log.flush()
         sup.journal.hibernated(record)
+        del self._falling[run.key]
+        falling.set()
         run.done.set()  # its run's tasks end; its process is gone
         sup.notes.changed()
         return True
@@ -191,8 +199,10 @@ class Hibernation:
         key = record.key
         self._holds[key] = self._holds.get(key, 0) + 1
         try:
-            while key not in self.sup.runs:
-                if key in self._waking:
+            while key not in self.sup.runs or key in self._falling:
+                if key in self._falling:
+                    await self._falling[key].wait()
+                elif key in self._waking:
                     await self._waking[key].wait()
                 elif key in self.sleeping:
                     await self._wake(record)
@@ -271,6 +281,8 @@ class Hibernation:
         except FleetError as exc:
             self._pending.pop(key, None)
             self._steers.pop(key, None)
+            if record.state in TERMINAL:
+                return  # stopped before it woke: its handoff says so
             if key in self.sleeping:
                 record.state, record.queued = State.HIBERNATED, False
             record.touch(f"wake failed: {exc}")
@@ -279,7 +291,17 @@ class Hibernation:
     # -- the end ----------------------------------------------------------------------------
 
     async def finish(self, key: str) -> dict[str, Any]:
-        """Finalize a hibernated child as a stop would: copy-back, locks, handoff."""
+        """Finalize a hibernated child as a stop would: copy-back, locks, handoff (a child
+        woken meanwhile is stopped)."""
+        self._pending.pop(key, None)
+        self._steers.pop(key, None)
+        while key in self._waking:
+            await self._waking[key].wait()
+        if key not in self.sleeping:
+            run = self.sup.runs.get(key)
+            record = self.sup.registry.find(key)
+            handoff: dict[str, Any] = record.handoff() if run is None else await run.stop()
+            return handoff
         sleeper = self.sleeping.pop(key)
         self._fields.pop(key, None)
         run, record = sleeper.run, sleeper.run.record

@@ -283,6 +283,8 @@ class Supervisor:
 
         async def stop_one(index: int, run: ChildRun) -> None:
             handoffs[index] = await run.stop()
+            if run.key in self.hibernation.sleeping:  # it was going to sleep: finalize it
+                handoffs[index] = await self.hibernation.finish(run.key)
 
         async def finish_one(index: int, key: str) -> None:
             handoffs[index] = await self.hibernation.finish(key)
@@ -297,7 +299,7 @@ class Supervisor:
                 run = self.runs.get(record.key)
                 if run is not None:
                     nursery.start_soon(stop_one, index, run)
-                elif self.hibernation.asleep(record.key):
+                elif record.key in self.hibernation.sleeping:
                     nursery.start_soon(finish_one, index, record.key)
                 elif record.key in self.worktrees.snapshots:
                     nursery.start_soon(resolve_one, index, record)
@@ -317,7 +319,7 @@ class Supervisor:
         run = self.runs.get(record.key)
         if run is not None:
             await run.stop()
-        elif self.hibernation.asleep(record.key):
+        if record.key in self.hibernation.sleeping:
             await self.hibernation.finish(record.key)
         await self.worktrees.discard(record.key)
         self.registry.retired.pop(record.key, None)

@@ -129,6 +129,35 @@ async def test_a_prompt_wakes_a_hibernated_child_and_max_retained_bounds_spawns(
     assert faults.processes() == []
 
 
+async def test_a_prompt_and_an_ask_while_it_falls_asleep_wake_it_again(faults) -> None:
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "first"}, {"text": "second"}, {"text": "answer"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        with trio.fail_after(60):
+            async with open_supervisor(faults.config()) as sup:  # hibernates only when told
+                [record] = await sup.spawn([SpawnRequest(task="one", model=model)])
+                assert (await sup.wait([record.key]))[0]["report"] == "first"
+                run = sup.runs[record.key]
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sup.hibernation.hibernate, run)
+                    await Faults.until(lambda: run.finishing)
+                    assert sup.hibernation.asleep(record.key)  # shutting down, not yet asleep
+                    await sup.prompt(record.key, "two")
+                assert (await sup.wait([record.key]))[0]["report"] == "second"
+                assert sup.runs[record.key] is not run
+                await Faults.until(lambda: record.state is State.IDLE)
+                run = sup.runs[record.key]
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sup.hibernation.hibernate, run)
+                    await Faults.until(lambda: run.finishing)
+                    answer = await sup.ask(record.key, "and now?")
+                assert answer == "answer"
+                assert sup.runs[record.key] is not run
+                await sup.stop([record.key])
+        assert len(srv.requests("c1")) == 3
+    assert faults.processes() == []
+
+
 def _cli_json(faults, *args: str, timeout: float = 60) -> dict[str, Any]:
     result = faults.cli(*args, "--json", timeout=timeout)
     assert result.returncode == 0, result.stderr
