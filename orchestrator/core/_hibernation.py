@@ -78,6 +78,8 @@ class Hibernation:
     _falling: dict[str, trio.Event] = attrs.Factory(dict)
     _pending: dict[str, list[str]] = attrs.Factory(dict)
     _steers: dict[str, list[str]] = attrs.Factory(dict)
+    #: Set when a child that hibernated ends for good (a voter's seat waits on it).
+    _ended: dict[str, trio.Event] = attrs.Factory(dict)
 
     def start(self, nursery: trio.Nursery) -> None:
         if self.after_s is not None:
@@ -86,6 +88,13 @@ class Hibernation:
     def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None:
         """*record* launches with these loadout *fields* (a wake launches it with them too)."""
         self._fields[record.key] = dict(fields)
+
+    def ended(self, key: str) -> trio.Event | None:
+        """The event set when *key*, hibernated or waking, ends for good; ``None`` for any
+        other child."""
+        if not (self.asleep(key) or key in self._waking or key in self._pending):
+            return None
+        return self._ended.setdefault(key, trio.Event())
 
     def asleep(self, key: str) -> bool:
         """Whether *key* is hibernated, or going to be (its process is shutting down)."""
@@ -317,3 +326,6 @@ class Hibernation:
         """*key*'s run ended for good (its loadout fields are no longer needed)."""
         self._fields.pop(key, None)
         self._idle_since.pop(key, None)
+        ended = self._ended.pop(key, None)
+        if ended is not None:
+            ended.set()

@@ -308,7 +308,7 @@ class Supervisor:
     def run_done(self, key: str) -> trio.Event | None:
         """The event set when *key*'s run has finished, or ``None`` if it has no run."""
         run = self.runs.get(key)
-        return None if run is None else run.done
+        return self.hibernation.ended(key) if run is None else run.done
 
     async def stop_all(self) -> list[dict[str, Any]]:
         return await self.stop([r.key for r in self.registry.live()])

@@ -158,6 +158,42 @@ async def test_a_prompt_and_an_ask_while_it_falls_asleep_wake_it_again(faults) -
     assert faults.processes() == []
 
 
+VOTE = {
+    "complexity": "super-complex",
+    "justification": "Two fixes each broke the other; the scouts should weigh in.",
+    "issue": "Replayed requests run twice after a reconnect.",
+    "failed_approaches": [
+        {"approach": "A bigger replay cache", "evidence": "Duplicate in run 41."},
+        {"approach": "Per-owner locks", "evidence": "test_reconnect deadlocks."},
+    ],
+    "options": [
+        {"id": "A", "title": "Persist the cache", "tradeoffs": "A disk write per request."},
+        {"id": "B", "title": "Idempotency keys", "tradeoffs": "A protocol change."},
+    ],
+}
+
+
+async def test_a_hibernated_scout_wakes_for_its_ballot(faults) -> None:
+    # The scripted model's cursor lives in its process: a woken scout plays its first turn
+    # again, so that turn is the ballot (its spawn task gets it with no nonce in it).
+    ballot = "turns:\n  - steps:\n      - reply: BALLOT {{nonce}} A the log says so\n"
+    model = faults.script("ballot", ballot)
+    with trio.fail_after(60):
+        async with open_supervisor(faults.config(hibernate_after_s=0)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="warm up", model=model)])
+            await sup.wait([record.key])
+            await _all_hibernated(sup, [record.key])
+            outcome = await sup.democracy.vote(
+                VOTE, agents=[record.key], voters=2, model=model, deadline=30
+            )
+            statuses = {b.voter: (b.status, b.option) for b in outcome.ballots}
+            assert statuses[record.key] == ("valid", "A")
+            assert (outcome.status, outcome.winner) == ("winner", "A")
+            await _all_hibernated(sup, [record.key])  # asleep again after its ballot
+            await sup.stop([record.key])
+    assert faults.processes() == []
+
+
 def _cli_json(faults, *args: str, timeout: float = 60) -> dict[str, Any]:
     result = faults.cli(*args, "--json", timeout=timeout)
     assert result.returncode == 0, result.stderr
