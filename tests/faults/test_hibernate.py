@@ -10,6 +10,9 @@ session file.
 
 import contextlib
 import json
+import os
+import re
+import signal
 import time
 from typing import Any
 
@@ -246,3 +249,29 @@ def test_a_pi_child_hibernates_and_wakes_with_its_session(faults, monkeypatch) -
         assert kinds.count("hibernate") == 2, kinds
         assert kinds.count("wake") == 1, kinds
         assert _cli_json(faults, "stop", "a1")["handoffs"][0]["state"] == "stopped"
+
+
+def test_a_supervisor_that_dies_with_hibernated_children_leaves_them_revivable(faults) -> None:
+    (faults.home / "config.yaml").write_text("subagents:\n  hibernate_after_s: 0\n")
+    with ModelServer() as srv:
+        srv.script("c1", [{"text": "first"}, {"text": "after the revive"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _cli_json(faults, "spawn", "--model", model, "--name", "mapper", "turn one")
+        assert _cli_json(faults, "wait", "a1")["settled"][0]["report"] == "first"
+        _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
+        human = faults.cli("peek")
+        assert re.search(r"\na1\s+mapper\s+scout\s+hibernated\s", human.stdout), human.stdout
+        session = faults.home / "sessions" / "t"
+        os.kill(int((session / "supervisor.lock").read_text().strip()), signal.SIGKILL)
+        _until(lambda: faults.processes() == [], timeout=15)
+        [lost] = _cli_json(faults, "peek")["stale"]
+        assert (lost["key"], lost["state"], lost["revivable"]) == ("a1", "lost", True)
+        events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
+        [hibernated] = [e for e in events if e["kind"] == "hibernate"]
+        [was] = [e["was"] for e in events if e["kind"] == "lost"]
+        assert (hibernated["state"], was) == ("hibernated", "hibernated")
+        _cli_json(faults, "resume", "a1", "turn two")  # revives the lost child first
+        assert _cli_json(faults, "wait", "a1")["settled"][0]["report"] == "after the revive"
+        texts = [str(m.get("content")) for m in srv.requests("c1")[-1].body["messages"]]
+        assert texts[1:3] == ["turn one", "first"], texts
+        _cli_json(faults, "stop", "a1")
