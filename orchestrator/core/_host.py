@@ -71,7 +71,7 @@ class RemoteHost(Protocol):
     """What spawning needs for children on other nodes (``core._remote.Remote``)."""
 
     async def fields_for(
-        self, key: str, scratch: "Path", fields: dict[str, Any], *, mode: str = ""
+        self, key: str, scratch: "Path", checkouts: "Path", fields: dict[str, Any]
     ) -> dict[str, Any]: ...
     def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
 

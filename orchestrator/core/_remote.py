@@ -65,11 +65,11 @@ class Remote:
         return self._ca
 
     async def fields_for(
-        self, key: str, scratch: Path, fields: dict[str, Any], *, mode: str = ""
+        self, key: str, scratch: Path, checkouts: Path, fields: dict[str, Any]
     ) -> dict[str, Any]:
         """The loadout fields of remote child *key*: the door's address (opening it), its TLS
-        directory, the door on its egress allowlist, and for a worktree child the checkout its
-        node makes from the snapshot bundle (``scratch/checkout``)."""
+        directory, the door on its egress allowlist, and the checkout its node makes from the
+        workspace's bundle (``checkouts/KEY``)."""
         if self._door is None:
             self._door = TlsDoor(
                 ca=self.ca,
@@ -83,14 +83,15 @@ class Remote:
         address = await self._door.open_for(key, self.nursery)
         host, port = ipc.tls_address(address)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        shipped: dict[str, str] = {}
-        if mode == "worktree":
-            # Made empty here so the sandbox can be planned; the node fills it (and makes it
-            # on a node that does not share this file system).
-            checkout = scratch / "checkout"
-            ipc.ensure_private_dir(scratch)
-            ipc.ensure_private_dir(checkout)
-            shipped["workspace"] = str(checkout)
+        # Every remote child works in its node's checkout of a bundle (beside the session's
+        # worktrees, not in its scratch: a reader's checkout is bound read-only, which a
+        # writable scratch around it would undo): made empty here so the sandbox can be
+        # planned; the node fills it (and makes it on a node that does not share this file
+        # system).
+        checkout = checkouts / key
+        ipc.ensure_private_dir(checkouts)
+        ipc.ensure_private_dir(checkout)
+        shipped = {"workspace": str(checkout)}
         return {
             **fields,
             **shipped,

@@ -49,6 +49,7 @@ from orchestrator.launch._launcher import (
 from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
+from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -198,7 +199,7 @@ class Spawning:
         failures: list[_PrepareError] = []
         fields = [
             await sup.remote.fields_for(
-                record.key, paths.scratch / record.key, loadout_fields, mode=record.mode
+                record.key, paths.scratch / record.key, paths.root / "checkouts", loadout_fields
             )
             if record.surface in REMOTE_SURFACES
             else loadout_fields
@@ -366,12 +367,17 @@ class Spawning:
         return launched
 
     async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
-        """A worktree child on another node gets its snapshot as a bundle, and brings its
-        changes back as one (:mod:`orchestrator.workspace._bundle`)."""
-        if run.record.surface not in REMOTE_SURFACES or run.record.mode != "worktree":
+        """A child on another node gets the workspace as a bundle: a worktree child its
+        snapshot, bringing its changes back as one; a reader the workspace as it is, read-only
+        (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES:
             return None
-        bundle = await self.sup.worktrees.bundle(run.key)
-        return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        if run.record.mode == "worktree":
+            bundle = await self.sup.worktrees.bundle(run.key)
+            return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        # A reading child gets a read-only checkout of the workspace as it is now.
+        shipped = await trio.to_thread.run_sync(ship_workspace, Path(run.record.workspace))
+        return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
