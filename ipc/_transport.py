@@ -12,7 +12,7 @@ Writing is split so the common case costs no scheduler pass: ``try_send`` writes
 socket takes now without yielding, and only what is left goes through ``send_rest``, which
 waits. A requester parks right after its write anyway, and a reader answering inline goes
 straight back to waiting, so a yield there would only cost a pass through the scheduler;
-:meth:`Channel.send_event` yields itself when the write did not. Two more rules:
+:meth:`Channel.send_event` yields itself every few events when the write did not. Two more rules:
 
 - :attr:`torn` tells a cancelled write that had already written part of a frame (the stream
   can then never resync) from one that had written nothing.
