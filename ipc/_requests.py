@@ -55,6 +55,14 @@ class Requests:
     owner: str
     # The channel's frame writer (in order, one writer at a time).
     write: Callable[[bytes], Awaitable[bool]]
+    # The channel's socket lent to a requester (see Channel._read_for): take_socket says
+    # whether this requester may read its own response, read_for then waits for it there.
+    take_socket: Callable[[], bool] = lambda: False
+    read_for: Callable[[Pending, float], Awaitable[None]] | None = None
+    # Responses handed to a requester so far (the reader lends the socket after one), and
+    # how many of them a requester woken by the reader had seen when it last ran.
+    delivered: int = attrs.field(default=0, init=False)
+    resumed: int = attrs.field(default=0, init=False)
     _pending: dict[str, Pending] = attrs.field(factory=dict, init=False)
     _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # corrs of our requests that gave up waiting; a late response to one is not a drop.
@@ -92,6 +100,10 @@ class Requests:
             elif timer is None or deadline == math.inf:
                 with trio.move_on_after(deadline):
                     await pending.wait()
+            elif self.read_for is not None and self.take_socket():
+                # No reader hand-off: this task reads the socket itself until its response
+                # comes, under a deadline of its own.
+                await self.read_for(pending, self._clock.current_time() + deadline)
             else:
                 # The deadline keeper times this request out: one cancel scope per channel
                 # instead of one per request, which cost a tenth of a round trip. Moving the
@@ -100,6 +112,7 @@ class Requests:
                 if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
                     timer.deadline = pending.deadline
                 await pending.wait()
+                self.resumed = self.delivered
         finally:
             # Still registered and unanswered: we timed out or were cancelled (a close would
             # have removed it), so the peer may yet answer.
@@ -154,6 +167,7 @@ class Requests:
         if pending is None or type_ not in RESPONSE_TYPES or pending.done:
             return False
         pending.finish(body)
+        self.delivered += 1
         return True
 
     def reject_all(self, reason: str) -> None:
