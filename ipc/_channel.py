@@ -2,8 +2,10 @@
 
 A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
-Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
-halfway would desynchronize the stream. What the reader does with each frame is
+One task at a time reads from it — :meth:`Channel.serve`'s reader, or a requester the
+reader lends the socket to so that it reads its own response (:mod:`ipc._lending`) — through
+one decoder, so no frame is split between two readers or routed out of order. What the
+reader does with each frame is
 :mod:`ipc._dispatch`'s job; it never runs an async request handler itself, so a long
 ``question`` never blocks it. The bytes move through :mod:`ipc._transport`, and the channel
 owns its stream from then on: close it with :meth:`Channel.aclose`, never the stream itself.
@@ -19,9 +21,10 @@ peer is not a hostile one.
 """
 
 import collections
+import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import attrs
@@ -31,7 +34,7 @@ from ipc._auth import token_bytes
 from ipc._dispatch import Dispatch, EventHandler, ImmediateHandler, RequestHandler, no_immediate
 from ipc._errors import ChannelClosed, FrameError
 from ipc._framing import MAX_FRAME, FrameDecoder
-from ipc._handoff import Pending
+from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
 from ipc._transport import SocketIO, StreamIO, transport_for
@@ -90,24 +93,11 @@ class Channel:
     _send_queue: trio.lowlevel.ParkingLot = attrs.field(
         factory=trio.lowlevel.ParkingLot, init=False
     )
+    # The socket lent by the reader to a requester (ipc._lending).
+    _lending: Lending = attrs.field(init=False)
     _requests: Requests = attrs.field(init=False)
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
     _serving: bool = attrs.field(default=False, init=False)
-    # Lending the socket to a requester (see _read_for). _lendable: the reader is between
-    # reads with nothing left to route, so a requester may take the socket; _lent: one has;
-    # _reader: the reader, parked until it is given back; _backlog(_work): what a lender
-    # read but must leave to the reader (the work to await first, then the frames, in order).
-    _decoder: FrameDecoder | None = attrs.field(default=None, init=False)
-    _route: Callable[[bytes], Awaitable[object] | None] | None = attrs.field(
-        default=None, init=False
-    )
-    _lendable: bool = attrs.field(default=False, init=False)
-    _lent: bool = attrs.field(default=False, init=False)
-    _reader: trio.lowlevel.Task | None = attrs.field(default=None, init=False)
-    _backlog: list[bytes] = attrs.field(factory=list, init=False)
-    _backlog_work: Awaitable[object] | None = attrs.field(default=None, init=False)
-    direct_reads: int = attrs.field(default=0, init=False)
-    """Requests of ours whose task read its own response (no hand-off from the reader)."""
 
     @_writer.default
     def _make_writer(self) -> FrameWriter:
@@ -121,13 +111,17 @@ class Channel:
     def _make_io(self) -> StreamIO | SocketIO:
         return transport_for(self.stream)
 
+    @_lending.default
+    def _make_lending(self) -> Lending:
+        return Lending(io=self._io, log=log)
+
     @_requests.default
     def _make_requests(self) -> Requests:
         return Requests(
             owner=self.owner,
             write=self._write,
-            take_socket=self._take_socket,
-            read_for=self._read_for,
+            take_socket=self._lending.take,
+            read_for=functools.partial(self._lending.read_for, self),
         )
 
     # -- sending ----------------------------------------------------------------------------
@@ -257,8 +251,9 @@ class Channel:
         if self._serving:
             raise RuntimeError("Channel.serve is already running (one reader per connection)")
         self._serving = True
-        decoder = self._decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
-        requests = self._requests
+        decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
+        requests, lending = self._requests, self._lending
+        lending.decoder = decoder
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
@@ -273,21 +268,20 @@ class Channel:
                 nursery.start_soon(self._requests.keep_deadlines)
                 nursery.start_soon(dispatch.worker.run)
                 task_status.started()
-                route = self._route = dispatch.route
+                route = lending.route = dispatch.route
                 for frame in self.initial:
                     if (work := route(frame)) is not None:
                         await self._settle(work)
                 self.initial.clear()
                 wait, read = self._io.wait, self._io.read
                 while not self.closed:
-                    if self._lent:  # a requester reads: park until it gives the socket back
-                        self._reader = trio.lowlevel.current_task()
-                        await trio.lowlevel.wait_task_rescheduled(self._forget_reader)
+                    if lending.lent:  # a requester reads: park until it gives the socket back
+                        await lending.park()
                         continue
-                    if self._backlog_work is not None or self._backlog:
-                        await self._route_backlog(route)
+                    if lending.backlog:  # what it read but left to us
+                        await lending.route_backlog(self._settle)
                         continue
-                    self._lendable = False  # from here until the chunk is routed
+                    lending.lendable = False  # from here until the chunk is routed
                     try:
                         await wait()
                         data = read()
@@ -315,97 +309,18 @@ class Channel:
                                 log.debug("could not answer on %s: closed", self.owner)
                     if requests.delivered != delivered and not self.closed:
                         # A requester woke: let it run first, so that if it asks again at
-                        # once it can read its next response itself (see _read_for).
-                        self._lendable = True
+                        # once it can read its next response itself (ipc._lending).
+                        lending.lendable = True
                         await trio.lowlevel.cancel_shielded_checkpoint()
                         if requests.resumed != requests.delivered:  # it was not yet its turn
                             await trio.lowlevel.cancel_shielded_checkpoint()
-                        self._lendable = False
+                        lending.lendable = False
                 nursery.cancel_scope.cancel()
         finally:
-            self._lendable = False
-            self._route = None
-            work, self._backlog_work = self._backlog_work, None
-            close = getattr(work, "close", None)
-            if close is not None:  # a lender's leftover coroutine, never to run now
-                close()
+            lending.stop()
             self._mark_closed(self.close_reason or "cancelled")
             with trio.CancelScope(shield=True):
                 await self._io.aclose()
-
-    # -- lending the socket to a requester ---------------------------------------------------
-
-    def _take_socket(self) -> bool:
-        """Lend the socket to the calling requester, if the reader can spare it now."""
-        if not self._lendable:
-            return False
-        self._lendable = False
-        self._lent = True
-        return True
-
-    async def _read_for(self, pending: Pending, deadline: float) -> None:
-        """Read the socket until *pending* is answered (or *deadline*, a trio time, passes).
-
-        The requester does what the reader would (the same decoder, the same routing, so
-        every rule holds), saving the reader's wake-up and hand-off per round trip. Only
-        routing that needs no await is done here: at the first frame whose work must be
-        awaited (an event, an answer to write), that work and every later frame are left to
-        the reader, in order, and the requester waits for its response as usual.
-        """
-        self.direct_reads += 1
-        io, decoder, route = self._io, self._decoder, self._route
-        if decoder is None or route is None:  # lendable only while serve() runs
-            raise RuntimeError("the socket was lent while the channel was not serving")
-        with trio.CancelScope(deadline=deadline):
-            try:
-                while not pending.done:
-                    try:
-                        await io.wait()
-                        data = io.read()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        self._mark_closed("connection lost")
-                        break
-                    if data is None:
-                        continue
-                    if not data:
-                        self._mark_closed("peer closed")
-                        break
-                    try:
-                        frames = decoder.feed(data)
-                    except FrameError as exc:
-                        log.warning("closing channel %s: %s", self.owner, exc)
-                        self.flagged = True
-                        self._mark_closed("framing error")
-                        break
-                    for index, frame in enumerate(frames):
-                        if (work := route(frame)) is not None:
-                            self._backlog_work = work
-                            self._backlog = frames[index + 1 :]
-                            break
-                    if self._backlog_work is not None:
-                        break
-            finally:
-                self._lent = False
-                self._lendable = self._backlog_work is None and not self.closed
-                reader, self._reader = self._reader, None
-                if reader is not None:
-                    trio.lowlevel.reschedule(reader)
-            if not pending.done:
-                await pending.wait()  # the reader routes the rest
-
-    def _forget_reader(self, _: Any) -> trio.lowlevel.Abort:
-        self._reader = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _route_backlog(self, route: Callable[[bytes], Awaitable[object] | None]) -> None:
-        """Route what a lender left, in order: its pending work first, then its frames."""
-        work, self._backlog_work = self._backlog_work, None
-        frames, self._backlog = self._backlog, []
-        if work is not None:
-            await self._settle(work)
-        for frame in frames:
-            if (work := route(frame)) is not None:
-                await self._settle(work)
 
     async def _settle(self, work: Awaitable[object]) -> None:
         try:
@@ -441,6 +356,11 @@ class Channel:
         self._mark_closed(reason)
         with trio.CancelScope(shield=True):
             await self._io.aclose()
+
+    @property
+    def direct_reads(self) -> int:
+        """Requests of ours whose task read its own response (no hand-off from the reader)."""
+        return self._lending.reads
 
     def statistics(self) -> dict[str, Any]:
         """Counters for diagnostics: drops by reason, pending requests, flag state."""
