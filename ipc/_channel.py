@@ -122,6 +122,7 @@ class Channel:
             write=self._write,
             take_socket=self._lending.take,
             read_for=functools.partial(self._lending.read_for, self),
+            interrupt=self._interrupt_lender,
         )
 
     # -- sending ----------------------------------------------------------------------------
@@ -253,6 +254,7 @@ class Channel:
         self._serving = True
         decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
         requests, lending = self._requests, self._lending
+        lends = isinstance(self._io, SocketIO)  # a lender waits on a duplicate descriptor
         lending.decoder = decoder
         try:
             async with trio.open_nursery() as nursery:
@@ -307,7 +309,7 @@ class Channel:
                                 await work
                             except ChannelClosed:  # an answer that cannot go out any more
                                 log.debug("could not answer on %s: closed", self.owner)
-                    if requests.delivered != delivered and not self.closed:
+                    if requests.delivered != delivered and lends and not self.closed:
                         # A requester woke: let it run first, so that if it asks again at
                         # once it can read its next response itself (ipc._lending).
                         lending.lendable = True
@@ -356,6 +358,10 @@ class Channel:
         self._mark_closed(reason)
         with trio.CancelScope(shield=True):
             await self._io.aclose()
+
+    def _interrupt_lender(self) -> None:
+        if isinstance(self._io, SocketIO):
+            self._io.interrupt_lender()
 
     @property
     def direct_reads(self) -> int:

@@ -13,9 +13,9 @@ The lender reads exactly as the reader does: the same decoder, the same routing 
 owner, replay cache, drops), the same close and framing rules. Only what the reader must
 await (an event handler, an answer to write) it does not do: that work and every frame after
 it are left to the reader, in order, and the lender waits for its response as usual. Its
-deadline is a cancel scope of its own (the deadline keeper cannot wake a task parked on the
-socket). The lender gives the socket back however it leaves: answered, timed out,
-cancelled, or closed.
+deadline is kept by the deadline keeper, which wakes it on a duplicate of the descriptor
+that only lenders wait on (:meth:`ipc._transport.SocketIO.interrupt_lender`). The lender
+gives the socket back however it leaves: answered, timed out, cancelled, or closed.
 """
 
 from collections.abc import Awaitable, Callable
@@ -108,43 +108,49 @@ class Lending:
         if close is not None:  # a coroutine that will never run now
             close()
 
-    async def read_for(self, channel: Reading, pending: Pending, deadline: float) -> None:
-        """Read the socket until *pending* is answered or *deadline* (a trio time) passes."""
+    async def read_for(self, channel: Reading, pending: Pending) -> None:
+        """Read the socket until *pending* is answered, timed out, or the channel closes.
+
+        The deadline keeper times *pending* out as any other request and then wakes this
+        task through :meth:`SocketIO.interrupt_lender` (a cancel scope per request would
+        cost more than the hand-off saved).
+        """
         io, decoder, route = self.io, self.decoder, self.route
-        if decoder is None or route is None:  # lendable only while the channel serves
+        if decoder is None or route is None or not isinstance(io, SocketIO):
             raise RuntimeError("the socket was lent while the channel was not serving")
         self.reads += 1
-        with trio.CancelScope(deadline=deadline):
-            try:
-                while not pending.done:
-                    try:
-                        await io.wait()
-                        data = io.read()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        try:
+            while not pending.done:
+                try:
+                    await io.lend_wait()
+                    data = io.read()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    if not pending.done:  # else: woken by the deadline keeper, or a close
                         channel._mark_closed("connection lost")
-                        break
-                    if data is None:
-                        continue
-                    if not data:
-                        channel._mark_closed("peer closed")
-                        break
-                    try:
-                        frames = decoder.feed(data)
-                    except FrameError as exc:
-                        self.log.warning("closing channel %s: %s", channel.owner, exc)
-                        channel.flagged = True
-                        channel._mark_closed("framing error")
-                        break
-                    if self._route_now(route, frames):
-                        break
-            finally:
-                self.lent = False
-                self.lendable = not self.backlog and not channel.closed
-                reader, self._reader = self._reader, None
-                if reader is not None:
-                    trio.lowlevel.reschedule(reader)
-            if not pending.done:
-                await pending.wait()  # the reader routes the rest
+                    break
+                if data is None:
+                    continue
+                if not data:
+                    channel._mark_closed("peer closed")
+                    break
+                try:
+                    frames = decoder.feed(data)
+                except FrameError as exc:
+                    self.log.warning("closing channel %s: %s", channel.owner, exc)
+                    channel.flagged = True
+                    channel._mark_closed("framing error")
+                    break
+                if self._route_now(route, frames):
+                    break
+        finally:
+            pending.lent = False
+            self.lent = False
+            self.lendable = not self.backlog and not channel.closed
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                trio.lowlevel.reschedule(reader)
+        if not pending.done:
+            await pending.wait()  # the reader routes the rest; the keeper keeps the deadline
 
     def _route_now(self, route: Route, frames: list[bytes]) -> bool:
         """Route *frames* until one needs awaiting; ``True`` if the reader must take over."""

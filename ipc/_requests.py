@@ -55,10 +55,12 @@ class Requests:
     owner: str
     # The channel's frame writer (in order, one writer at a time).
     write: Callable[[bytes], Awaitable[bool]]
-    # The channel's socket lent to a requester (see Channel._read_for): take_socket says
-    # whether this requester may read its own response, read_for then waits for it there.
+    # The channel's socket lent to a requester (ipc._lending): take_socket says whether this
+    # requester may read its own response, read_for then waits for it there, and interrupt
+    # wakes it when its deadline passes.
     take_socket: Callable[[], bool] = lambda: False
-    read_for: Callable[[Pending, float], Awaitable[None]] | None = None
+    read_for: Callable[[Pending], Awaitable[None]] | None = None
+    interrupt: Callable[[], None] = lambda: None
     # Responses handed to a requester so far (the reader lends the socket after one), and
     # how many of them a requester woken by the reader had seen when it last ran.
     delivered: int = attrs.field(default=0, init=False)
@@ -100,10 +102,6 @@ class Requests:
             elif timer is None or deadline == math.inf:
                 with trio.move_on_after(deadline):
                     await pending.wait()
-            elif self.read_for is not None and self.take_socket():
-                # No reader hand-off: this task reads the socket itself until its response
-                # comes, under a deadline of its own.
-                await self.read_for(pending, self._clock.current_time() + deadline)
             else:
                 # The deadline keeper times this request out: one cancel scope per channel
                 # instead of one per request, which cost a tenth of a round trip. Moving the
@@ -111,8 +109,13 @@ class Requests:
                 pending.deadline = self._clock.current_time() + deadline
                 if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
                     timer.deadline = pending.deadline
-                await pending.wait()
-                self.resumed = self.delivered
+                if self.read_for is not None and self.take_socket():
+                    # No reader hand-off: this task reads the socket until its response comes.
+                    pending.lent = True
+                    await self.read_for(pending)
+                else:
+                    await pending.wait()
+                    self.resumed = self.delivered
         finally:
             # Still registered and unanswered: we timed out or were cancelled (a close would
             # have removed it), so the peer may yet answer.
@@ -151,6 +154,8 @@ class Requests:
                         del self._pending[corr]
                         self._remember_expired(corr)
                         pending.finish()  # no result, no error: the requester times out
+                        if pending.lent:  # parked on the socket: wake it
+                            self.interrupt()
         finally:
             self._timer = None
 

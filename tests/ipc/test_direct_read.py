@@ -7,6 +7,7 @@ ordering and close rules.
 """
 
 import collections
+import os
 
 import pytest
 import trio
@@ -146,3 +147,29 @@ async def test_a_framing_error_during_a_direct_read_flags_the_channel(raw_sessio
         await session.served.wait_finished()
     assert server.flagged
     assert server.close_reason == "framing error"
+
+
+async def test_closing_the_channel_wakes_a_direct_read_and_releases_its_descriptor(
+    raw_session, nursery
+):
+    session = await raw_session(nursery)
+    server = session.server
+    with trio.fail_after(CEILING):
+        nursery.start_soon(answer, session, 1)
+        await server.request(PROMPT)
+        lent_fds: list[int] = []
+
+        async def close_while_read() -> None:
+            await session.reader.next()  # asked, and now read by the requester itself
+            lent_fds.append(server._io._lend_fd)
+            server.close("test closes")
+
+        nursery.start_soon(close_while_read)
+        with pytest.raises(ChannelClosed, match="test closes"):
+            await server.request(PROMPT)
+        await session.served.wait_finished()
+    assert server.direct_reads == 1
+    assert lent_fds[0] is not None
+    assert server._io._lend_fd is None
+    with pytest.raises(OSError):  # the duplicate descriptor was closed, not leaked
+        os.fstat(lent_fds[0])
