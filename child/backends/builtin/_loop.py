@@ -167,8 +167,8 @@ class BuiltinBackend:
         try:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
-        except OSError as exc:  # a full disk costs the revive, never the turn
-            why = exc.strerror or str(exc)
+        except (OSError, ipc.LoadoutError) as exc:  # a full disk costs the revive, not the turn
+            why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
 
     async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
