@@ -25,7 +25,14 @@ from ipc._errors import (
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
 from ipc._handshake import HELLO_TIMEOUT, accept_hello, hello_on, open_client
 from ipc._listener import Listener, ensure_private_dir
-from ipc._loadout import Loadout, ModelSpec, sealed_loadout, write_loadout, write_private
+from ipc._loadout import (
+    Loadout,
+    ModelChoice,
+    ModelSpec,
+    sealed_loadout,
+    write_loadout,
+    write_private,
+)
 from ipc._messages import decode_envelope, encode_envelope
 from ipc._prepare import prepare_codecs
 from ipc._requests import DEFAULT_TIMEOUT, check_timeout
@@ -80,6 +87,7 @@ __all__ = [
     "Loadout",
     "LoadoutError",
     "Message",
+    "ModelChoice",
     "ModelSpec",
     "Ownership",
     "Progress",

@@ -81,6 +81,10 @@ class ChildRecord:
     applied: list[str] = attrs.Factory(list)
     conflicts: list[dict[str, str]] = attrs.Factory(list)
     remaining: list[str] = attrs.Factory(list)
+    #: The model role it runs on ("" for none) and every model it ran on, in order (a quota
+    #: error moves it to the role's next candidate).
+    role: str = ""
+    models: list[str] = attrs.Factory(list)
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -105,6 +109,8 @@ class ChildRecord:
             "unsandboxed_reason": self.unsandboxed_reason,
             "usage": {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
+            "role": self.role,
+            "models": list(self.models),
         }
 
     def peek_line(self) -> str:
@@ -134,6 +140,8 @@ class ChildRecord:
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
             "failure": self.failure,
+            "role": self.role,
+            "models": list(self.models),
         }
 
 
@@ -149,11 +157,13 @@ class SpawnRequest:
     model: str | None = None
     command: tuple[str, ...] = ()
     surface: str | None = None
+    #: A model role (``@role`` in ``model`` says the same); its candidates pick the model.
+    role: str | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
-        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface", "role"}
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -163,7 +173,8 @@ class SpawnRequest:
         command = data.get("command") or ()
         if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
             raise UsageError("spawn: command must be a list of strings")
-        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model", "surface")}
+        keys = ("agent", "mode", "name", "backend", "model", "surface", "role")
+        fields = {k: data.get(k) for k in keys}
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
@@ -176,4 +187,5 @@ class SpawnRequest:
             model=fields["model"],
             command=tuple(command),
             surface=fields["surface"],
+            role=fields["role"],
         )

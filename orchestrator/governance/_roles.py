@@ -46,7 +46,7 @@ _PROVIDER_RE: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 #: The key each provider needs, and the backends that can drive it.
 PROVIDER_KEYS: Final = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BACKEND_PROVIDERS: Final = {
-    "builtin": ("openai", "anthropic"),
+    "builtin": ("openai",),
     "claude": ("anthropic",),
     "codex": ("openai",),
     "pi": ("openai", "anthropic"),
@@ -70,7 +70,7 @@ class Candidate:
 
     def model_text(self, backend: str) -> str:
         """The ``--model`` text fleet's spawn planner takes for *backend*."""
-        if backend == "builtin":
+        if backend == "builtin" or self.base_url:
             url = f"@{self.base_url}" if self.base_url else ""
             return f"{self.provider}:{self.model}{url}"
         if backend == "pi":
@@ -230,11 +230,12 @@ def load_roles(home: Path, cwd: Path) -> dict[str, RoleEntry]:
 
 
 def available(candidate: Candidate, backend: str, env: Mapping[str, str]) -> bool:
-    """The backend can drive the provider and the provider's key is set (non-empty)."""
+    """The backend can drive the provider and the provider's key is set (non-empty); an
+    endpoint of its own (``@base_url``, a local server) needs no key."""
     if candidate.provider not in BACKEND_PROVIDERS.get(backend, ()):
         return False
     key = PROVIDER_KEYS.get(candidate.provider)
-    return bool(key and env.get(key))
+    return bool(candidate.base_url) or bool(key and env.get(key))
 
 
 def first_available(
