@@ -77,6 +77,8 @@ class Runtime:
     _busy: bool = False
     _nursery: trio.Nursery | None = None
     view: "ActivityView | None" = None
+    #: Which of the loadout's ``models`` the backend runs on.
+    _model: int = 0
 
     # -- host services ------------------------------------------------------------------
 
@@ -205,6 +207,8 @@ class Runtime:
             self.view.on_turn(body.turn, body.text, side=side)
         self.emit(ipc.Event(activity="status", text="working"))
         try:
+            if isinstance(body, ipc.Prompt):
+                await self._use_model(body.model)
             result = await self.backend.run_turn(body.text, side=side)
         except Exception as exc:
             log.exception("turn %s failed", body.turn)
@@ -226,6 +230,25 @@ class Runtime:
                 await self.channel.send_event(settled)
         except ipc.ChannelClosed:
             log.info("settled turn %s could not be delivered: channel closed", body.turn)
+
+    async def _use_model(self, index: int) -> None:
+        """Run on candidate *index* of the loadout's model role (the supervisor moved this
+        child to a fallback after a quota error). The builtin agent swaps its model and keeps
+        the conversation; an agent CLI is restarted on the new model (a fresh session)."""
+        choices = self.loadout.models
+        if index == self._model or not 0 <= index < len(choices) or self.backend is None:
+            return
+        choice = choices[index]
+        loadout = attrs.evolve(self.loadout, model=choice.model, effort=choice.effort)
+        switch = getattr(self.backend, "switch_model", None)
+        if switch is not None:
+            await switch(loadout)
+        else:
+            old, self.backend = self.backend, make_backend(loadout, self)
+            await old.aclose()
+        self.loadout, self._model = loadout, index
+        log.info("running on model %s", choice.spec)
+        self.emit(ipc.Event(activity="status", text=f"model {choice.spec}"))
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         log.debug("ignoring %s event from the supervisor", envelope.type)

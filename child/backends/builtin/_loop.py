@@ -201,5 +201,10 @@ class BuiltinBackend:
         else:
             self._abort_pending = True
 
+    async def switch_model(self, loadout: ipc.Loadout) -> None:
+        """Go on with *loadout*'s model (a role's fallback), keeping the conversation."""
+        old, self.model = self.model, make_model(loadout.model, self.ctx.workspace)
+        await old.aclose()
+
     async def aclose(self) -> None:
         await self.model.aclose()
