@@ -244,21 +244,6 @@ def first_available(
     return next((c for c in candidates if available(c, backend, env)), None)
 
 
-#: What backends surface for a quota, rate-limit or overload failure (HTTP status or words).
-_RETRYABLE: Final = re.compile(
-    r"\b(429|529)\b|rate[ _-]?limit|usage limit|overloaded|too many requests"
-    r"|insufficient_quota|quota (?:exceeded|reached)|exceeded your (?:current )?quota",
-    re.IGNORECASE,
-)
-
-
-def retryable(error: object, status: int | None = None) -> bool:
-    """A turn's failure is a quota/rate-limit/overload one (worth the next candidate)."""
-    if status in {429, 529}:
-        return True
-    return isinstance(error, str) and _RETRYABLE.search(error) is not None
-
-
 def describe(resolution: Resolution) -> list[dict[str, Any]]:
     """The candidates as JSON-able rows (for ``peek`` and handoffs)."""
     return [attrs.asdict(c) | {"spec": c.spec} for c in resolution.candidates]

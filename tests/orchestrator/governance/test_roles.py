@@ -248,25 +248,5 @@ def test_model_text_per_backend() -> None:
     assert vendor.model_text("codex") == "m"
 
 
-@pytest.mark.parametrize(
-    ("error", "status", "expected"),
-    [
-        ("HTTP 429 Too Many Requests", None, True),
-        ("Claude AI usage limit reached|1767225600", None, True),
-        ('API Error: 529 {"type":"overloaded_error"}', None, True),
-        ("Overloaded", None, True),
-        ("You exceeded your current quota (insufficient_quota)", None, True),
-        ("Rate limit reached for gpt-5", None, True),
-        ("", 429, True),
-        ("", 529, True),
-        ("model returned invalid JSON", 500, False),
-        ("no such file 4290.txt", None, False),
-        (None, None, False),
-    ],
-)
-def test_retryable_classification(error: object, status: int | None, expected: bool) -> None:
-    assert _roles.retryable(error, status) is expected
-
-
 def test_efforts_match_agent_definitions() -> None:
     assert _roles.EFFORTS == AGENT_EFFORTS
