@@ -122,11 +122,23 @@ def claude_argv(
         argv += ["--mcp-config", str(mcp_config)]
     if loadout.model.kind in {"anthropic", "native"} and loadout.model.name:
         argv += ["--model", loadout.model.name]
+    if loadout.effort in CLAUDE_EFFORTS:
+        argv += ["--effort", CLAUDE_EFFORTS[loadout.effort]]
     if loadout.system_prompt:
         prompt = dirs.config / "system-prompt.md"
         prompt.write_text(loadout.system_prompt, encoding="utf-8")
         argv += ["--append-system-prompt-file", str(prompt)]
     return argv
+
+
+#: Our effort words in Claude Code's ``--effort`` levels ("off" has none: Claude's default).
+CLAUDE_EFFORTS: Final = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+}
 
 
 def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:

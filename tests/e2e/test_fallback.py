@@ -15,11 +15,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
 USAGE_LIMIT = json.dumps(
     {"type": "error", "error": {"type": "rate_limit_error", "message": "usage limit reached"}}
 )
-#: kind → (backend, provider, base URL suffix, the failing turns)
+#: kind → (backend, provider, base URL suffix and effort, the failing turns)
 CASES = {
     # The builtin agent retries a 429 twice on the same model before its turn fails.
     "openai": ("builtin", "openai", "/v1", [{"status": 429, "body": "rate limited"}] * 3),
-    "claude": ("claude", "anthropic", "", [{"status": 429, "body": USAGE_LIMIT}]),
+    # The role's effort reaches Claude Code as --effort (the CLI must accept it).
+    "claude": ("claude", "anthropic", ":high", [{"status": 429, "body": USAGE_LIMIT}]),
 }
 
 
@@ -37,11 +38,12 @@ async def test_a_quota_error_moves_the_child_to_its_fallback(kind, repo, home, m
     use_cli(monkeypatch, kind)
     backend, provider, suffix, failing = CASES[kind]
     async with ModelServer() as srv:
-        base = srv.base_url(CHILD) + suffix
+        base = srv.base_url(CHILD) + suffix.removesuffix(":high")
+        effort = ":high" if suffix.endswith(":high") else ""
         (home / "roles.yaml").write_text(
             "roles:\n"
-            f"  worker:\n    model: {provider}/primary@{base}\n"
-            f"    fallbacks: [{provider}/spare@{base}]\n"
+            f"  worker:\n    model: {provider}/primary@{base}{effort}\n"
+            f"    fallbacks: [{provider}/spare@{base}{effort}]\n"
         )
         srv.script(CHILD, [*failing, {"text": "done on the spare"}])
         async with fleet(repo, home) as sup:
@@ -53,7 +55,7 @@ async def test_a_quota_error_moves_the_child_to_its_fallback(kind, repo, home, m
     assert note["error"] == ""
     assert note["report"] == "done on the spare"
     assert [c.body["model"] for c in calls] == ["primary"] * len(failing) + ["spare"]
-    models = [f"{provider}/primary@{base}", f"{provider}/spare@{base}"]
+    models = [f"{provider}/primary@{base}{effort}", f"{provider}/spare@{base}{effort}"]
     assert peek["role"] == handoff["role"] == "worker"
     assert peek["models"] == handoff["models"] == models
 
