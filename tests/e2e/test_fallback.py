@@ -1,6 +1,6 @@
 """Model roles end to end: a turn that fails on a quota error moves a real child to its role's
-fallback model — a scripted HTTP 429 for the builtin agent, a Claude-style "usage limit" for the
-real Claude Code CLI — and ``peek`` and the handoff name both models."""
+fallback model — a scripted HTTP 429 for the builtin agent, Pi and Codex, a Claude-style "usage
+limit" for the real Claude Code CLI — and ``peek`` and the handoff name both models."""
 
 import json
 
@@ -21,6 +21,8 @@ CASES = {
     "openai": ("builtin", "openai", "/v1", [{"status": 429, "body": "rate limited"}] * 3),
     # The role's effort reaches Claude Code as --effort (the CLI must accept it).
     "claude": ("claude", "anthropic", ":high", [{"status": 429, "body": USAGE_LIMIT}]),
+    "pi": ("pi", "openai", "/v1", [{"status": 429, "body": "rate limited"}]),
+    "codex": ("codex", "openai", "/v1", [{"status": 429, "body": "rate limited"}]),
 }
 
 
@@ -28,11 +30,13 @@ CASES = {
 def cli_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-scripted")
     monkeypatch.delenv("FLEET_STALL_TIMEOUT", raising=False)
-    monkeypatch.delenv("FLEET_CLAUDE_BIN", raising=False)
+    for variable in ("FLEET_CLAUDE_BIN", "FLEET_PI_BIN", "FLEET_CODEX_BIN"):
+        monkeypatch.delenv(variable, raising=False)
 
 
 @pytest.mark.parametrize(
-    "kind", ["openai", pytest.param("claude", marks=pytest.mark.needs("claude"))]
+    "kind",
+    ["openai", *(pytest.param(k, marks=pytest.mark.needs(k)) for k in ("claude", "pi", "codex"))],
 )
 async def test_a_quota_error_moves_the_child_to_its_fallback(kind, repo, home, monkeypatch):  # noqa: F811
     use_cli(monkeypatch, kind)
