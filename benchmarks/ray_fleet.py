@@ -4,23 +4,33 @@ N plain children (``python -c pass``-sized scouts: start, print, exit) over 4 si
 (``ray.cluster_utils.Cluster``, 16 ``agent_slot`` each), against the same N on the local
 ``ProcessLauncher``: total wall, and launch→running p50 (``launch()`` returning, i.e. the child's
 pid known). Launcher-level: it measures placement + actor + process cost, not the fleet's IPC.
-Last line: one JSON object.
+Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
+(TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
+socket, alternating over several rounds (the median of the per-round ratios), client and server
+in this process. Last line: one JSON object.
 
     .venv/bin/python benchmarks/ray_fleet.py [N]
 """
 
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+import attrs
 import ray
 import trio
 from ray.cluster_utils import Cluster
 
+import ipc
+from child._tls import client_context, install_certificate, make_key_and_csr
 from orchestrator.launch._launcher import LaunchSpec, ProcessLauncher
 from orchestrator.launch._ray import RayLauncher
+from orchestrator.remote._ca import SessionCA
+from orchestrator.remote._door import TlsDoor
 
 CODE = "print('scout done')"
 
@@ -51,6 +61,107 @@ async def run(launcher: object, n: int) -> tuple[float, float]:
     return time.perf_counter() - t0, statistics.median(starts)
 
 
+OWNER = "a1"
+PAYLOAD = ipc.Ownership(paths=["src/app.py", "docs/*.md"])
+
+
+async def _serve_channel(channel: ipc.Channel, hello: ipc.Envelope) -> None:
+    await channel.reply(hello.corr, ipc.Reply(ok=True))
+
+    async def handler(envelope: ipc.Envelope) -> ipc.Message:
+        return ipc.Reply(ok=True)
+
+    async def on_event(envelope: ipc.Envelope) -> None:
+        return None
+
+    await channel.serve(handler, on_event)
+
+
+async def _roundtrips(channel: ipc.Channel, seconds: float) -> float:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.serve, _serve_nothing, _ignore)
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            await channel.request(PAYLOAD)
+            count += 1
+        elapsed = time.perf_counter() - start
+        await channel.aclose()
+    return count / elapsed
+
+
+async def _serve_nothing(envelope: ipc.Envelope) -> ipc.Message:
+    return ipc.Reply(ok=False, error="nothing served here")
+
+
+async def _ignore(envelope: ipc.Envelope) -> None:
+    return None
+
+
+async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
+    """Round trips per second over the Unix socket and the TLS door; the median ratio."""
+    key = ipc.new_session_key()
+    token = ipc.derive_token(key, OWNER)
+    ca = SessionCA("bench")
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    node = scratch / "node"
+    node.mkdir(mode=0o700)
+    install_certificate(
+        node, ca.sign(make_key_and_csr(node, "bench", OWNER), OWNER), ca.certificate_pem
+    )
+    context = client_context(node / "key.pem", node / "cert.pem", node / "ca.pem")
+    hello = ipc.Hello(pid=os.getpid())
+
+    async def unix_connection(stream: trio.SocketStream) -> None:
+        channel, envelope = await ipc.accept_hello(stream, {OWNER: token}.get)
+        await _serve_channel(channel, envelope)
+
+    door = TlsDoor(ca=ca, token_for={OWNER: token}.get, attach=_serve_channel, refuse=print)
+    unix_rates, tls_rates, ratios = [], [], []
+    async with trio.open_nursery() as nursery:
+        listener = ipc.Listener(path=scratch / "ipc.sock")
+        await nursery.start(listener.serve, unix_connection)
+        address = await door.open_for(OWNER, nursery)
+        for _ in range(rounds):
+            channel, _ = await ipc.open_client(
+                scratch / "ipc.sock", owner=OWNER, token=token, hello=hello
+            )
+            unix = await _roundtrips(channel, seconds)
+            channel, _ = await ipc.open_tls_client(
+                address, context, owner=OWNER, token=token, hello=hello
+            )
+            tls = await _roundtrips(channel, seconds)
+            unix_rates.append(unix)
+            tls_rates.append(tls)
+            ratios.append(tls / unix)
+        door.release(OWNER)
+        nursery.cancel_scope.cancel()
+    return statistics.median(unix_rates), statistics.median(tls_rates), statistics.median(ratios)
+
+
+SLEEPER = "import time; time.sleep(60)"
+
+
+async def remote_memory(k: int) -> float:
+    """Mean RSS (MB) of a remote child's two processes — its actor's worker and the child —
+    with *k* idle children placed."""
+    import psutil  # noqa: PLC0415 - the benchmark only
+
+    def rss(pid: int) -> float:
+        return psutil.Process(pid).memory_info().rss / 2**20
+
+    launcher = RayLauncher()
+    async with trio.open_nursery() as nursery:
+        launched = []
+        for i in range(k):
+            sleeper = attrs.evolve(spec(i), argv=(sys.executable, "-c", SLEEPER))
+            launched.append(await launcher.launch(sleeper, lambda *_: None, nursery))
+        await trio.sleep(1.0)
+        per_child = statistics.mean(rss(r.pid) + rss(r.actor_pid) for r in launched)
+        for r in launched:
+            await r.terminate(1.0)
+    return per_child
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     local_wall, local_p50 = trio.run(run, ProcessLauncher(), n)
@@ -61,14 +172,25 @@ def main() -> None:
     try:
         trio.run(run, RayLauncher(), 4)  # warm the workers' imports once
         ray_wall, ray_p50 = trio.run(run, RayLauncher(), n)
+        remote_mb = trio.run(remote_memory, 4)
     finally:
         ray.shutdown()
         cluster.shutdown()
     print(f"{n} scouts local: wall {local_wall:.2f}s, launch p50 {local_p50 * 1000:.1f} ms")
     print(f"{n} scouts ray (4 nodes): wall {ray_wall:.2f}s, launch p50 {ray_p50 * 1000:.1f} ms")
+    unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 5)
+    print(f"memory per remote child (actor worker + child): {remote_mb:.1f} MB RSS")
+    print(
+        f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
+        f"(ratio {tls_ratio:.2f})"
+    )
     print(
         json.dumps(
             {
+                "unix_roundtrips_per_s": round(unix_rt),
+                "mtls_roundtrips_per_s": round(tls_rt),
+                "mtls_ratio": round(tls_ratio, 2),
+                "remote_child_rss_mb": round(remote_mb, 1),
                 "n": n,
                 "local_wall_s": round(local_wall, 3),
                 "ray_wall_s": round(ray_wall, 3),

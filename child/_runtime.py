@@ -13,6 +13,7 @@ process exits when the IPC connection ends.
 import contextlib
 import logging
 import os
+import pathlib
 import socket
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import attrs
 import trio
 
 import ipc
+from child._lease import hold_lease
 from child.backends import Backend, TurnResult
 from child.backends._egress import open_egress
 
@@ -33,6 +35,7 @@ log = logging.getLogger("child")
 EVENT_INTERVAL: Final = 0.1
 MAX_BUFFERED_EVENTS: Final = 256
 _COALESCED: Final = frozenset({"message", "tool_update", "usage", "todo"})
+_KEPT: Final = frozenset({"tool_start", "tool_end"})
 
 
 def make_backend(loadout: ipc.Loadout, host: "Runtime") -> Backend:
@@ -91,8 +94,12 @@ class Runtime:
                 self._events[-1] = event
                 return
         if len(self._events) >= MAX_BUFFERED_EVENTS:
-            # Under a storm keep the newest; the parent only ever shows the latest activity.
-            del self._events[: len(self._events) // 2]
+            # Under a storm keep the newest of what is only shown (the parent shows the latest
+            # activity); tool starts and ends are kept whole: the loop gate counts them.
+            half = len(self._events) // 2
+            self._events = [e for e in self._events[:half] if e.activity in _KEPT] + self._events[
+                half:
+            ]
         self._events.append(event)
         self._wake.set()
 
@@ -135,6 +142,22 @@ class Runtime:
         except ipc.RemoteError as exc:
             return f"discuss failed: {exc}"
         return str(reply.data.get("text", "")) if isinstance(reply, ipc.Reply) else ""
+
+    async def check_tool(self, start: ipc.Event) -> str | None:
+        if self.view is not None:
+            self.view.on_event(start)
+        try:
+            async with self._sending:
+                await self._flush()  # the supervisor sees the last call's end before this start
+                reply = await self.channel.request(start)
+        except ipc.RemoteError as exc:
+            log.info("tool check refused by the supervisor (%s); running the call", exc)
+            return None
+        except ipc.RequestError as exc:
+            log.info("tool check got no answer (%s); running the call", exc)
+            return None
+        refused = reply.data.get("refused") if isinstance(reply, ipc.Reply) else None
+        return str(refused) if refused else None
 
     # -- event pump ----------------------------------------------------------------------
 
@@ -271,6 +294,8 @@ class Runtime:
                     self.view = ActivityView.for_loadout(self.loadout, sys.stdout)
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
+                if self.loadout.lease_s:
+                    nursery.start_soon(hold_lease, self.channel, self.loadout.lease_s)
                 await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:
@@ -296,11 +321,28 @@ async def run(loadout_path: str) -> int:
         os.unlink(loadout_path)
     with contextlib.suppress(OSError):
         os.chdir(loadout.workspace)  # tools resolve relative paths against the workspace
+    hello = ipc.Hello(pid=os.getpid(), backend=loadout.backend)
+    if loadout.socket.startswith(ipc.TLS_SCHEME):
+        # A child on another node: TCP + mutual TLS, through the egress relay when sandboxed
+        # (its namespace has no network; the supervisor's proxy lets only its door through).
+        from child._tls import dial_context  # noqa: PLC0415 - cryptography: remote children only
+
+        context = dial_context(pathlib.Path(loadout.tls))
+        async with open_egress(loadout):
+            channel, _ = await ipc.open_tls_client(
+                loadout.socket,
+                context,
+                owner=loadout.owner,
+                token=loadout.token,
+                hello=hello,
+                request_timeout=loadout.request_timeout,
+            )
+            return await Runtime(loadout=loadout, channel=channel).serve()
     channel, _ = await ipc.open_client(
         loadout.socket,
         owner=loadout.owner,
         token=loadout.token,
-        hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
+        hello=hello,
         request_timeout=loadout.request_timeout,
     )
     async with open_egress(loadout):

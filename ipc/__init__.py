@@ -23,7 +23,15 @@ from ipc._errors import (
     SchemaError,
 )
 from ipc._framing import MAX_FRAME, FrameDecoder, encode_frame
-from ipc._handshake import HELLO_TIMEOUT, accept_hello, hello_on, open_client
+from ipc._handshake import (
+    HELLO_TIMEOUT,
+    TLS_SCHEME,
+    accept_hello,
+    hello_on,
+    open_client,
+    open_tls_client,
+    tls_address,
+)
 from ipc._listener import Listener, ensure_private_dir
 from ipc._loadout import (
     Loadout,
@@ -53,6 +61,7 @@ from ipc._types import (
     Prompt,
     Proxy,
     Question,
+    Renew,
     Reply,
     Settled,
     Shutdown,
@@ -68,6 +77,7 @@ __all__ = [
     "MAX_FRAME",
     "MESSAGE_TYPES",
     "NO_DEADLINE_TYPES",
+    "TLS_SCHEME",
     "Abort",
     "Answer",
     "Ask",
@@ -95,6 +105,7 @@ __all__ = [
     "Proxy",
     "Question",
     "RemoteError",
+    "Renew",
     "Reply",
     "RequestError",
     "RequestTimeout",
@@ -114,9 +125,11 @@ __all__ = [
     "hello_on",
     "new_session_key",
     "open_client",
+    "open_tls_client",
     "peer_uid",
     "prepare_codecs",
     "sealed_loadout",
+    "tls_address",
     "tokens_match",
     "valid_identifier",
     "write_loadout",

@@ -6,6 +6,7 @@ else closes the connection without telling the peer why.
 """
 
 import os
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from ipc._messages import decode_envelope
 from ipc._requests import DEFAULT_TIMEOUT
 from ipc._types import Envelope, Hello, Reply
 
+TLS_SCHEME = "tls://"
+"""A loadout ``socket`` with this prefix names a TLS listener (a child on another node)."""
+
 HELLO_TIMEOUT = 30.0
 """Seconds a new connection has to present its hello."""
 
@@ -27,18 +31,23 @@ TokenLookup = Callable[[str], str | None]
 
 
 async def accept_hello(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     lookup: TokenLookup,
     *,
     timeout: float = HELLO_TIMEOUT,  # noqa: ASYNC109 - the handshake deadline of the protocol
     max_frame: int = MAX_FRAME,
     request_timeout: float = DEFAULT_TIMEOUT,
+    peer_checked: bool = False,
 ) -> tuple[Channel, Envelope]:
     """Authenticate a freshly accepted connection.
 
     Returns the channel (not yet serving) and the hello envelope; the caller answers the hello
     with :meth:`Channel.reply` once it has bound the connection. Raises
     :class:`HandshakeError` (after closing the stream) on any failure.
+
+    A Unix socket's peer must be our uid. *peer_checked* is for a stream whose peer the caller
+    has already authenticated another way (a TLS stream with a verified client certificate,
+    whose *lookup* answers only for the certificate's owner); the hello's token is still checked.
     """
 
     async def refuse(reason: str, message: str) -> HandshakeError:
@@ -46,12 +55,15 @@ async def accept_hello(
             await stream.aclose()
         return HandshakeError(message, reason=reason)
 
-    try:
-        uid = peer_uid(stream.socket)  # type: ignore[arg-type]
-    except OSError as exc:
-        raise await refuse("peer-uid", f"peer uid unavailable: {exc}") from None
-    if uid != own_uid():
-        raise await refuse("peer-uid", f"connection from uid {uid} refused")
+    if not peer_checked:
+        if not isinstance(stream, trio.SocketStream):
+            raise await refuse("peer-uid", "a stream with no peer credentials was refused")
+        try:
+            uid = peer_uid(stream.socket)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise await refuse("peer-uid", f"peer uid unavailable: {exc}") from None
+        if uid != own_uid():
+            raise await refuse("peer-uid", f"connection from uid {uid} refused")
 
     decoder = FrameDecoder(max_frame=max_frame)
     frames: list[bytes] = []
@@ -121,8 +133,49 @@ async def open_client(
     )
 
 
+async def open_tls_client(
+    address: str,
+    context: ssl.SSLContext,
+    *,
+    owner: str,
+    token: str,
+    hello: Hello,
+    max_frame: int = MAX_FRAME,
+    request_timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[Channel, Reply]:
+    """Dial a supervisor's TLS listener (``tls://HOST:PORT``) with *context* (the node's
+    client certificate, trusting only the session CA) and send the hello, as
+    :func:`open_client` does. The TLS handshake shares the hello's deadline."""
+    host, port = tls_address(address)
+    try:
+        with trio.fail_after(request_timeout):
+            tcp = await trio.open_tcp_stream(host, port)
+            stream = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=False)
+            await stream.do_handshake()
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        raise HandshakeError(f"TLS connection to {address} failed: {exc!r}", reason="tls") from None
+    return await hello_on(
+        stream,
+        owner=owner,
+        token=token,
+        hello=hello,
+        max_frame=max_frame,
+        request_timeout=request_timeout,
+        where=address,
+    )
+
+
+def tls_address(address: str) -> tuple[str, int]:
+    """``tls://HOST:PORT`` (``[v6]:PORT`` too) as ``(host, port)``; ValueError otherwise."""
+    rest = address.removeprefix(TLS_SCHEME)
+    host, sep, port = rest.rpartition(":")
+    if not address.startswith(TLS_SCHEME) or not sep or not host or not port.isdigit():
+        raise ValueError(f"not a tls://HOST:PORT address: {address!r}")
+    return host.strip("[]"), int(port)
+
+
 async def hello_on(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     *,
     owner: str,
     token: str,

@@ -59,6 +59,11 @@ class ModelSpec:
     api_key_env: str = ""
 
 
+def _non_negative(_: object, attribute: "attrs.Attribute[float]", value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 86400:
+        raise ValueError(f"{attribute.name}: must be a number of seconds from 0 to 86400")
+
+
 @attrs.frozen(kw_only=True)
 class ModelChoice:
     """One candidate of a model role: its spec (as ``peek`` shows it), model and effort."""
@@ -108,6 +113,17 @@ class Loadout:
     #: ``host:port`` pairs the supervisor's egress proxy lets this child reach (its model
     #: endpoint and its definition's ``egress:``); nothing else leaves its sandbox.
     egress: list[str] = attrs.Factory(list)
+    #: A child on another node (``socket`` is ``tls://HOST:PORT``): the directory its actor
+    #: wrote its key (made on the node, never sent), leaf certificate and the session CA into.
+    tls: str = ""
+    #: Seconds a remote child may go without a renewed lease before it stops writing and
+    #: exits (``child._lease``); 0: no lease (a local child).
+    lease_s: float = attrs.field(default=0.0, validator=_non_negative)
+    #: What the backend resumes from and keeps up to date: the builtin agent's transcript
+    #: file (in its own scratch, 0600, rewritten atomically after each turn); "" = nothing.
+    resume: str = ""
+    #: This child is a revive of one whose supervisor died: its first prompt says so.
+    restarted: bool = False
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

@@ -63,6 +63,12 @@ class Shutdown:
 
 
 @attrs.frozen(kw_only=True)
+class Renew:
+    """A remote child renews its lease; the reply's ``data`` carries ``lease_s``. A child that
+    has had no reply for a whole lease stops every write and exits (``child._lease``)."""
+
+
+@attrs.frozen(kw_only=True)
 class Hello:
     """The first frame of every connection; its envelope carries the token."""
 
@@ -83,10 +89,20 @@ class Progress:
 
 @attrs.frozen(kw_only=True)
 class Usage:
-    """Model usage so far in this child's life."""
+    """Model usage so far in this child's life (cumulative; each report replaces the last).
+
+    ``tokens`` is the total; ``input_tokens`` counts uncached input only, cache reads and
+    writes are their own. ``cost_usd`` is the backend's own cumulative cost, when it reports
+    one; ``model`` the model that answered, when the backend says.
+    """
 
     tokens: int = 0
     cost_usd: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    model: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -94,7 +110,11 @@ class Event:
     """Throttled activity: what the child is doing now.
 
     ``activity`` is one of ``tool_start``, ``tool_update``, ``tool_end``, ``message``,
-    ``todo``, ``usage``, ``status``. ``text`` is a short human line (never a transcript).
+    ``todo``, ``usage``, ``status``, ``wake`` (a background shell's watch matched while no turn
+    ran: the supervisor prompts an idle child). ``text`` is a short human line (never a
+    transcript).
+    ``tool_start`` carries ``input_digest`` and ``tool_end`` ``output_digest`` and ``failed``:
+    16 hex digits of the SHA-256 of the input's (output's) canonical JSON, for the loop gate.
     """
 
     activity: str
@@ -102,6 +122,11 @@ class Event:
     tool: str = ""
     progress: Progress | None = None
     usage: Usage | None = None
+    #: The backend's resumable session id, reported once it exists (Codex: its thread id).
+    resume_id: str = ""
+    input_digest: str = ""
+    output_digest: str = ""
+    failed: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -195,6 +220,7 @@ Message = (
     | Proxy
     | Reply
     | Control
+    | Renew
 )
 
 MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
@@ -214,6 +240,7 @@ MESSAGE_TYPES: Final[Mapping[str, type[Any]]] = {
     "proxy": Proxy,
     "reply": Reply,
     "control": Control,
+    "renew": Renew,
 }
 TYPE_NAMES: Final[Mapping[type[Any], str]] = {cls: name for name, cls in MESSAGE_TYPES.items()}
 

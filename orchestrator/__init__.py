@@ -30,7 +30,6 @@ The embeddable API::
         notes = await sup.wait([child.key])
 """
 
-from orchestrator._config import Config, load_config
 from orchestrator._errors import (
     CapacityError,
     FleetError,
@@ -45,6 +44,7 @@ from orchestrator._errors import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from orchestrator._config import Config, load_config
     from orchestrator._records import ChildRecord, SpawnRequest, State
     from orchestrator.core._supervisor import Supervisor, open_supervisor
 
@@ -75,6 +75,11 @@ def __getattr__(name: str) -> object:
         from orchestrator.core import _supervisor  # noqa: PLC0415
 
         return getattr(_supervisor, name)
+    if name in {"Config", "load_config"}:
+        # And the configuration (attrs): a warm verb (``cli._fast``) reads what it needs itself.
+        from orchestrator import _config  # noqa: PLC0415
+
+        return getattr(_config, name)
     if name in {"ChildRecord", "SpawnRequest", "State"}:
         # The record classes too: a one-shot verb needs none of them.
         from orchestrator import _records  # noqa: PLC0415

@@ -1,5 +1,5 @@
 """``python -m orchestrator`` is the ``fleet`` command."""
 
-from orchestrator.cli._main import main
+from orchestrator.cli._fast import main
 
 main()

@@ -8,7 +8,6 @@ Watchdog budgets are global only: never a spawn parameter.
 """
 
 import hashlib
-import hmac
 import os
 import re
 import subprocess
@@ -161,6 +160,10 @@ class Config:
     #: Where the ``ray`` surface places children: ``ray.init(address=...)``; "" / "local"
     #: starts a local cluster, "auto" or ``host:port`` joins one (docs/scale-out.md).
     ray_address: str = ""
+    #: The address the TLS door for remote children listens on (a port is picked per session).
+    ray_listen: str = "127.0.0.1"
+    #: A remote child's lease: it stops writing and exits after this long unheard.
+    lease_s: float = 30.0
     allow_unsandboxed: bool = False
     sandbox: str = "auto"
     agents_scope: str = "default"
@@ -181,6 +184,10 @@ class Config:
     idle_exit_s: float = attrs.field(default=DEFAULT_IDLE_EXIT_S, validator=_check_idle_exit)
     #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
     notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
+    #: ``subagents.budget`` and ``subagents.prices``: usage budgets and the price table, as
+    #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
+    budget: object = None
+    prices: object = None
 
     @property
     def paths(self) -> "SessionPaths":
@@ -236,6 +243,10 @@ class SessionPaths:
     @property
     def registry(self) -> Path:
         return self.root / "registry.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal.jsonl"
 
     @property
     def daemon_log(self) -> Path:
@@ -298,6 +309,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("model", "model"),
         ("surface", "surface"),
         ("ray_address", "ray_address"),
+        ("ray_listen", "ray_listen"),
+        ("lease_s", "lease_s"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
         ("reject_log", "reject_log"),
@@ -306,6 +319,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("egress", "egress"),
         ("idle_exit_s", "idle_exit_s"),
         ("notify", "notify"),
+        ("budget", "budget"),
+        ("prices", "prices"),
     ):
         if key in sub:
             settings[target] = sub[key]
@@ -318,6 +333,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_MODEL", "model", str),
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_RAY_ADDRESS", "ray_address", str),
+        ("FLEET_RAY_LISTEN", "ray_listen", str),
+        ("FLEET_LEASE_S", "lease_s", float),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
         ("FLEET_IDLE_EXIT_S", "idle_exit_s", float),
@@ -365,52 +382,3 @@ def _int_or_text(value: str) -> object:
         return int(value)
     except ValueError:
         return value  # the watchdog policy check reports it and falls back
-
-
-#: What a supervisor reads once, when it starts, and hands to every child it spawns: the
-#: environment variables its children read, and the settings no verb can change in a running
-#: supervisor (``configure`` changes the cap, the lane and the agent directories). Each name
-#: is what the user sets, for the one-line warning of a verb whose own differ.
-START_ENVIRONMENT: Final = (
-    "FLEET_PI_BIN",
-    "FLEET_CLAUDE_BIN",
-    "FLEET_CODEX_BIN",
-    "FLEET_STALL_TIMEOUT",
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-)
-START_SETTINGS: Final = {
-    "sandbox": "FLEET_SANDBOX",
-    "allow_unsandboxed": "--allow-unsandboxed",
-    "model": "--default-model/FLEET_MODEL",
-    "surface": "FLEET_SURFACE",
-    "idle_timeout_ms": "FLEET_IDLE_TIMEOUT_MS",
-    "max_total_ms": "FLEET_MAX_TOTAL_MS",
-    "fork_server": "FLEET_FORK_SERVER",
-    "reject_log": "FLEET_REJECT_LOG",
-    "egress": "subagents.egress",
-    "idle_exit_s": "FLEET_IDLE_EXIT_S",
-}
-
-
-def start_digests(config: Config, environ: Mapping[str, str], key: str) -> dict[str, str]:
-    """The settings a supervisor started with, as keyed hashes (a key's value never leaves
-    the process, not even as a plain hash): the caller's and the supervisor's compare equal
-    exactly when the values do. An unset *model* is no opinion, not a difference."""
-    values = {name: environ.get(name, "") for name in START_ENVIRONMENT}
-    values |= {name: repr(getattr(config, field)) for field, name in START_SETTINGS.items()}
-    if not config.model:
-        del values[START_SETTINGS["model"]]
-    secret = key.encode()
-    return {
-        name: hmac.new(secret, f"{name}={value}".encode(), hashlib.sha256).hexdigest()[:24]
-        for name, value in values.items()
-    }
-
-
-def drifted(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
-    """The settings of *mine* that *theirs* has otherwise (nothing when *theirs* is empty: a
-    supervisor that does not report them)."""
-    if not theirs:
-        return []
-    return [name for name, digest in mine.items() if theirs.get(name) != digest]

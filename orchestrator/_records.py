@@ -69,6 +69,8 @@ class ChildRecord:
     last_event_at: float = attrs.Factory(time.monotonic)
     tokens: int = 0
     cost_usd: float | None = None
+    #: The ledger's entry (input/output/cache tokens, model, budget, levels reached).
+    usage: dict[str, Any] = attrs.Factory(dict)
     report: str = ""
     error: str = ""
     failure: dict[str, Any] | None = None
@@ -85,6 +87,13 @@ class ChildRecord:
     #: error moves it to the role's next candidate).
     role: str = ""
     models: list[str] = attrs.Factory(list)
+    #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
+    #: could not break); "" while it runs or when it stopped as asked.
+    incomplete: str = ""
+    #: The JSON Schema its result must satisfy (docs/governance.md "Checked results"), and the
+    #: last valid result parsed from its report; ``None`` without a schema.
+    schema: dict[str, Any] | None = None
+    result: Any = None
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -107,7 +116,7 @@ class ChildRecord:
             "surface": self.surface,
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
-            "usage": {"tokens": self.tokens, "cost_usd": self.cost_usd},
+            "usage": self.usage | {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
             "role": self.role,
             "models": list(self.models),
@@ -124,8 +133,9 @@ class ChildRecord:
         )
 
     def handoff(self) -> dict[str, Any]:
-        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report."""
-        return {
+        """What ``stop`` returns (CLI.md's shape); ``last`` clipped as a settle note's report,
+        ``result`` beside it for a checked child."""
+        shape = {
             "key": self.key,
             "name": self.name,
             "state": str(self.state),
@@ -142,7 +152,15 @@ class ChildRecord:
             "failure": self.failure,
             "role": self.role,
             "models": list(self.models),
+            "incomplete": self.incomplete,
         }
+        return self.with_result(shape)
+
+    def with_result(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """*shape* (a note, a handoff) with the parsed ``result`` of a checked child."""
+        if self.schema is not None:
+            shape["result"] = self.result
+        return shape
 
 
 @attrs.frozen(kw_only=True)
@@ -159,11 +177,19 @@ class SpawnRequest:
     surface: str | None = None
     #: A model role (``@role`` in ``model`` says the same); its candidates pick the model.
     role: str | None = None
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``) that may
+    #: only lower the configured one.
+    budget: Mapping[str, Any] | None = None
+    #: A JSON Schema (an object) the child's result must satisfy; checked at spawn.
+    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
-        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface", "role"}
+        known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known.add("role")
+        known.add("budget")
+        known.add("schema")
         unknown = set(data) - known
         if unknown:
             raise UsageError(f"spawn: unknown batch key {min(unknown)!r}")
@@ -178,7 +204,14 @@ class SpawnRequest:
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
+        budget = data.get("budget")
+        if budget is not None and not isinstance(budget, Mapping):
+            raise UsageError("spawn: budget must be a mapping (soft_tokens, hard_tokens, ...)")
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise UsageError("spawn: schema must be a JSON Schema object")
         return cls(
+            budget=budget,
             task=task,
             agent=fields["agent"] or "scout",
             mode=fields["mode"],
@@ -188,4 +221,29 @@ class SpawnRequest:
             command=tuple(command),
             surface=fields["surface"],
             role=fields["role"],
+            schema=schema,
         )
+
+
+def budget_from_text(text: str) -> dict[str, float | int]:
+    """``--budget``: a bare number of tokens (the hard limit), or ``KEY=NUMBER,...`` with the
+    keys ``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd`` (the supervisor checks
+    them)."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        items = [f"hard_tokens={items[0]}"]
+    budget: dict[str, float | int] = {}
+    for item in items:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key or not raw:
+            raise UsageError(
+                f"--budget {text!r}: {item!r} must be KEY=NUMBER "
+                "(soft_tokens, hard_tokens, soft_usd, hard_usd) or one number of tokens"
+            )
+        try:
+            budget[key] = int(raw) if raw.isdigit() else float(raw)
+        except ValueError:
+            raise UsageError(f"--budget {text!r}: {key} {raw!r} is not a number") from None
+    if not budget:
+        raise UsageError("--budget: give a number of tokens or KEY=NUMBER pairs")
+    return budget

@@ -184,9 +184,12 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
-    "orchestrator.remote": {FOUNDATION},
+    "orchestrator.remote": {FOUNDATION, "ipc"},
+    # The journal is written for core through a protocol; control wires it in.
+    "orchestrator.durability": {FOUNDATION, "ipc"},
     "orchestrator.core": {
         FOUNDATION,
+        "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.workspace",
         "orchestrator.coordination",
@@ -199,6 +202,7 @@ ROOMS: dict[str, set[str]] = {
         FOUNDATION,
         "orchestrator.core",
         "orchestrator.coordination",
+        "orchestrator.durability",
         "orchestrator.launch",
         "orchestrator.workspace",
         "ipc",
@@ -226,7 +230,7 @@ ROOMS: dict[str, set[str]] = {
 #: The only modules that may import the supervisor: the facade and the control server above it.
 SUPERVISOR = "orchestrator.core._supervisor"
 SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.control._daemon"}
-SUPERVISOR_IMPORTERS |= {"orchestrator.control._review"}
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._review", "orchestrator.control._durable"}
 
 
 def product_modules(root: Path = ROOT) -> dict[str, Path]:

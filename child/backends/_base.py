@@ -12,6 +12,12 @@ import attrs
 
 import ipc
 
+#: Said once, hidden from everyone but the model, in the first prompt after a revive.
+RESTARTED = (
+    "(You were restarted: your supervisor ended and this conversation was restored from "
+    "your transcript. Files may have changed meanwhile; check before relying on them.)"
+)
+
 
 @attrs.frozen(kw_only=True)
 class TurnResult:
@@ -44,6 +50,11 @@ class Host(Protocol):
 
     async def discuss(self, op: str, **fields: str | None) -> str:
         """A discussion-paper operation; returns the paper's reply text."""
+
+    async def check_tool(self, start: ipc.Event) -> str | None:
+        """Announce a ``tool_start`` *before* the tool runs (instead of emitting it), in order
+        behind the events already emitted; ``None`` when the call may run, else the loop
+        gate's refusal line."""
 
 
 class Backend(Protocol):

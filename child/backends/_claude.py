@@ -40,9 +40,11 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, claude_mcp_config, relayed_tools, write_private
 from child.backends._nesting import inside_fleet_sandbox
+from child.backends._usage import claude_usage
 
 log = logging.getLogger("child")
 
@@ -85,6 +87,12 @@ def claude_tools(tools: list[str]) -> list[str]:
     return names
 
 
+def _has_session(dirs: PrivateDirs, session: str) -> bool:
+    """Claude Code already keeps *session* in this child's private directories (an earlier
+    process of this child ran it; ``--session-id`` would be refused as in use)."""
+    return next(dirs.root.rglob(f"{session}.jsonl"), None) is not None
+
+
 def claude_argv(
     binary: str, loadout: ipc.Loadout, dirs: PrivateDirs, mcp_config: Path | None = None
 ) -> list[str]:
@@ -103,7 +111,6 @@ def claude_argv(
         "--verbose",
         "--include-partial-messages",  # a steady stream: our stall watchdog sees liveness
         "--replay-user-messages",  # acknowledges each user line when it is consumed
-        "--no-session-persistence",
         "--strict-mcp-config",
         # Only the private HOME's settings: a repository's .claude/settings.json could add
         # hooks (shell commands a scout without Bash would run), permissions or a sandbox.
@@ -116,6 +123,13 @@ def claude_argv(
         f"--allowedTools={','.join(allowed)}",
         f"--disallowedTools={','.join(DISALLOWED_TOOLS)}",
     ]
+    if not loadout.resume:
+        argv.append("--no-session-persistence")
+    elif loadout.restarted or _has_session(dirs, loadout.resume):
+        # The session it had: a revive, or a restart on a role's fallback model.
+        argv += ["--resume", loadout.resume]
+    else:
+        argv += ["--session-id", loadout.resume]  # chosen by the supervisor, journaled first
     if inside_fleet_sandbox(loadout):
         argv += ["--settings", NO_NESTED_SANDBOX]
     if mcp_config is not None:
@@ -173,7 +187,7 @@ class ClaudeBackend(CliBackend):
     _sent: int = 0  # user lines written
     _consumed: int = 0  # user lines Claude echoed back (consumed)
     _tools: dict[str, str] = attrs.Factory(dict)  # running tool_use id → tool name
-    _tokens: int = 0
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _interrupts: int = 0
 
     @classmethod
@@ -190,7 +204,10 @@ class ClaudeBackend(CliBackend):
             if self._cli.process.returncode is None:
                 return self._cli
             raise self._gone()
-        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
+        if self.loadout.resume and self.loadout.scratch:
+            dirs = self._dirs = PrivateDirs.kept(self.loadout.scratch, "claude")
+        else:
+            dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "claude")
         secrets = list(self.loadout.secret_env)
         extra = claude_extra_env(self.loadout, self.stall)
         key_env = self.loadout.model.api_key_env
@@ -256,7 +273,10 @@ class ClaudeBackend(CliBackend):
                     self._watch.disarm()
                     self.host.emit(
                         ipc.Event(
-                            activity="tool_start", tool=name, text=preview(block.get("input"))
+                            activity="tool_start",
+                            tool=name,
+                            text=preview(block.get("input")),
+                            input_digest=digest(block.get("input")),
                         )
                     )
         elif kind == "user":
@@ -280,25 +300,24 @@ class ClaudeBackend(CliBackend):
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 name = self._tools.pop(str(block.get("tool_use_id", "")), "")
-                outcome = "error" if block.get("is_error") else "ok"
-                if block.get("is_error"):
+                failed = bool(block.get("is_error"))
+                if failed:
                     turn.tool_failed("claude", name, block.get("content"))
-                self.host.emit(ipc.Event(activity="tool_end", tool=name, text=outcome))
+                self.host.emit(
+                    ipc.Event(
+                        activity="tool_end",
+                        tool=name,
+                        text="error" if failed else "ok",
+                        output_digest=digest(block.get("content")),
+                        failed=failed,
+                    )
+                )
         if not self._tools:
             self._watch.arm()
 
     async def _on_result(self, turn: CliTurn, record: dict[str, Any]) -> None:
-        usage = record.get("usage") or {}
-        self._tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
-        cost = record.get("total_cost_usd")
-        self.host.emit(
-            ipc.Event(
-                activity="usage",
-                usage=ipc.Usage(
-                    tokens=self._tokens, cost_usd=float(cost) if cost is not None else None
-                ),
-            )
-        )
+        self._usage = claude_usage(self._usage, record)
+        self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         if self._consumed < self._sent:
             return  # a steer queued behind this result starts a follow-up turn: wait for it
         text = record.get("result")

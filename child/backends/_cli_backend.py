@@ -28,7 +28,7 @@ import psutil
 import trio
 
 import ipc
-from child.backends._base import Host, TurnResult
+from child.backends._base import RESTARTED, Host, TurnResult
 from child.backends._cli_env import CliError, PrivateDirs
 from child.backends._jsonl import RecordReader, encode
 from child.backends._mcp import ToolRelay
@@ -292,9 +292,14 @@ class CliBackend:
     _turn: CliTurn | None = None
     _nursery: trio.Nursery | None = None
     _watch: StallWatch = attrs.field(init=False)
+    #: Whether the private directories outlive the child (a resumable CLI's session store).
+    keep_dirs: bool = False
+    #: A revived child's first prompt says so once (``restarted`` in its loadout).
+    _restarted: bool = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._watch = StallWatch(self.stall)
+        self._restarted = self.loadout.restarted
 
     async def _start(self) -> CliProcess:
         raise NotImplementedError
@@ -321,6 +326,8 @@ class CliBackend:
         )
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        if self._restarted:
+            text, self._restarted = f"{RESTARTED}\n{text}", False
         turn = self._turn = CliTurn()
         booting = self._cli is None
         if booting:
@@ -372,5 +379,5 @@ class CliBackend:
         if self._cli is not None:
             # Nothing to save (no session persistence): SIGTERM the tree, MCP server included.
             await self._cli.terminate()
-        if self._dirs is not None:
-            self._dirs.remove()
+        if self._dirs is not None and not (self.loadout.resume or self.keep_dirs):
+            self._dirs.remove()  # a resumable CLI's session store stays for a revive

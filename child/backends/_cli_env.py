@@ -90,6 +90,15 @@ class PrivateDirs:
             (root / name).mkdir(mode=0o700)
         return cls(root=root)
 
+    @classmethod
+    def kept(cls, scratch: str, label: str) -> "PrivateDirs":
+        """``scratch/label``, the same for every start of this child: a resumable CLI's
+        session store outlives the process (a revived child finds it there)."""
+        root = Path(scratch) / label
+        for path in (root, root / "home", root / "tmp", root / "config"):
+            path.mkdir(mode=0o700, exist_ok=True)
+        return cls(root=root)
+
     @property
     def home(self) -> Path:
         return self.root / "home"

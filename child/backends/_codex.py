@@ -39,9 +39,11 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest_fields
 from child.backends._jsonl import Oversize
 from child.backends._mcp import SERVER, ToolRelay, codex_mcp_config, relayed_tools, write_private
 from child.backends._nesting import check_codex_sandbox, inside_fleet_sandbox
+from child.backends._usage import codex_usage
 
 log = logging.getLogger("child")
 
@@ -53,6 +55,9 @@ MCP_STARTUP: Final = 60.0
 _WRITING: Final = frozenset({"edit", "write", "bash"})
 _EFFORTS: Final = frozenset({"minimal", "low", "medium", "high", "xhigh"})
 _TOOL_ITEMS: Final = frozenset({"commandExecution", "fileChange", "mcpToolCall", "webSearch"})
+#: The fields of an item that say what it does, and those that say how it ended (loop gate).
+_ITEM_INPUT: Final = ("type", "command", "cwd", "changes", "server", "tool", "arguments", "query")
+_ITEM_OUTPUT: Final = ("status", "aggregatedOutput", "exitCode", "result", "error")
 
 
 def sandbox_mode(loadout: ipc.Loadout) -> str:
@@ -127,6 +132,7 @@ class CodexBackend(CliBackend):
     name: str = "codex"
     version: Version | None = None
     _thread: str = ""
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _turn_id: str = ""
     _mcp_ready: trio.Event = attrs.Factory(trio.Event)
     _ids: int = 0
@@ -148,9 +154,14 @@ class CodexBackend(CliBackend):
             if self._cli.process.returncode is None and self._thread:
                 return self._cli
             raise self._gone()
-        dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
+        if self.loadout.scratch:
+            # Kept: its threads live in CODEX_HOME, and a revive resumes the one it had.
+            dirs = self._dirs = PrivateDirs.kept(self.loadout.scratch, "codex")
+            self.keep_dirs = True
+        else:
+            dirs = self._dirs = PrivateDirs.create(self.loadout.scratch, "codex")
         codex_home = dirs.config / "codex"
-        codex_home.mkdir(mode=0o700)
+        codex_home.mkdir(mode=0o700, exist_ok=True)
         config = codex_config(self.loadout, self.stall)
         if relayed_tools(self.loadout.tools):
             self._relay = ToolRelay.create(
@@ -188,8 +199,15 @@ class CodexBackend(CliBackend):
             }
             if self.loadout.system_prompt:
                 params["developerInstructions"] = self.loadout.system_prompt
-            reply = await self._request("thread/start", params)
+            if self.loadout.restarted and self.loadout.resume:
+                reply = await self._request(
+                    "thread/resume", {**params, "threadId": self.loadout.resume}
+                )
+            else:
+                reply = await self._request("thread/start", params)
             self._thread = str(((reply.get("result") or {}).get("thread") or {}).get("id", ""))
+            if self._thread:  # journaled by the supervisor before the first turn starts
+                self.host.emit(ipc.Event(activity="status", resume_id=self._thread))
             if self._thread and self._relay is not None:
                 # Else a fast first turn starts before our tools exist.
                 with trio.move_on_after(MCP_STARTUP):
@@ -278,9 +296,8 @@ class CodexBackend(CliBackend):
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
         elif method == "thread/tokenUsage/updated":
-            total = (params.get("tokenUsage") or {}).get("total") or {}
-            tokens = int(total.get("totalTokens") or 0)
-            self.host.emit(ipc.Event(activity="usage", usage=ipc.Usage(tokens=tokens)))
+            self._usage = codex_usage(self._usage, params.get("tokenUsage") or {})
+            self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         elif method == "error" and not params.get("willRetry"):
             turn.fail(f"codex: {_error_text(params) or 'the turn failed'}")
         elif method == "turn/completed":
@@ -299,7 +316,14 @@ class CodexBackend(CliBackend):
             if kind == "commandExecution" and str(pid).isdigit():
                 self._commands[ident] = int(str(pid))
             what = item.get("command") or item.get("tool") or item.get("changes") or ""
-            self.host.emit(ipc.Event(activity="tool_start", tool=tool, text=preview(what)))
+            self.host.emit(
+                ipc.Event(
+                    activity="tool_start",
+                    tool=tool,
+                    text=preview(what),
+                    input_digest=digest_fields(item, _ITEM_INPUT),
+                )
+            )
             return
         self._tools.discard(ident)
         self._commands.pop(ident, None)
@@ -307,7 +331,15 @@ class CodexBackend(CliBackend):
             None,
             0,
         }
-        self.host.emit(ipc.Event(activity="tool_end", tool=tool, text="error" if failed else "ok"))
+        self.host.emit(
+            ipc.Event(
+                activity="tool_end",
+                tool=tool,
+                text="error" if failed else "ok",
+                output_digest=digest_fields(item, _ITEM_OUTPUT),
+                failed=failed,
+            )
+        )
         if failed and self._turn is not None:
             self._turn.tool_failed("codex", tool, item.get("aggregatedOutput"))
         if not self._tools:

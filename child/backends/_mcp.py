@@ -13,9 +13,11 @@ Two halves, because the agent CLI starts its MCP servers itself (stdio transport
   per-child token that reaches it only through the 0600 MCP configuration (never argv).
 """
 
+import contextlib
 import json
 import os
 import secrets
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +95,10 @@ class ToolRelay:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept relayed calls until cancelled (run it in the backend's owning nursery)."""
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
+                # Left by this child's earlier process (a revive): its private dir is kept.
+                os.unlink(self.socket_path)
         await sock.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         sock.listen(16)

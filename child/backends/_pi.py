@@ -42,8 +42,10 @@ from child.backends._cli_env import (
     probe_version,
     stall_seconds,
 )
+from child.backends._digest import digest
 from child.backends._jsonl import Oversize
 from child.backends._mcp import ToolRelay, relayed_tools
+from child.backends._usage import pi_usage
 
 log = logging.getLogger("child")
 
@@ -90,7 +92,9 @@ def pi_models(spec: ipc.ModelSpec) -> dict[str, Any]:
 
 
 def pi_argv(binary: str, loadout: ipc.Loadout, dirs: PrivateDirs) -> list[str]:
-    argv = [binary, "--mode", "rpc", "--no-session"]
+    # A resumable child's session file (in its own scratch) is what a revive continues.
+    session = ["--session", loadout.resume] if loadout.resume else ["--no-session"]
+    argv = [binary, "--mode", "rpc", *session]
     spec = loadout.model
     if spec.kind == "openai":
         argv += ["--provider", _PROVIDER, "--model", spec.name]
@@ -139,8 +143,7 @@ class PiBackend(CliBackend):
     has_queue: bool = False
     _pending: dict[str, _Pending] = attrs.Factory(dict)
     _ids: int = 0
-    _tokens: int = 0
-    _cost: float = 0.0
+    _usage: ipc.Usage = attrs.Factory(ipc.Usage)
     _streamed: str = ""
 
     @classmethod
@@ -274,32 +277,39 @@ class PiBackend(CliBackend):
             self._on_message(turn, record.get("message") or {})
         elif kind == "tool_execution_start":
             self._watch.disarm()
-            tool = str(record.get("toolName", ""))
-            emit(ipc.Event(activity="tool_start", tool=tool, text=preview(record.get("args", {}))))
+            tool, args = str(record.get("toolName", "")), record.get("args", {})
+            emit(
+                ipc.Event(
+                    activity="tool_start",
+                    tool=tool,
+                    text=preview(args),
+                    input_digest=digest(args),
+                )
+            )
         elif kind == "tool_execution_update":
             emit(ipc.Event(activity="tool_update", tool=str(record.get("toolName", ""))))
         elif kind == "tool_execution_end":
             self._watch.arm()
-            outcome = "error" if record.get("isError") else "ok"
-            if record.get("isError"):
-                turn.tool_failed("pi", str(record.get("toolName", "")), record.get("result"))
-            emit(ipc.Event(activity="tool_end", tool=str(record.get("toolName", "")), text=outcome))
+            tool, failed = str(record.get("toolName", "")), bool(record.get("isError"))
+            if failed:
+                turn.tool_failed("pi", tool, record.get("result"))
+            emit(
+                ipc.Event(
+                    activity="tool_end",
+                    tool=tool,
+                    text="error" if failed else "ok",
+                    output_digest=digest(record.get("result")),
+                    failed=failed,
+                )
+            )
         elif kind == "agent_settled" or (kind == "agent_end" and not self.has_queue):
             turn.finish(aborted=bool(record.get("aborted")))
 
     def _on_message(self, turn: CliTurn, message: dict[str, Any]) -> None:
         if message.get("role") != "assistant":
             return
-        usage = message.get("usage") or {}
-        self._tokens += int(usage.get("totalTokens") or 0)
-        cost = usage.get("cost") or {}
-        self._cost += float(cost.get("total") or 0.0)
-        self.host.emit(
-            ipc.Event(
-                activity="usage",
-                usage=ipc.Usage(tokens=self._tokens, cost_usd=round(self._cost, 6)),
-            )
-        )
+        self._usage = pi_usage(self._usage, message)
+        self.host.emit(ipc.Event(activity="usage", usage=self._usage))
         turn.text = _text_of(message)
         stop = message.get("stopReason")
         if stop == "error":

@@ -70,6 +70,8 @@ class ToolContext:
     workspace: Path = attrs.field(converter=_realpath)
     may_write: Callable[[Path], Awaitable[str | None]] | None = None
     on_progress: Callable[[Progress], None] | None = None
+    #: Hears a background event the model should be told (a shell's watch matched).
+    notify: Callable[[str], None] | None = None
     bash_timeout: float = 120.0
     #: The fleet state directory (every session's tokens, sockets, loadouts and logs): no tool
     #: reads, lists or writes anything below it but the paths in ``own`` (the child's workspace

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from ._bash import BashTool
 from ._edit import EditTool, WriteTool
 from ._fs import FindTool, GrepTool, LsTool, ReadTool
+from ._shell import ShellTool
 from ._todo import TodoTool
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ MUTATING_TOOLS: frozenset[str] = frozenset({"edit", "write", "bash"})
 
 
 def build_tools(names: Iterable[str], ctx: ToolContext) -> dict[str, Tool]:
-    """Fresh instances of exactly the named tools, keyed by name (each gets its own checklist).
+    """Fresh instances of exactly the named tools, keyed by name (each gets its own checklist);
+    ``bash`` brings ``shell`` (background shells) with it.
 
     Raises ``ValueError`` (one line) for a name that is not a tool or a workspace that is not a
     directory, so a bad loadout fails at start-up instead of at the first tool call.
@@ -46,6 +48,8 @@ def build_tools(names: Iterable[str], ctx: ToolContext) -> dict[str, Tool]:
                 f"build tools: unknown tool {name!r}; use one of {known} (fix the tools list)"
             )
         tools[name] = factory()
+    if "bash" in tools:  # background shells come with bash (and are gated like it)
+        tools["shell"] = ShellTool()
     if not ctx.workspace.is_dir():
         raise ValueError(
             f"build tools: workspace {ctx.workspace} is not a directory; create it or fix the "

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator._errors import TimedOut, UsageError
+from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
+from orchestrator.cli._outcome import note_failed
 from orchestrator.control._client import WAIT_SLICE
 
 
@@ -30,12 +32,21 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         for key in ("mode", "name", "backend", "model", "surface", "role"):
             if getattr(args, key):
                 request[key] = getattr(args, key)
+        if args.budget:
+            from orchestrator._records import budget_from_text  # noqa: PLC0415 - warm verbs
+
+            request["budget"] = budget_from_text(args.budget)
         if args.command:
             try:
                 request["command"] = shlex.split(args.command)
             except ValueError as exc:
                 raise UsageError(f"--command {args.command!r}: {exc}") from None
         requests = [request]
+    if args.schema:
+        # Read here (the supervisor may not see the file), checked as a schema at spawn; a
+        # batch entry's own schema wins.
+        schema = read_schema_file(Path(args.schema))
+        requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
@@ -60,13 +71,6 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
                 ) from None
     out(args, data, lambda d: _render.settled_text(d["settled"]))
     return 1 if any(note_failed(n) for n in data["settled"]) else 0
-
-
-def note_failed(note: Mapping[str, Any]) -> bool:
-    """Whether a settle note is a failure: the child failed, or its turn did (a model that is
-    unreachable or answers 500, a missing CLI, a CLI that is not logged in) and left it idle
-    with the turn's error. A question is not a failure."""
-    return note.get("state") == "failed" or (bool(note.get("error")) and "question" not in note)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

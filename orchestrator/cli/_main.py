@@ -7,10 +7,9 @@ programs; errors are one line on stderr (and an ``error`` object on stdout with 
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 
 from orchestrator._errors import FleetError, TimedOut, UsageError
 from orchestrator.cli import _render
@@ -28,9 +27,11 @@ from orchestrator.cli._drive import (
     cmd_stop,
     cmd_wait,
 )
+from orchestrator.cli._durable import cmd_events, cmd_revive
+from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
-from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top
+from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top, cmd_usage
 from orchestrator.control._client import call as call_control
 from orchestrator.control._client import read_token
 from orchestrator.control._daemon_client import STOP_TIMEOUT, ensure_daemon, wait_released
@@ -213,7 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the child runs: process (default), a tmux window on fleet's own server, "
         "a window in your current tmux session, a cmux surface, or a Ray actor (ray)",
     )
+    p.add_argument(
+        "--budget",
+        help="lower the child's usage budget: a number of tokens (hard), or "
+        "KEY=NUMBER,... of soft_tokens, hard_tokens, soft_usd, hard_usd",
+    )
     p.add_argument("--batch", help="JSON file with a list of task objects")
+    p.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="a JSON Schema file: the child ends its report with a fenced json block that must "
+        "validate (one corrective steer, then it fails); wait returns it as result",
+    )
     p.add_argument("--wait", action="store_true", help="wait until they settle")
 
     p = verb("peek", cmd_peek, "show the fleet from memory")
@@ -222,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--locks", action="store_true", help="include ownership locks")
 
     verb("top", cmd_top, "the live fleet view (fleet peek --watch)")
+
+    p = verb("usage", cmd_usage, "tokens and cost per child, per definition and for the session")
+    p.add_argument("agents", nargs="*")
 
     p = verb("attach", cmd_attach, "open a tmux child's window, or the fleet's tmux session")
     p.add_argument("agent", nargs="?", help="a child in tmux (default: the whole fleet session)")
@@ -257,6 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("logs", cmd_logs, "a child's diagnostics log")
     p.add_argument("agent")
     p.add_argument("--tail", type=int, default=8192)
+
+    p = verb("events", cmd_events, "the session journal: every fact, oldest first")
+    p.add_argument("--since", type=int, default=0, help="only records after this seq")
+    p.add_argument("--follow", action="store_true", help="keep printing new records")
+
+    p = verb("revive", cmd_revive, "start lost children again with their context")
+    p.add_argument("agents", nargs="+")
 
     p = verb("agents", cmd_agents, "list agent definitions")
     p.add_argument("--scope", choices=["default", "project", "both"])
@@ -310,22 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: The exit code when the reader of our output went away (``fleet peek | head -1``): what a
-#: shell reports for a process that SIGPIPE ended.
-CLOSED_PIPE: Final = 141
-
-
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    try:
-        code = _main(argv)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Nothing more can be said, and Python must not complain again when it flushes at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        code = CLOSED_PIPE
-    sys.exit(code)
+    """The full command line (``fleet`` itself is :func:`orchestrator.cli._fast.main`)."""
+    exit_with(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -336,23 +345,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         raise
     except FleetError as exc:
-        message = str(exc)
-        prefix = f"{args.verb}: "
-        line = f"fleet {message}" if message.startswith(prefix) else f"fleet {args.verb}: {message}"
-        if args.json:
-            print(json.dumps({"error": {"kind": exc.kind, "message": message}}))
-        print(line, file=sys.stderr)
-        code = exc.exit_code
+        code = error_code(exc, args.verb, json_output=args.json)
     except KeyboardInterrupt:
         code = 130
     except Exception as exc:
-        if args.debug or os.environ.get("FLEET_DEBUG"):
-            raise
-        if args.json:
-            print(json.dumps({"error": {"kind": "internal", "message": str(exc)}}))
-        print(
-            f"fleet {args.verb}: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-            file=sys.stderr,
-        )
-        code = 1
+        code = internal_error_code(exc, args.verb, json_output=args.json, debug=args.debug)
     return code

@@ -38,6 +38,13 @@ def waiting_first(agents: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]
     return sorted(agents, key=lambda a: a["state"] != "waiting")
 
 
+def _revive_hint(stale: dict[str, Any]) -> str:
+    """How a lost child comes back, or why it cannot (the journal's verdict)."""
+    if stale.get("revivable"):
+        return f"; fleet revive {stale['key']} brings it back"
+    return f"; not revivable: {stale['revive']}" if stale.get("revive") else ""
+
+
 def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     head = _head(data)
     rows = [
@@ -61,6 +68,7 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     stale = [
         f"stale {s['key']} {s['name']} ({s['state']}, pid {s['pid']}): log {s['log']}"
         + (f", worktree {s['worktree']}" if s.get("worktree") else "")
+        + _revive_hint(s)
         for s in data.get("stale", [])
     ]
     if not rows:
@@ -68,7 +76,75 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     body = table(["KEY", "NAME", "AGENT", "STATE", "DONE", "AGE", "ACTIVITY"], rows, width=width)
     extra = [f"{q['id']} from {q['key']}: {q['text']}" for q in data.get("questions", [])]
     extra += [f"lock {owner}: {', '.join(specs)}" for owner, specs in data.get("locks", {}).items()]
+    extra += [line for a in data["agents"] if (line := _usage_line(a))]
     return "\n".join([head, body, *extra, *stale])
+
+
+def _usage_line(agent: Mapping[str, Any]) -> str:
+    """``usage a1: 120 tokens (in 100, out 20, cache 0/0) $0.0004 · budget hard 5000 tok``;
+    "" for a child that has used nothing and has no budget."""
+    usage = agent.get("usage") or {}
+    budget = usage.get("budget") or {}
+    if not usage.get("tokens") and not budget:
+        return ""
+    counts = ""
+    if "input_tokens" in usage:
+        counts = (
+            f" (in {usage['input_tokens']}, out {usage['output_tokens']}, cache "
+            f"{usage['cache_read_tokens']}/{usage['cache_write_tokens']})"
+        )
+    reached = usage.get("reached") or []
+    return (
+        f"usage {agent['key']}: {usage.get('tokens', 0)} tokens{counts} "
+        f"{_money(usage.get('cost_usd'))} · budget {_limit(budget)}"
+        + (f" (reached {'+'.join(reached)})" if reached else "")
+    )
+
+
+def _money(cost: float | None) -> str:
+    return "-" if cost is None else f"${cost:.4f}"
+
+
+def _limit(budget: Mapping[str, Any]) -> str:
+    """``soft 800 tok, hard 1000 tok $2`` (``-``: no budget)."""
+    parts = []
+    for level in ("soft", "hard"):
+        tokens, usd = budget.get(f"{level}_tokens"), budget.get(f"{level}_usd")
+        words = [f"{tokens} tok"] if tokens is not None else []
+        words += [f"${usd:g}"] if usd is not None else []
+        if words:
+            parts.append(" ".join([level, *words]))
+    return ", ".join(parts) or "-"
+
+
+def usage_table(data: Mapping[str, Any]) -> str:
+    """``fleet usage``: one row per child, then the definitions and the session."""
+    rows = [
+        [
+            a["key"],
+            a["agent"],
+            str(a["tokens"]),
+            str(a["input_tokens"]),
+            str(a["output_tokens"]),
+            f"{a['cache_read_tokens']}/{a['cache_write_tokens']}",
+            _money(a["cost_usd"]),
+            _limit(a["budget"]) + (f" (reached {'+'.join(a['reached'])})" if a["reached"] else ""),
+        ]
+        for a in data["agents"]
+    ]
+    headers = ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE R/W", "COST", "BUDGET"]
+    body = table(headers, rows) if rows else "no children yet"
+    definitions = [
+        f"{name}: {d['tokens']} tokens, {_money(d['cost_usd'])} over {d['children']} children"
+        for name, d in data["definitions"].items()
+    ]
+    session = data["session"]
+    reached = f" (reached {'+'.join(session['reached'])})" if session["reached"] else ""
+    line = (
+        f"session: {session['tokens']} tokens, {_money(session['cost_usd'])}, "
+        f"budget {_limit(session['budget'])}{reached}"
+    )
+    return "\n".join([body, *definitions, line])
 
 
 def _age(seconds: float) -> str:

@@ -25,6 +25,12 @@ def cmd_peek(args: argparse.Namespace) -> int:
     return _watch(args, list(args.agents))
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    data = call(args, "usage", {"agents": list(args.agents)})
+    out(args, data, _render.usage_table)
+    return 0
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     return _watch(args, [])
 

@@ -30,6 +30,7 @@ import ipc
 from orchestrator._config import Config, SessionPaths
 from orchestrator._errors import Refused
 from orchestrator._records import ChildRecord, State, clip
+from orchestrator.control._durable import Durability, open_durability
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 from orchestrator.workspace._worktree import Snapshot
@@ -71,6 +72,7 @@ async def serve(
         ipc.write_private(paths.control_token, token.encode())
         listener = ipc.Listener(paths.control_socket)
         stale = load_stale(paths)
+        durability: Durability | None = None
         try:
             async with open_supervisor(config) as sup:
                 sup.secrets.add(token)
@@ -78,6 +80,8 @@ async def serve(
                     adopt_stale(sup, stale)
                 server = ControlServer(sup=sup, token=token)
                 async with trio.open_nursery() as nursery:
+                    durability = open_durability(sup, nursery)
+                    server.extra_ops.update(durability.ops())
                     nursery.start_soon(keep_registry, sup)
                     await nursery.start(listener.serve, server.handle_connection)
                     nursery.start_soon(_on_signals, server.shutdown)
@@ -93,6 +97,8 @@ async def serve(
             else:
                 paths.registry.unlink(missing_ok=True)
         finally:
+            if durability is not None:  # every handoff of the stop is in it
+                durability.journal.close()
             with trio.CancelScope(shield=True):
                 await listener.aclose()
             with contextlib.suppress(OSError):

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator._config import Config, drifted, start_digests
+from orchestrator._config import Config
+from orchestrator._digests import drift_warning, drifted, start_digests
 from orchestrator._errors import Unreachable
 from orchestrator.control._client import call, read_token
 
@@ -97,14 +98,7 @@ def warn_if_drifted(config: Config, answer: Mapping[str, Any], token: str) -> No
     if not names:
         return
     _warned.update(names)
-    pid = answer.get("pid", "?")
-    print(
-        f"fleet: warning: the running supervisor (pid {pid}) started with another "
-        f"{', '.join(names)} than this command's and keeps its own for every child it spawns "
-        "(restart it: fleet serve --stop stops it and its children; the next command starts "
-        "one with yours)",
-        file=sys.stderr,
-    )
+    print(drift_warning(names, answer.get("pid", "?")), file=sys.stderr)
 
 
 def ensure_daemon(config: Config) -> str:

@@ -17,7 +17,8 @@ import attrs
 import trio
 
 import ipc
-from orchestrator._config import agent_dir_entries, start_digests
+from orchestrator._config import agent_dir_entries
+from orchestrator._digests import start_digests
 from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
@@ -62,6 +63,11 @@ def _bad_entry() -> SpawnRequest:
 
 async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     return sup.peek(strs_arg(args, "agents"))
+
+
+async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    keys = [sup.registry.find(ref).key for ref in strs_arg(args, "agents")]
+    return sup.spend.report(keys)
 
 
 async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -245,6 +251,7 @@ async def _moderator_brief(sup: Supervisor, args: Mapping[str, Any]) -> dict[str
 OPS: Final[dict[str, Op]] = {
     "spawn": _spawn,
     "peek": _peek,
+    "usage": _usage,
     "wait": _wait,
     "steer": _steer,
     "pause": _pause,

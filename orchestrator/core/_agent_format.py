@@ -10,15 +10,16 @@ ours. A scout may never hold a mutating tool or spawn subagents.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import Any, Final
 
 import attrs
 import yaml
 
 from orchestrator._errors import UsageError
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from orchestrator._schemafile import read_schema_file
+from orchestrator.governance._budget import Limit, parse_limit
+from orchestrator.governance._checked import check_schema
 
 #: Tools that can change the repository. ``child.tools.MUTATING_TOOLS`` is the same set; the
 #: orchestrator may not import ``child``, so a test holds the two equal.
@@ -79,6 +80,11 @@ class AgentDefinition:
     env: tuple[str, ...] = ()
     #: ``host:port`` pairs its children may reach through the egress proxy, beyond the model.
     egress: tuple[str, ...] = ()
+    #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``): it may
+    #: only lower the configured one (docs/governance.md, Budgets).
+    budget: Limit | None = None
+    #: The JSON Schema its children's results must satisfy (inline, or a file beside it).
+    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
     prompt: str
     source: str
     path: Path
@@ -193,6 +199,8 @@ class _Reader:
             sandbox=self.choice("sandbox", SANDBOXES),
             env=self.names("env", _ENV_NAME, "environment variable name"),
             egress=self.names("egress", _ENDPOINT, "host:port endpoint"),
+            budget=self.budget(),
+            schema=self.schema(),
             prompt=prompt,
             source=self.source,
             path=self.path,
@@ -210,6 +218,33 @@ class _Reader:
         if model and model != "inherit":
             raise self.fail("role", "is given with model", "keep one: role or model")
         return role
+
+    def budget(self) -> Limit | None:
+        if self.data.get("budget") is None:
+            return None
+        try:
+            return parse_limit(self.data["budget"], "budget")
+        except UsageError as exc:
+            raise self.fail(
+                "budget",
+                str(exc).removeprefix("budget").lstrip(": "),
+                "see docs/governance.md, Budgets",
+            ) from None
+
+    def schema(self) -> dict[str, Any] | None:
+        """``schema:`` as a mapping, or a JSON file's path relative to the definition."""
+        value = self.data.get("schema")
+        if value is None:
+            return None
+        try:
+            if isinstance(value, str):
+                path = Path(value).expanduser()
+                value = read_schema_file(path if path.is_absolute() else self.path.parent / path)
+            return check_schema(value, source="the JSON Schema")
+        except UsageError as exc:
+            raise self.fail(
+                "schema", str(exc), "write a JSON Schema mapping or the path of a JSON file"
+            ) from None
 
     def text(self, field: str) -> str | None:
         value = self.data.get(field)

@@ -5,7 +5,7 @@ generic in the run type so this module needs nothing of :mod:`orchestrator.core.
 """
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -13,8 +13,10 @@ import ipc
 from orchestrator._config import Config
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._agents import AgentDefinition
+from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees
+from orchestrator.core._journaling import Journal
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._requests import Question
@@ -24,7 +26,10 @@ from orchestrator.governance._watchdog import BudgetPolicy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher
 
-__all__ = ["RunHost", "ServiceHost", "SpawnHost"]
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost"]
 
 R_contra = TypeVar("R_contra", contravariant=True)
 
@@ -38,6 +43,10 @@ class RunHost(Protocol[R_contra]):
     def lane(self) -> Lane: ...
     @property
     def worktrees(self) -> Worktrees: ...
+    @property
+    def spend(self) -> Budgets: ...
+    @property
+    def journal(self) -> Journal: ...
     async def launch(self, run: R_contra, nursery: trio.Nursery) -> Launched: ...
     async def release(self, run: R_contra) -> None: ...
     def take_ownership(self, run: R_contra, paths: Sequence[str]) -> ipc.Message: ...
@@ -56,6 +65,15 @@ class RunHost(Protocol[R_contra]):
         question: Question | None = None,
         failure: bool = False,
     ) -> None: ...
+
+
+class RemoteHost(Protocol):
+    """What spawning needs for children on other nodes (``core._remote.Remote``)."""
+
+    async def fields_for(
+        self, key: str, scratch: "Path", checkouts: "Path", fields: dict[str, Any]
+    ) -> dict[str, Any]: ...
+    def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
 
 
 class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
@@ -85,6 +103,8 @@ class SpawnHost(RunHost[R_contra], Protocol[R_contra]):
     def fork_server(self) -> ForkServer | None: ...
     @property
     def boxed_fork_server(self) -> ForkServer | None: ...
+    @property
+    def remote(self) -> "RemoteHost": ...
     def agents(self, scope: str | None = None) -> dict[str, AgentDefinition]: ...
     def refuse_hello(self, reason: str, owner: str, **evidence: Any) -> None: ...
 

@@ -19,7 +19,10 @@ import trio
 from orchestrator._errors import FleetError
 from orchestrator._records import ChildRecord, State
 from orchestrator.governance._diagnostics import RunLog
+from orchestrator.launch._launcher import ShipsBack
+from orchestrator.workspace._bundle import import_bundle, ship_snapshot
 from orchestrator.workspace._copyback import finalize
+from orchestrator.workspace._git import WorktreeError
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import Snapshot, create_worktree, remove_worktree
 
@@ -32,6 +35,8 @@ class Worktrees:
     repo: Path
     review: ReviewStore
     snapshots: dict[str, Snapshot] = attrs.Factory(dict)
+    #: The commit a remote child's worktree went out as (its changes must build on it).
+    shipped: dict[str, str] = attrs.Factory(dict)
     # One creation at a time: a batch launches its children together, and two snapshots of
     # one repository at once would race on its worktree administration.
     _creating: trio.Lock = attrs.Factory(trio.Lock)
@@ -48,9 +53,20 @@ class Worktrees:
     def unresolved(self) -> set[str]:
         return set(self.snapshots)
 
-    async def settle(self, key: str, *, copy_back: bool) -> dict[str, Any]:
+    async def bundle(self, key: str) -> bytes:
+        """*key*'s snapshot as a git bundle, for a child on another node (the commit its
+        changes must come back on is remembered)."""
+        shipped = await trio.to_thread.run_sync(ship_snapshot, self.snapshots[key])
+        self.shipped[key] = shipped.commit
+        return shipped.bundle
+
+    async def settle(
+        self, key: str, *, copy_back: bool, shipped: ShipsBack | None = None
+    ) -> dict[str, Any]:
         """Finish *key*'s worktree: copy back (when asked) and remove it if nothing is left.
 
+        A worktree that travelled (*shipped*) first takes the node's bundle of changes; one
+        that never came back, or is refused, keeps the worktree with the reason as the error.
         Returns the handoff fields: ``changed``, ``applied``, ``conflicts``, ``remaining`` and
         ``error`` ("" when the worktree was resolved).
         """
@@ -63,6 +79,17 @@ class Worktrees:
         )
         if not copy_back:
             return {"remaining": [keep_note], "error": ""}
+        if shipped is not None and shipped.ships_back:
+            returned, lost = shipped.returned, shipped.lost
+            shipped.returned, shipped.ships_back = None, False  # once: a later stop copies
+            if returned is None:  # back what is local by then
+                lost = lost or "the node's changes never came back"
+                return {"remaining": [keep_note], "error": f"copy-back failed: {lost}"}
+            try:
+                base = self.shipped.pop(key, snapshot.commit)
+                await trio.to_thread.run_sync(import_bundle, snapshot, returned, base)
+            except WorktreeError as exc:
+                return {"remaining": [keep_note], "error": f"copy-back failed: {exc}"}
         result = await trio.to_thread.run_sync(finalize, snapshot, self.review, key)
         fields: dict[str, Any] = {
             "changed": list(result.changed),
@@ -95,11 +122,17 @@ def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:
 
 
 async def settle_worktree(
-    worktrees: Worktrees, record: ChildRecord, log: RunLog, *, copy_back: bool
+    worktrees: Worktrees,
+    record: ChildRecord,
+    log: RunLog,
+    *,
+    copy_back: bool,
+    launched: object = None,
 ) -> None:
     """Finalize *record*'s worktree as its run ends (copy back only on a clean stop)."""
+    shipped = launched if isinstance(launched, ShipsBack) else None
     try:
-        fields = await worktrees.settle(record.key, copy_back=copy_back)
+        fields = await worktrees.settle(record.key, copy_back=copy_back, shipped=shipped)
     except FleetError as exc:
         fields = {"error": f"copy-back failed: {exc}", "remaining": [str(exc)]}
     apply_settlement(record, fields)

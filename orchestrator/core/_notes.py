@@ -17,14 +17,15 @@ from orchestrator._records import ACTIVE, ChildRecord, clip
 
 def _note(record: ChildRecord, *, report: str, error: str) -> dict[str, Any]:
     """The one place a note is built: its report is always clipped (``REPORT_CLIP``)."""
-    return {
+    note = {
         "key": record.key,
         "name": record.name,
         "state": str(record.state),
         "peek": record.peek_line(),
         "report": clip(report),
         "error": error,
-    }
+    } | ({"incomplete": record.incomplete} if record.incomplete else {})
+    return record.with_result(note)
 
 
 @attrs.define(eq=False)

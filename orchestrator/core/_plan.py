@@ -5,6 +5,7 @@ mode, a model that cannot be found, the workflow-mode toolset gate — so a batc
 whole before anything is reserved or launched.
 """
 
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
 from orchestrator.core._modelroles import choose_role
+from orchestrator.governance._checked import check_schema
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
 from orchestrator.governance._roles import RoleEntry
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for
@@ -44,6 +46,8 @@ class Plan:
     #: The model role it runs on ("" for none) and the model it starts on ("" for the CLI's).
     role: str = ""
     model_label: str = ""
+    #: The JSON Schema its result must satisfy (the spawn's, else its definition's).
+    schema: dict[str, Any] | None = None
 
 
 def parse_model(text: str, workspace: Path, backend: str = "builtin") -> ipc.ModelSpec:
@@ -170,7 +174,11 @@ def plan_spawn(
         command = list(request.command)
         if not command:
             raise UsageError("spawn: the command backend needs --command ARGV")
+    schema = definition.schema if request.schema is None else request.schema
+    if schema is not None:
+        schema = check_schema(schema, source="spawn: schema")
     return Plan(
+        schema=schema,
         agent=definition.name,
         name=request.name,
         mode=mode,
@@ -206,3 +214,16 @@ def plan_spawn(
             ),
         },
     )
+
+
+def resume_id(backend: str, scratch: Path) -> str:
+    """What a revive of a *backend* child resumes from, chosen before its launch so the journal
+    has it before the first prompt: the builtin agent's transcript file, a Claude Code session
+    id, a Pi session file; "" for a backend that cannot be revived."""
+    if backend == "builtin":
+        return str(scratch / "transcript.json")
+    if backend == "claude":
+        return str(uuid.uuid4())
+    if backend == "pi":
+        return str(scratch / "pi-session.jsonl")
+    return ""

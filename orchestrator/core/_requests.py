@@ -2,9 +2,11 @@
 
 A :class:`ChildRequests` belongs to one run (a :class:`Requester`): its channel
 hands every event and request here. Questions wait on the parent; nested spawns, ownership
-and the paper are the supervisor's services.
+and the paper are the supervisor's services. A ``wake`` event (a builtin child's background
+shell matched its watch while no turn ran) becomes a prompt when the child is idle.
 """
 
+import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -12,13 +14,20 @@ import attrs
 import trio
 
 import ipc
+from orchestrator._errors import UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State, clip
+from orchestrator.core._loops import LoopWatch
 from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import Watchdog
 
 __all__ = ["HEARTBEATS", "ChildRequests", "Question", "Requester", "Turn"]
 
 HEARTBEATS = frozenset({"tool_start", "tool_update", "message"})
+#: The prompt a child's own ``wake`` starts; the child shows its model the note before it.
+WAKE_PROMPT = "A background shell needs your attention (its note is above): act on it and report."
+#: Wakes honoured per run: a child cannot keep itself busy for ever on its own say-so.
+MAX_WAKES = 100
 
 
 @attrs.define(eq=False)
@@ -55,6 +64,7 @@ class Requester(Protocol):
     def watchdog(self) -> Watchdog: ...
     @property
     def turn(self) -> Turn | None: ...
+    def queue_prompt(self, text: str) -> None: ...
     @property
     def side_turn(self) -> Turn | None: ...
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None: ...
@@ -64,6 +74,10 @@ class Requester(Protocol):
     def new_question(self, text: str) -> Question: ...
     def drop_question(self, qid: str) -> None: ...
     def notify_question(self, question: Question) -> None: ...
+    def on_usage(self, usage: ipc.Usage) -> None: ...
+    def session_spent(self) -> bool: ...
+    def resumable(self, resume_id: str) -> None: ...
+    def on_loop(self, trip: Trip, *, steer: bool) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -71,6 +85,9 @@ class ChildRequests:
     """Serves one run's channel: events update the record, requests get their reply."""
 
     run: Requester
+    loops: LoopWatch = attrs.Factory(LoopWatch)
+    _wakes: int = 0
+    _wake_after_turn: bool = False
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         body = envelope.body
@@ -84,8 +101,32 @@ class ChildRequests:
             target.result = body
             target.settled.set()
 
+    def check_tool(self, start: ipc.Event) -> ipc.Message:
+        """A builtin agent's ``tool_start``, asked before the call runs (on the reader)."""
+        if start.activity != "tool_start":
+            return ipc.Reply(ok=False, error="only a tool_start is checked before it runs")
+        trip = self.loops.check(start)
+        self._record(start)
+        if trip is None:
+            return ipc.Reply(ok=True)
+        self._looping(trip, steer=False)
+        return ipc.Reply(ok=True, data={"refused": trip.line})
+
+    def _looping(self, trip: Trip, *, steer: bool) -> None:
+        self.run.record.touch(self.loops.activity)
+        self.run.log.write(f"fleet: {trip.line}")
+        self.run.on_loop(trip, steer=steer)
+
     def _activity(self, event: ipc.Event) -> None:
+        trip = self.loops.observe(event)
+        self._record(event)
+        if trip is not None:
+            self._looping(trip, steer=True)
+
+    def _record(self, event: ipc.Event) -> None:
         record = self.run.record
+        if event.resume_id:
+            self.run.resumable(event.resume_id)
         if event.activity in HEARTBEATS:
             self.run.watchdog.heartbeat()
         if event.progress is not None:
@@ -100,7 +141,10 @@ class ChildRequests:
             record.tokens = event.usage.tokens
             if event.usage.cost_usd is not None:
                 record.cost_usd = event.usage.cost_usd
-        if event.activity in {"tool_start", "tool_update"}:
+            self.run.on_usage(event.usage)
+        if self.loops.activity:
+            record.touch()  # looping: peek keeps saying so until a call that does not trip
+        elif event.activity in {"tool_start", "tool_update"}:
             record.touch(clip(f"{event.tool} {event.text}".strip(), 120))
         elif event.activity == "message" and event.text:
             record.touch(clip(event.text.splitlines()[0] if event.text else "", 120))
@@ -113,6 +157,27 @@ class ChildRequests:
             record.touch("answering a side question" if side else "working")
         else:
             record.touch()
+        if event.activity == "wake":
+            self._wake()
+
+    def _wake(self) -> None:
+        """An idle child gets :data:`WAKE_PROMPT`; a paused one waits for its parent."""
+        state = self.run.record.state
+        if self._wakes >= MAX_WAKES or self.run.session_spent():
+            return  # a spent session starts no new turn, not even a wake
+        if state is State.IDLE:
+            self._wakes += 1
+            with contextlib.suppress(UsageError):  # it is ending
+                self.run.queue_prompt(WAKE_PROMPT)
+        elif state in {State.WORKING, State.WAITING} and not self.run.record.queued:
+            # Sent as its turn ended (a queued prompt would show the note anyway).
+            self._wake_after_turn = True
+
+    def turn_ended_idle(self) -> None:
+        """The run's turn left the child idle: a wake that raced that turn's end wakes it now."""
+        if self._wake_after_turn:
+            self._wake_after_turn = False
+            self._wake()
 
     async def handle(self, envelope: ipc.Envelope) -> ipc.Message:
         body = envelope.body

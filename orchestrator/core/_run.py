@@ -7,6 +7,7 @@ stdio, releases the slot, the lane and the locks, records the failure and retire
 """
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,8 +21,12 @@ from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._isolation import settle_worktree
+from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
+from orchestrator.governance._checked import CheckedResult, Verdict
+from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
+from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
 
@@ -67,9 +72,14 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
+    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
+    lease_until: float = 0.0
+    #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
+    checked: CheckedResult | None = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.watchdog = Watchdog(self.budgets, on_timeout=self.on_timeout)
+        self.checked = None if self.record.schema is None else CheckedResult(self.record.schema)
         self.requests = ChildRequests(run=self)
         self._slot = LaneSlot(self.host.lane)
 
@@ -97,6 +107,22 @@ class ChildRun:
     def notify_question(self, question: Question) -> None:
         self.host.notify(self.record, question=question)
 
+    def on_usage(self, usage: ipc.Usage) -> None:
+        self.host.spend.on_usage(self, usage)
+
+    def session_spent(self) -> bool:
+        return self.host.spend.ledger.session_refusal() is not None
+
+    def resumable(self, resume_id: str) -> None:
+        """The backend reported what a revive resumes it from: journaled at once."""
+        self.host.journal.resumable(self.key, self.record.backend, resume_id)
+
+    def on_loop(self, trip: Trip, *, steer: bool) -> None:
+        """The loop gate tripped: steer, or stop past its budget (:mod:`._loops`)."""
+        if self._nursery is not None and not self.finishing:
+            act = functools.partial(intervene, self, self.requests.loops, trip, steer=steer)
+            self._nursery.start_soon(act)
+
     def dropped_settled(self, body: ipc.Settled, reason: str) -> None:
         """A ``settled`` frame no turn takes (late, or for a turn already ended): logged,
         counted in the channel's drops and in the reject log."""
@@ -114,8 +140,10 @@ class ChildRun:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
-                if self.record.mode == "worktree":
-                    await self.host.worktrees.create(self.key)
+                if self.record.mode == "worktree" and self.key not in self.host.worktrees.snapshots:
+                    made = await self.host.worktrees.create(self.key)
+                    where = {"path": str(made.worktree), "repo": str(made.repo)}
+                    self.host.journal.worktree(self.key, {**where, "commit": made.commit})
                 self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()
@@ -175,7 +203,25 @@ class ChildRun:
         """Answers the channel's reader gives without a task: the lock table never awaits."""
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
+        if isinstance(body, ipc.Renew):
+            return self._renew()
+        if isinstance(body, ipc.Event):
+            return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
+
+    def _renew(self) -> ipc.Message:
+        lease = self.card.lease_s if self.card is not None else 0.0
+        if not lease:
+            return ipc.Reply(ok=False, error="this child holds no lease")
+        self.lease_until = trio.current_time() + lease
+        return ipc.Reply(ok=True, data={"lease_s": lease})
+
+    async def _outwait_lease(self) -> None:
+        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
+        has run out (so it has stopped writing by itself)."""
+        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
+            with trio.move_on_at(self.lease_until):
+                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -183,6 +229,8 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
+        if self.card is not None and self.card.lease_s:
+            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -268,6 +316,7 @@ class ChildRun:
         record = self.record
         record.queued = False
         turn = self._new_turn()
+        self.requests.loops.new_prompt()
         try:
             self.watchdog.start_active()
             record.touch("working")
@@ -287,6 +336,7 @@ class ChildRun:
             self.watchdog.stop_active()
             self._slot.give_back()
             self.turn = None
+        await self._check_result(turn)
         self._settled(turn)
 
     async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
@@ -348,6 +398,12 @@ class ChildRun:
             record.report = report
         # The last turn's error, or none: a later good turn clears an earlier failure's.
         record.error = "" if result.ok else error
+        if self.checked is not None and result.ok and not (result.aborted or self.pausing):
+            verdict = self.checked.judge(report)
+            record.result = verdict.value
+            if not verdict.valid:
+                self._reject_result(verdict)
+                return
         notify = not (result.aborted and (self.pausing or self.stopping))
         if self.pausing or result.aborted:
             record.state = State.PAUSED
@@ -357,9 +413,28 @@ class ChildRun:
         else:
             record.state = State.IDLE
             record.touch("idle" if result.ok else f"turn failed: {error}")
+            self.requests.turn_ended_idle()
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
+
+    async def _check_result(self, turn: Turn) -> None:
+        """A checked child's result validated before the settle judges it (in a killable
+        process when its schema has patterns: a backtracking one must not stall the loop)."""
+        result = turn.result
+        if self.checked is not None and result is not None and result.ok and not result.aborted:
+            report = self.log.secrets.scrub(result.text)
+            self.checked.remember(report, await validate_safely(report, self.checked.schema))
+
+    def _reject_result(self, verdict: Verdict) -> None:
+        """A checked child's result failed its schema: one corrective turn first, else the end."""
+        if verdict.steer:
+            self._prompts.insert(0, verdict.steer)
+            self._prompt_ready.set()
+            self.log.write(f"result rejected; corrective steer: {verdict.steer}")
+            self.record.touch("result invalid: asked once to correct it")
+        elif self._nursery is not None:
+            self._nursery.start_soon(self.finish, State.FAILED, "invalid-result", verdict.error)
 
     async def _request(self, message: ipc.Message) -> ipc.Message:
         if self.channel is None:
@@ -460,6 +535,17 @@ class ChildRun:
         await self.done.wait()
         return self.record.handoff()
 
+    async def stop_incomplete(self, reason: str) -> None:
+        """Stop the child before it finished: the turn is aborted, copy-back runs as for any
+        stop, and the handoff's ``incomplete`` says *reason* (one line)."""
+        if self.finishing or self.stopping:
+            return
+        self.record.incomplete = reason
+        self.record.touch(f"incomplete: {reason}")
+        self.log.write(f"fleet: stopped incomplete: {reason}")
+        await self.stop()
+        self.host.notify(self.record, report=self.record.report, error=f"incomplete: {reason}")
+
     async def _quiet_request(self, message: ipc.Message) -> None:
         if self.channel is not None:
             with contextlib.suppress(ipc.RequestError):
@@ -485,7 +571,11 @@ class ChildRun:
             self._slot.give_back()
             if record.mode == "worktree":
                 await settle_worktree(
-                    self.host.worktrees, record, self.log, copy_back=state is State.STOPPED
+                    self.host.worktrees,
+                    record,
+                    self.log,
+                    copy_back=state is State.STOPPED,
+                    launched=self.launched,
                 )
             record.state = state
             record.queued = False
@@ -497,6 +587,7 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
+            await self._outwait_lease()
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

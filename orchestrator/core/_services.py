@@ -174,5 +174,7 @@ class Services:
             self._nested_settled.pop(record.key, None)
         if handoff["state"] == str(State.FAILED) and handoff.get("error"):
             return ipc.Reply(ok=False, error=f"{record.key} failed: {handoff['error']}")
+        if handoff.get("incomplete"):
+            return ipc.Reply(ok=False, error=f"{record.key} incomplete: {handoff['incomplete']}")
         # The whole report, as the nested spawn promises: only the handoff's ``last`` is clipped.
         return ipc.Reply(ok=True, data={"key": record.key, "report": record.report})

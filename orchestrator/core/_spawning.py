@@ -29,8 +29,10 @@ import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._admission import accept_own, inherited_pair
-from orchestrator.core._plan import plan_spawn
+from orchestrator.core._plan import plan_spawn, resume_id
+from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
+from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._roles import load_roles
 from orchestrator.launch._cmux import CmuxLauncher
@@ -41,12 +43,14 @@ from orchestrator.launch._launcher import (
     Launcher,
     LaunchSpec,
     ProcessLauncher,
+    Shipment,
     child_argv,
     inherited_child_argv,
 )
 from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
+from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -107,6 +111,15 @@ class Spawning:
                 )
                 for request in requests
             ]
+            limits = [
+                sup.spend.limit_for(
+                    plan.agent,
+                    definition=definitions[plan.agent].budget,
+                    requested=request.budget,
+                    parent=None if parent is None else parent.key,
+                )
+                for plan, request in zip(plans, requests, strict=True)
+            ]
             for plan in plans:
                 check_available(sup.config, plan.agent)
                 self.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
@@ -117,7 +130,7 @@ class Spawning:
                 raise UsageError(f"spawn: the name {clash!r} is already taken (pick another)")
             sup.capacity.reserve(len(plans))
             records = []
-            for plan in plans:
+            for plan, limit in zip(plans, limits, strict=True):
                 key = sup.registry.new_key()
                 record = ChildRecord(
                     key=key,
@@ -133,9 +146,14 @@ class Spawning:
                     parent=None if parent is None else parent.key,
                     role=plan.role,
                     models=[plan.model_label] if plan.model_label else [],
+                    schema=plan.schema,
                 )
                 sup.registry.add(record)
+                sup.spend.open(record, limit, plan.loadout_fields["model"].name)
                 records.append(record)
+                resume = resume_id(record.backend, sup.config.paths.scratch / key)
+                if resume:
+                    plan.loadout_fields["resume"] = resume
             try:
                 runs = await self._prepare_all(records, [p.loadout_fields for p in plans])
             except Exception as exc:
@@ -143,6 +161,7 @@ class Spawning:
                 # record, so a failed preparation leaves nothing live.
                 for record in records:
                     sup.registry.records.pop(record.key, None)
+                    sup.spend.ledger.accounts.pop(record.key, None)
                 sup.capacity.release(len(plans))
                 sup.notes.changed()
                 if isinstance(exc, FleetError):
@@ -158,11 +177,13 @@ class Spawning:
                     f"spawn {failed}: could not prepare its launch: {cause} "
                     "(fix the cause and spawn again)"
                 ) from exc
+            for run, plan in zip(runs, plans, strict=True):
+                sup.journal.spawned(run.record, plan.loadout_fields)
             # Launch the batch together: a worktree or a fork each child waits on is its own.
             async with trio.open_nursery() as launching:
                 for run in runs:
                     sup.runs[run.key] = run
-                    run.queue_prompt(run.record.task)
+                    run.queue_prompt(task_prompt(run.record))
                     launching.start_soon(sup.nursery.start, run.run)
             sup.notes.changed()
             return records
@@ -181,11 +202,19 @@ class Spawning:
             ipc.ensure_private_dir(paths.worktrees)
         prepared: dict[str, _Prepared] = {}
         failures: list[_PrepareError] = []
+        fields = [
+            await sup.remote.fields_for(
+                record.key, paths.scratch / record.key, paths.root / "checkouts", loadout_fields
+            )
+            if record.surface in REMOTE_SURFACES
+            else loadout_fields
+            for record, loadout_fields in zip(records, fields, strict=True)
+        ]
 
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
                 prepared[record.key] = await trio.to_thread.run_sync(
-                    self._prepare, record, loadout_fields
+                    self.prepare_one, record, loadout_fields
                 )
             except Exception as exc:  # reported below, for the first failed record
                 failures.append(_PrepareError(record.key, exc))
@@ -211,8 +240,9 @@ class Spawning:
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
 
-    def _prepare(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
+    def prepare_one(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
         """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+        fields = dict(fields)
         sup = self.sup
         paths = sup.config.paths
         scratch = paths.scratch / record.key
@@ -227,9 +257,10 @@ class Spawning:
             name=record.name,
             agent=record.agent,
             token=token,
-            # An inheriting child has no socket to find: its connection is a descriptor.
-            socket="" if inherits(record.surface) else str(paths.ipc_socket),
-            workspace=record.workspace,
+            # An inheriting child has no socket to find: its connection is a descriptor; a
+            # remote child's is the TLS door's address (in *fields*).
+            socket=fields.pop("socket", "" if inherits(record.surface) else str(paths.ipc_socket)),
+            workspace=fields.pop("workspace", record.workspace),
             depth=record.depth,
             paper=str(paths.paper),
             scratch=str(scratch),
@@ -266,7 +297,12 @@ class Spawning:
             elif surface == "cmux":
                 launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
             elif surface == "ray":
-                launcher = RayLauncher(address=sup.config.ray_address or None)
+                launcher = RayLauncher(
+                    address=sup.config.ray_address or None,
+                    certify=sup.remote.certify,
+                    session=sup.config.session,
+                    python=sup.config.python,
+                )
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
             sup.launchers[surface] = launcher
@@ -303,7 +339,7 @@ class Spawning:
                 key=run.key,
                 name=run.record.name,
                 argv=placement.argv,
-                cwd=run.record.workspace,
+                cwd=loadout.workspace,
                 env={
                     **child_environment(os.environ),
                     **placement.env,
@@ -314,6 +350,8 @@ class Spawning:
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
                 plain=not placement.sandboxed,
                 view=placement.view,
+                tls=loadout.tls,
+                ship=await self._shipment(run, loadout),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
         except BaseException:
@@ -332,6 +370,19 @@ class Spawning:
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
         return launched
+
+    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
+        """A child on another node gets the workspace as a bundle: a worktree child its
+        snapshot, bringing its changes back as one; a reader the workspace as it is, read-only
+        (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES:
+            return None
+        if run.record.mode == "worktree":
+            bundle = await self.sup.worktrees.bundle(run.key)
+            return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        # A reading child gets a read-only checkout of the workspace as it is now.
+        shipped = await trio.to_thread.run_sync(ship_workspace, Path(run.record.workspace))
+        return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
@@ -378,6 +429,13 @@ class Spawning:
             sup.refuse_hello(exc.reason, run.key, via="pair")
             return
         await run.attach(channel, hello)
+
+
+def task_prompt(record: ChildRecord) -> str:
+    """The first prompt: the task, and for a checked child the one line asking for its result."""
+    if record.schema is None:
+        return record.task
+    return f"{record.task}\n\n{instruction(record.schema)}"
 
 
 def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:

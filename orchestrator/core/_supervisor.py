@@ -29,13 +29,17 @@ from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
+from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees, apply_settlement
+from orchestrator.core._journaling import Journal, NoJournal
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
+from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning, child_environment
+from orchestrator.governance._budget import parse_policy
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
@@ -81,6 +85,8 @@ class Supervisor:
     #: bwrap one by one).
     boxed_fork_server: ForkServer | None = None
     _agents: dict[str, AgentDefinition] | None = None
+    #: The session journal (``fleet serve`` wires the real one in).
+    journal: Journal = attrs.Factory(NoJournal)
     paper: Paper = attrs.field(init=False)
     review: ReviewStore = attrs.field(init=False)
     worktrees: Worktrees = attrs.field(init=False)
@@ -90,8 +96,12 @@ class Supervisor:
     #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
     refusals: Refusals = attrs.field(init=False)
     door: ListenerDoor = attrs.field(init=False)
+    #: The session CA and TLS door for children on other nodes (made on first use).
+    remote: Remote = attrs.field(init=False)
     #: Events for people (``subagents.notify``): fed every settle note the parent gets.
     notifier: Notifier = attrs.field(init=False)
+    #: Usage budgets and the ledger (``subagents.budget``, ``subagents.prices``).
+    spend: Budgets = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(cap=self.config.max_subagents)
@@ -113,6 +123,17 @@ class Supervisor:
         self.spawning = Spawning(sup=self)
         self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
         self.door = ListenerDoor(runs=self.runs, config=self.config, refusals=self.refusals)
+        self.remote = Remote(
+            session=self.config.session,
+            runs=self.runs,
+            token_for=self.door.token_for,
+            refuse=self.refusals.refuse,
+            nursery=self.nursery,
+            host=self.config.ray_listen,
+            lease_s=self.config.lease_s,
+            hello_timeout=self.config.hello_timeout,
+            request_timeout=self.config.request_timeout,
+        )
         self.agent_dirs = self.config.agent_dirs
         self.notifier = Notifier(
             self.config.notify,
@@ -121,6 +142,14 @@ class Supervisor:
             is_open=self.questions.__contains__,
         )
         self.notifier.start(self.nursery)
+        self.spend = Budgets(
+            policy=parse_policy(self.config.budget, self.config.prices),
+            nursery=self.nursery,
+            notes=self.notes,
+            notifier=self.notifier,
+            session=self.config.session,
+            scrub=self.secrets.scrub,
+        )
         if self.config.fork_server:
             self.fork_server = ForkServer(
                 python=child_argv(self.config.python, "")[0],
@@ -174,6 +203,7 @@ class Supervisor:
     ) -> list[ChildRecord]:
         """Launch a batch: validated and reserved all-or-nothing before any launch."""
         try:
+            self.spend.check_turn("spawn")
             return await self.spawning.spawn(requests, parent=parent)
         except PolicyError as exc:
             agents = [request.agent for request in requests]
@@ -198,7 +228,9 @@ class Supervisor:
     async def prompt(self, ref: str, text: str) -> ChildRecord:
         """Resume: a new prompt to the same child (its context is kept)."""
         run = self.run_for(ref)
+        self.spend.check_turn(f"prompt {run.key}")
         run.queue_prompt(text)
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record
 
@@ -210,16 +242,20 @@ class Supervisor:
     async def pause(self, ref: str) -> tuple[ChildRecord, bool]:
         run = self.run_for(ref)
         settled = await run.pause()
+        self.journal.changed(run.record)
         self.notes.changed()
         return run.record, settled
 
     async def ask(self, ref: str, text: str) -> str:
         run = self.run_for(ref)
+        self.spend.check_turn(f"ask {run.key}")
         return await run.ask(text)
 
     def answer(self, ref: str, text: str) -> Question:
         """Answer a question by id (``q3``) or the single open question of a child."""
-        return self.services.answer(ref, text, self.registry.find)
+        question = self.services.answer(ref, text, self.registry.find)
+        self.journal.answered(question.key, question.id, text)
+        return question
 
     async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
         """Stop each child (final) and return its handoff."""
@@ -283,6 +319,7 @@ class Supervisor:
             ],
             "stale": self.stale,
             "notify": self.notifier.counts(),
+            "usage": self.spend.report()["session"],
         }
 
     async def wait(
@@ -368,6 +405,10 @@ class Supervisor:
         question: Question | None = None,
         failure: bool = False,
     ) -> None:
+        if question is not None:
+            self.journal.asked(record.key, question.id, question.text)
+        elif not failure:
+            self.journal.settled(record, report=report, error=error)
         # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
         # before the tally. Questions still reach the parent.
         if question is None and self.democracy.collect(
@@ -409,7 +450,9 @@ class Supervisor:
     async def release(self, run: ChildRun) -> None:
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
+        self.journal.handed_off(run.record)
         self.locks.release(run.key)
+        self.remote.release(run.key)
         self.capacity.release()
         self.registry.retire(run.key, pinned=self.worktrees.unresolved())
         self.runs.pop(run.key, None)
@@ -429,6 +472,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
+    parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
     secrets = SecretSet([session_key])

@@ -42,6 +42,8 @@ FailureKind = Literal[
     "max-total",
     "protocol",
     "launch",
+    # A checked child's result still failed its JSON Schema after one correction (_checked):
+    "invalid-result",
     # cmux surfaces classify their own launch failures (orchestrator.launch._cmux):
     "binary-missing",
     "socket-unreachable",

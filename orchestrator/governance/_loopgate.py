@@ -6,8 +6,10 @@ input) and each result (a digest of the output, and whether it failed), and acts
 :attr:`Trip.line`. Rules:
 
 - **repeat**: the same tool with the same input for the :data:`REPEATS`-th time within the
-  last :data:`WINDOW` calls, *and* every earlier such call returned the same result. A child
-  polling a growing log (same input, different output) is making progress and never trips.
+  last :data:`WINDOW` calls, *and* the last ``REPEATS - 1`` such calls returned the same result.
+  A child polling a growing log (same input, different output) is making progress and never
+  trips; one whose tool answers a repeat differently from the first call (Claude Code's
+  ``Read`` says "unchanged" the second time) trips once the answers stop changing.
 - **failures**: :data:`FAILURES` failing tool results in a row.
 
 Both share a budget of :data:`INTERVENTIONS` per prompt (:meth:`LoopGate.new_prompt` resets
@@ -75,8 +77,9 @@ class LoopGate:
         self._calls.append(call)
         if len(earlier) + 1 < REPEATS:
             return None
-        results = {c.result for c in earlier}
-        if None in results or len(results) != 1 or any(c.pending for c in earlier):
+        recent = earlier[-(REPEATS - 1) :]
+        results = {c.result for c in recent}
+        if None in results or len(results) != 1 or any(c.pending for c in recent):
             return None  # a result still unknown, or the output changed: progress
         if blocking:
             call.result, call.pending = earlier[-1].result, False

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -46,6 +46,17 @@ OutputSink = Callable[[str, bytes], None]
 
 
 @attrs.frozen(kw_only=True)
+class Shipment:
+    """A workspace that travels to the child's node as a git bundle (``ray``): checked out at
+    *work_tree* there (read-only for a reading child), and bundled back at stop when *back*."""
+
+    bundle: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    work_tree: str
+    read_only: bool = False
+    back: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class LaunchSpec:
     """What to start and how."""
 
@@ -65,6 +76,21 @@ class LaunchSpec:
     #: operations and directory): a launcher may fork the child from the sandboxed fork
     #: server instead, which builds the same view for it.
     view: Mapping[str, object] | None = None
+    #: A child that dials back over mutual TLS: the directory (on its node) for its key and
+    #: certificates, which its launcher fills before the child starts (``ray``).
+    tls: str = ""
+    #: The workspace ships to the child's node (a remote launcher only).
+    ship: Shipment | None = None
+
+
+@runtime_checkable
+class ShipsBack(Protocol):
+    """A launched child whose workspace travelled (:class:`Shipment` with ``back``): after
+    terminate, *returned* is the node's bundle of its changes, or *lost* says why there is none."""
+
+    ships_back: bool
+    returned: bytes | None
+    lost: str
 
 
 class Launched(Protocol):

@@ -14,19 +14,24 @@ and only then is the actor ``ray.kill``-ed.
 Every call into Ray is blocking, so it runs in a worker thread
 (``trio.to_thread.run_sync(..., abandon_on_cancel=True)``): the trio loop is never blocked.
 
-Scope today: the child dials back the same way a tmux pane's child does (its loadout names the
-supervisor's Unix socket), which holds for nodes that share this machine — a
-``ray.cluster_utils.Cluster`` or a cluster whose nodes share the state directory. The TCP +
-mutual-TLS dial-back for real remote nodes and git-bundle workspaces are not wired in yet.
+The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
+starts, its actor makes a key and CSR on the node (``python -m child._tls``; the key never
+leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
+the leaf and the CA beside the key. Scope today: the loadout and workspace are still paths the
+node must see (a ``ray.cluster_utils.Cluster`` or nodes sharing the state directory);
+git-bundle workspaces are not wired in yet.
 """
 
 import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -58,13 +63,116 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+#: Git on the node: no user or system config, no hooks, no fsmonitor — the work tree is the
+#: child's, and nothing the child wrote there may run when the actor commits it.
+_NODE_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+_NODE_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_AUTHOR_NAME": "fleet",
+    "GIT_AUTHOR_EMAIL": "fleet@localhost",
+    "GIT_COMMITTER_NAME": "fleet",
+    "GIT_COMMITTER_EMAIL": "fleet@localhost",
+    "LC_ALL": "C",
+}
+
+
 class ChildActor:
     """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
 
     def __init__(self) -> None:
         self.proc: Any = None
+        #: A shipped workspace: the node's private Git dir (outside every sandbox view) and
+        #: the child's work tree, and the commit it started from.
+        self.git_dir = ""
+        self.work_tree = ""
+        self.base = ""
 
-    def start(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> dict[str, Any]:
+    def _git(self, *args: str) -> bytes:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV}
+        env |= {"GIT_DIR": self.git_dir, "GIT_WORK_TREE": self.work_tree}
+        done = subprocess.run(
+            [*_NODE_GIT, *args], cwd=self.work_tree, env=env, capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            detail = done.stderr.decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"git {args[0]} on the node: {detail[-1] if detail else done}")
+        return done.stdout
+
+    def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
+        """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
+        private to this actor, so the child sees files only."""
+        private = tempfile.mkdtemp(prefix="fleet-node-")
+        source = os.path.join(private, "in.bundle")
+        with open(source, "wb") as handle:
+            handle.write(bundle)
+        os.makedirs(work_tree, mode=0o700, exist_ok=True)
+        self.git_dir, self.work_tree = os.path.join(private, "git"), work_tree
+        subprocess.run(
+            [*_NODE_GIT, "init", "-q", "--bare", self.git_dir],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV},
+            check=True,
+            capture_output=True,
+        )
+        self._git("config", "core.bare", "false")
+        self._git("fetch", "-q", "--no-tags", source, "HEAD")
+        self.base = self._git("rev-parse", "FETCH_HEAD").decode().strip()
+        self._git("read-tree", "--reset", "-u", self.base)
+        os.unlink(source)
+        if read_only:
+            # Its files read-only (the sandbox binds the whole checkout read-only too); the
+            # directories stay removable, so the session's clean-up can delete the checkout.
+            for root, _dirs, files in os.walk(work_tree):
+                for name in files:
+                    path = os.path.join(root, name)
+                    if not os.path.islink(path):
+                        os.chmod(path, os.stat(path).st_mode & ~0o222)
+            shutil.rmtree(private, ignore_errors=True)  # nothing comes back from a reader
+            self.git_dir = ""
+
+    def bring_back(self) -> bytes:
+        """Commit what the child left in its work tree on top of the snapshot; the bundle of
+        that one commit (``base..HEAD``)."""
+        if not self.git_dir:
+            return b""
+        self._git("add", "-A")
+        tree = self._git("write-tree").decode().strip()
+        commit = self._git("commit-tree", "-p", self.base, "-m", "fleet: a node's changes", tree)
+        self._git("update-ref", "HEAD", commit.decode().strip())
+        out = os.path.join(os.path.dirname(self.git_dir), "back.bundle")
+        self._git("bundle", "create", "-q", out, "HEAD", f"^{self.base}")
+        with open(out, "rb") as handle:
+            data = handle.read()
+        shutil.rmtree(os.path.dirname(self.git_dir), ignore_errors=True)
+        self.git_dir = ""
+        return data
+
+    def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
+        """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
+        done = subprocess.run(
+            [python, "-m", "child._tls", directory, session, owner],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.decode(errors="replace").strip() or "no CSR")
+        return done.stdout
+
+    def start(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        files: Mapping[str, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
+        start the child."""
+        for path, data in (files or {}).items():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
         ray = _ray()
         self.proc = subprocess.Popen(
             list(argv),
@@ -127,6 +235,19 @@ class LaunchedRay:
     exited: trio.Event = attrs.Factory(trio.Event)
     returncode: int | None = None
     _done: Any = None
+    #: A shipped worktree comes back: at terminate, before the actor goes, its bundle is
+    #: fetched into :attr:`returned` (or the reason it could not be, in :attr:`lost`).
+    ships_back: bool = False
+    returned: bytes | None = None
+    lost: str = ""
+    _killed: bool = False
+    #: The child's exit status as the actor's ``stop`` returned it.
+    _stopped: int | None = None
+    #: The actor reported the child's exit; False while it runs, or when the actor or its node
+    #: was lost (the child may still be writing until its lease runs out).
+    confirmed_exit: bool = False
+    #: The actor's worker process (on its node), for memory accounting.
+    actor_pid: int = 0
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = _ray()
@@ -135,9 +256,13 @@ class LaunchedRay:
             if out:
                 sink("stdout", out)
             self.returncode = code
-        except Exception as exc:  # the actor or its node died
-            log.warning("ray child %s: actor lost: %s", self.pid, exc)
-            self.returncode = -int(signal.SIGKILL)
+            self.confirmed_exit = True  # its actor saw the child's exit status
+        except Exception as exc:  # the actor or its node died, or we killed it after a stop
+            if self._stopped is not None:  # the actor told us how the child ended first
+                self.returncode, self.confirmed_exit = self._stopped, True
+            else:
+                log.warning("ray child %s: actor lost: %s", self.pid, exc)
+                self.returncode = -int(signal.SIGKILL)
         finally:
             self.exited.set()
 
@@ -149,15 +274,22 @@ class LaunchedRay:
     async def terminate(self, grace: float) -> None:
         ray = _ray()
 
-        def stop() -> None:
+        def stop(child_running: bool) -> None:
             try:
-                ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
+                if child_running:
+                    self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
+                if self.ships_back:
+                    self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
             except Exception as exc:  # actor gone: PDEATHSIG took the child
                 log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
+                if self.ships_back:
+                    self.lost = f"the node's changes never came back ({type(exc).__name__})"
+            # Always: an actor left alive would hold its node's agent_slot.
             ray.kill(self.actor, no_restart=True)
 
-        if not self.exited.is_set():
-            await trio.to_thread.run_sync(stop, abandon_on_cancel=True)
+        if not self._killed:
+            self._killed = True
+            await trio.to_thread.run_sync(stop, not self.exited.is_set(), abandon_on_cancel=True)
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
 
@@ -180,6 +312,11 @@ class RayLauncher:
     #: Further custom resources each child's actor asks for (to pin children to labelled nodes).
     resources: Mapping[str, float] = attrs.Factory(dict)
     name: str = "ray"
+    #: ``certify(owner, csr_pem) -> (leaf_pem, ca_pem)``: the session CA signing a node's CSR,
+    #: for a child whose spec names a TLS directory (it dials back over mutual TLS).
+    certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
+    session: str = ""
+    python: str = sys.executable
 
     def _connect(self) -> None:
         ray = _ray()
@@ -203,16 +340,47 @@ class RayLauncher:
         ray = _ray()
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
+            if spec.ship is not None:
+                await trio.to_thread.run_sync(
+                    ray.get,
+                    actor.receive.remote(
+                        spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only
+                    ),
+                    abandon_on_cancel=True,
+                )
+            files = await self._certificate(actor, spec)
             info = await trio.to_thread.run_sync(
                 ray.get,
-                actor.start.remote(spec.argv, spec.cwd, dict(spec.env)),
+                actor.start.remote(spec.argv, spec.cwd, dict(spec.env), files),
                 abandon_on_cancel=True,
             )
         except BaseException:
             # Cancelled while queued (or the start failed): the actor must not start later.
             ray.kill(actor, no_restart=True)
             raise
-        launched = LaunchedRay(pid=info["pid"], node=info["node"], actor=actor)
+        launched = LaunchedRay(
+            pid=info["pid"],
+            node=info["node"],
+            actor=actor,
+            ships_back=spec.ship is not None and spec.ship.back,
+            actor_pid=int(info.get("actor_pid") or 0),
+        )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
         return launched
+
+    async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
+        """For a TLS child: the node makes its key and CSR, the session CA signs it; the files
+        the actor writes beside the key before the child starts (none for a Unix-socket child)."""
+        if not spec.tls:
+            return {}
+        if self.certify is None:
+            raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
+        ray = _ray()
+        csr = await trio.to_thread.run_sync(
+            ray.get,
+            actor.request_certificate.remote(self.python, spec.tls, self.session, spec.key),
+            abandon_on_cancel=True,
+        )
+        leaf, ca = self.certify(spec.key, csr)
+        return {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}

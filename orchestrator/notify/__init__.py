@@ -13,8 +13,22 @@ Import rule: the foundation (``orchestrator._config``, ``_records``, ``_errors``
 standard library and trio only; the supervisor passes the scrubber in.
 """
 
-from orchestrator.notify._events import CONTEXT_CLIP, Event, event_for, needs_input
+from orchestrator.notify._events import (
+    CONTEXT_CLIP,
+    Event,
+    budget_event,
+    event_for,
+    needs_input,
+)
 from orchestrator.notify._notifier import Notifier
 from orchestrator.notify._receivers import desktop_argv
 
-__all__ = ["CONTEXT_CLIP", "Event", "Notifier", "desktop_argv", "event_for", "needs_input"]
+__all__ = [
+    "CONTEXT_CLIP",
+    "Event",
+    "Notifier",
+    "budget_event",
+    "desktop_argv",
+    "event_for",
+    "needs_input",
+]

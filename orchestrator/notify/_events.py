@@ -47,6 +47,11 @@ def event_for(
     return _base(kind, record, session, context, scrub)
 
 
+def budget_event(record: ChildRecord, *, session: str, line: str, scrub: Scrub) -> Event:
+    """The ``budget`` event: a soft limit (the child's or the session's) was reached."""
+    return _base("budget", record, session, line, scrub)
+
+
 def needs_input(
     record: ChildRecord, *, session: str, question: tuple[str, str], after_s: float, scrub: Scrub
 ) -> Event:

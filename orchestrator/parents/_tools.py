@@ -29,6 +29,20 @@ _TASK_PROPS: Final = {
     "backend": {"type": "string", "description": "builtin, claude, codex, pi, command, ..."},
     "model": {"type": "string", "description": "scripted:FILE, openai:MODEL, ... or a CLI's model"},
     "role": {"type": "string", "description": "a model role of roles.yaml (instead of model)"},
+    "budget": {
+        "type": "object",
+        "description": "lower the child's usage budget (never above the configured one)",
+        "properties": {
+            key: {"type": "number", "minimum": 0}
+            for key in ("soft_tokens", "hard_tokens", "soft_usd", "hard_usd")
+        },
+        "additionalProperties": False,
+    },
+    "schema": {
+        "type": "object",
+        "description": "a JSON Schema the child's final fenced json block must satisfy; "
+        "wait returns the parsed object as result",
+    },
 }
 
 
@@ -126,6 +140,14 @@ TOOLS: Final[tuple[Tool, ...]] = (
         "questions. Cheap; peek before you steer, pause or stop a child.",
         _obj({"agents": {**_STRS, "description": "children to show (default: all)"}}),
         _out("agents"),
+        _pick("agents"),
+    ),
+    Tool(
+        "usage",
+        "Tokens and cost so far per child, per agent definition and for the session, with "
+        "each budget and the levels reached.",
+        _obj({"agents": {**_STRS, "description": "children to show (default: all)"}}),
+        _out("session", "agents", "definitions"),
         _pick("agents"),
     ),
     Tool(

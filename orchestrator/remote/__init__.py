@@ -6,6 +6,10 @@ owner id as the SAN URI ``fleet://SESSION/OWNER``, refuses a request naming anot
 leaves valid 30-60 minutes, and builds the server-side ``ssl.SSLContext`` that demands a client
 certificate from this CA. ``owner_of`` reads the bound owner back from a peer certificate.
 
-Imports: the foundation only (and ``cryptography``); the listener that uses the context lives in
-``ipc``/``core``, which receive the context as a value.
+Owns ``_door``: the TLS listener remote children dial back to (TCP + mutual TLS), open only
+while remote children exist; it binds each connection's hello to its certificate's owner and
+then hands the ``ipc`` channel to the run, so the wire is the Unix socket's.
+
+Imports: the foundation, ``ipc`` (the wire the door carries) and ``cryptography``; ``core``
+composes the door with the narrow callables it needs (token lookup, attach, refuse).
 """

@@ -10,6 +10,7 @@ from child._runtime import Runtime
 from child.backends import TurnResult
 
 TOOLS_BEFORE_THE_END = 60
+STORM = 3 * _runtime.MAX_BUFFERED_EVENTS
 
 
 @attrs.define(eq=False)
@@ -18,7 +19,17 @@ class BurstBackend:
 
     host: Runtime
 
+    storm: bool = False
+
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        if self.storm:
+            # More events than the buffer holds, with no checkpoint for the pump: only shown
+            # activity may be dropped, never a tool start or end (the loop gate counts them).
+            for n in range(STORM):
+                self.host.emit(ipc.Event(activity="status", text=f"s{n}"))
+                if n % 7 == 0:
+                    self.host.emit(ipc.Event(activity="tool_start", tool="read", text=str(n)))
+            return TurnResult(text="done")
         for n in range(TOOLS_BEFORE_THE_END):
             self.host.emit(ipc.Event(activity="tool_start", tool="read", text=str(n)))
         # Let the pump take the whole burst and start writing it; then end the turn at once.
@@ -36,14 +47,14 @@ class BurstBackend:
         pass
 
 
-async def one_turn(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+async def one_turn(monkeypatch: pytest.MonkeyPatch, *, storm: bool = False) -> list[str]:
     """Serve a real runtime over a socket pair, prompt one turn; what the parent received."""
     key = ipc.new_session_key()
     token = ipc.derive_token(key, "a1")
     loadout = ipc.Loadout(
         session="t", owner="a1", name="n", agent="scout", token=token, socket="", workspace="/"
     )
-    monkeypatch.setattr(_runtime, "make_backend", lambda _loadout, host: BurstBackend(host))
+    monkeypatch.setattr(_runtime, "make_backend", lambda _loadout, host: BurstBackend(host, storm))
     near, far = trio.socket.socketpair()
     child = ipc.Channel(stream=trio.SocketStream(near), owner="a1", token=token)
     parent = ipc.Channel(stream=trio.SocketStream(far), owner="a1", token=token)
@@ -82,3 +93,8 @@ async def test_every_event_of_a_turn_arrives_before_its_settled(monkeypatch):
     for _ in range(5):
         received = await one_turn(monkeypatch)
         assert received == [*map(str, range(TOOLS_BEFORE_THE_END)), "settled"]
+
+
+async def test_a_storm_of_events_drops_shown_activity_but_never_a_tool_start(monkeypatch):
+    received = await one_turn(monkeypatch, storm=True)
+    assert received == [*(str(n) for n in range(0, STORM, 7)), "settled"]

@@ -128,6 +128,10 @@ async def test_a_scout_reads_and_only_its_report_reaches_the_parent(kind, repo, 
     assert "bwrap" not in "".join(model_calls[1].tool_results())
     assert peek["sandboxed"] is True
     assert not ESCAPES & set(offered(model_calls[0])), offered(model_calls[0])
+    # Its usage reached the supervisor's ledger in the backend's own fields: two model calls
+    # of the model server's default 100 in / 20 out (Claude Code adds its own token count).
+    assert peek["usage"]["output_tokens"] >= 40, peek["usage"]
+    assert peek["usage"]["input_tokens"] >= 200, peek["usage"]
 
 
 async def test_a_command_child_reports_its_stdout(repo, home):

@@ -73,7 +73,12 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
         installer.install("project", home=tmp_path / "home", project=fleet.repo)
         extension = fleet.repo / ".pi" / "extensions" / "fleet" / "index.js"
         async with ModelServer() as srv:
-            spawn = {"task": "find the entry point", "name": "finder", "model": scout}
+            spawn = {
+                "task": "find the entry point",
+                "name": "finder",
+                "model": scout,
+                "budget": {"hard_tokens": 5000, "soft_usd": 1},
+            }
             srv.script(
                 "parent",
                 [
@@ -128,6 +133,9 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
             assert all("orchestrator serve" in c or "fork" in c for c in left), left
             peek = fleet.json("peek")
             assert [(a["key"], a["state"]) for a in peek["agents"]] in ([], [("a1", "stopped")])
+            # The spawn tool's budget reached the child (the ledger outlives it).
+            [usage] = fleet.json("usage", "a1")["agents"]
+            assert usage["budget"] == {"hard_tokens": 5000, "soft_usd": 1.0}
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,18 @@ The cluster is ``ray.cluster_utils.Cluster`` on this machine, started once for t
 test's supervisor joins it as its own driver (``FLEET_RAY_ADDRESS``).
 """
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from cryptography import x509
 from ray.cluster_utils import Cluster
 
-from tests.e2e.conftest import Fleet, running_fleet
+from orchestrator.remote._ca import owner_of
+from tests.e2e.conftest import Fleet, fleet_processes, running_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +25,15 @@ turns:
       - tool: read
         args: {path: README.md}
       - reply: "## Summary\\n{{task}}: {{tool:read}}"
+"""
+WRITER = """
+turns:
+  - steps:
+      - tool: edit
+        args: {path: src/app.py, old_text: "return 42", new_text: "return 43"}
+      - tool: write
+        args: {path: NOTES.md, content: "written on a node\\n"}
+      - reply: "## Summary\\nchanged app.py, added NOTES.md"
 """
 HANG = "turns:\n  - steps:\n      - hang: true\n"
 
@@ -72,8 +84,19 @@ def test_children_on_the_cluster_report_back(fleet):
         assert "The answer is 42." in note["report"], note
     peek = fleet.json("peek")["agents"]
     assert {a["surface"] for a in peek} == {"ray"}
+    # Each read its node's read-only checkout of the workspace, not the workspace itself.
+    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
+    assert (checkout / "README.md").read_text() == (fleet.repo / "README.md").read_text()
+    assert not (checkout / "README.md").stat().st_mode & 0o222
     # The sandbox applies on the node as it does locally (bwrap is installed here).
     assert all(a["sandboxed"] for a in peek), peek
+    # Each dialled back over mutual TLS: its node made the key (the child dropped the file once
+    # loaded), the session CA signed a leaf for that child alone.
+    for key in ("a1", "a2", "a3", "a4"):
+        tls = fleet.home / "sessions" / "t" / "scratch" / key / "tls"
+        assert sorted(p.name for p in tls.iterdir()) == ["ca.pem", "cert.pem"], key
+        leaf = x509.load_pem_x509_certificate((tls / "cert.pem").read_bytes())
+        assert owner_of(leaf, "t") == key
 
 
 def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
@@ -92,3 +115,60 @@ def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluste
         while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
             assert time.monotonic() < deadline, f"remote children outlived the supervisor: {pids}"
             time.sleep(0.2)
+
+
+def test_a_workers_changes_come_back_from_its_node_and_apply(fleet):
+    model = fleet.script("writer", WRITER)
+    [agent] = fleet.json("spawn", "--surface", "ray", "--agent", "worker", "--model", model, "w")[
+        "agents"
+    ]
+    assert agent["mode"] == "worktree"
+    [note] = fleet.json("wait", "a1", "--timeout", "120", timeout=150)["settled"]
+    assert note["error"] == "", note
+    # The child worked in the node's checkout of the snapshot bundle, not the local worktree.
+    worktree = fleet.home / "sessions" / "t" / "worktrees" / "a1"
+    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
+    assert (checkout / "NOTES.md").read_text() == "written on a node\n"
+    assert not (checkout / ".git").exists()  # its Git dir is the node's, out of its view
+    assert not (worktree / "NOTES.md").exists()
+    assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"
+    [handoff] = fleet.json("stop", "a1", timeout=150)["handoffs"]
+    assert handoff["error"] == "", handoff
+    assert sorted(handoff["applied"]) == ["NOTES.md", "src/app.py"]
+    assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 43\n"
+    assert (fleet.repo / "NOTES.md").read_text() == "written on a node\n"
+    assert not worktree.exists()
+
+
+def test_a_remote_child_whose_supervisor_goes_silent_stops_within_its_lease(tmp_path, cluster):
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray", "FLEET_LEASE_S": "3"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        model = fleet.script("hang", HANG)
+        fleet.json("spawn", "--surface", "ray", "--agent", "worker", "--model", model, "hold")
+        deadline = time.monotonic() + 90
+        while fleet.json("peek")["agents"][0]["state"] != "working":
+            assert time.monotonic() < deadline, "the child never started its turn"
+            time.sleep(0.2)
+        pids = child_pids(fleet.home)  # the sandbox and the child in it
+        [supervisor] = [
+            p
+            for p in fleet_processes(fleet.home)
+            if p.cmdline()[2:5] == ["-m", "orchestrator", "serve"]
+        ]
+        # Frozen, not gone: the TCP connection stays up, only the renewals stop.
+        supervisor.send_signal(signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            while any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
+            ):
+                assert time.monotonic() - stopped < 3 + 5, "the child outlived its lease"
+                time.sleep(0.1)
+        finally:
+            supervisor.send_signal(signal.SIGCONT)
+        [note] = fleet.json("wait", "a1", "--timeout", "60", code=1, timeout=90)["settled"]
+        assert note["state"] == "failed", note
+        logs = fleet.run("logs", "a1").stdout
+        assert "lease expired: no word from the supervisor for 3 s" in logs, logs
+        # Its locks went only with it: the worktree is kept, nothing was copied back.
+        assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"

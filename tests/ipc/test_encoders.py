@@ -72,9 +72,11 @@ def test_a_float_that_is_not_finite_is_left_to_the_general_path(value):
 def test_an_int_in_a_float_field_is_written_as_the_general_path_writes_it():
     body = ipc.Event(activity="usage", usage=ipc.Usage(tokens=1, cost_usd=2))
     assert fast(body) == (False, None)
-    assert general(body)[1] == (
-        '{"activity":"usage","text":"","tool":"","progress":null,"usage":{"tokens":1,"cost_usd":2}}'
-    )
+    text = general(body)[1]
+    assert text is not None
+    assert text.startswith('{"activity":"usage","text":"","tool":"","progress":null,')
+    assert '"usage":{"tokens":1,"cost_usd":2' in text
+    assert '"cost_usd":2.0' not in text
 
 
 def test_a_class_with_a_field_type_it_does_not_know_gets_no_encoder():

@@ -17,6 +17,7 @@ SAMPLES: dict[str, ipc.Message] = {
     "ask": ipc.Ask(text="btw?", turn=2),
     "answer": ipc.Answer(question="q1", text="yes"),
     "shutdown": ipc.Shutdown(),
+    "renew": ipc.Renew(),
     "hello": ipc.Hello(pid=1),
     "event": ipc.Event(activity="status"),
     "settled": ipc.Settled(turn=1, text="## Summary"),

@@ -3,6 +3,10 @@
 The conversation lives as long as the child, so a resume continues the same context. A steer
 joins the conversation before the next model step. An abort cancels the turn wherever it is
 (a model call, a tool) and the turn settles as aborted.
+
+A background event (a ``shell`` watch that matched) reaches the model as a user line before its
+next step; with no turn running it waits for the next one and an ``activity="wake"`` event asks
+the supervisor to start it.
 """
 
 import json
@@ -15,13 +19,18 @@ import attrs
 import trio
 
 import ipc
-from child.backends._base import Host, TurnResult
+from child.backends._base import RESTARTED, Host, TurnResult
+from child.backends._digest import digest
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
+from child.backends._usage import accumulate
 from child.backends.builtin._model import Model, ModelError, SteerInbox, StepContext
+from child.backends.builtin._transcript import load_transcript, save_transcript
 from child.tools import Progress, Tool, ToolContext, build_tools
+from child.tools._shell import ShellTool
 
 MAX_STEPS = 200
 _ARG_PREVIEW = 80
+_WAKE_TEXT = 200
 
 
 def make_model(spec: ipc.ModelSpec, workspace: Path, effort: str = "") -> Model:
@@ -53,6 +62,28 @@ def _to_ipc(progress: Progress) -> ipc.Progress:
 
 
 @attrs.define(eq=False)
+class Notes:
+    """Background events for the model, delivered at its next step."""
+
+    host: Host
+    pending: list[str] = attrs.Factory(list)
+    busy: bool = False
+
+    def put(self, text: str) -> None:
+        self.pending.append(text)
+        self.wake()
+
+    def wake(self) -> None:
+        """No turn runs to show the pending notes: ask the supervisor for one."""
+        if self.pending and not self.busy:
+            self.host.emit(ipc.Event(activity="wake", text=self.pending[-1][:_WAKE_TEXT]))
+
+    def drain(self, messages: list[dict[str, Any]]) -> None:
+        messages.extend({"role": "user", "content": f"[background] {n}"} for n in self.pending)
+        self.pending.clear()
+
+
+@attrs.define(eq=False)
 class BuiltinBackend:
     """Backend ``builtin``."""
 
@@ -61,11 +92,15 @@ class BuiltinBackend:
     host: Host
     ctx: ToolContext
     messages: list[dict[str, Any]]
+    notes: Notes
     name: str = "builtin"
     steers: SteerInbox = attrs.Factory(SteerInbox)
+    #: Where the conversation is saved after each turn (``None``: it is not).
+    transcript: Path | None = None
+    restarted: bool = False
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
-    _tokens: int = attrs.field(default=0, init=False)
+    _usage: ipc.Usage = attrs.field(factory=ipc.Usage, init=False)
     _abort_pending: bool = attrs.field(default=False, init=False)
 
     @classmethod
@@ -79,22 +114,31 @@ class BuiltinBackend:
             host.emit(ipc.Event(activity="todo", progress=_to_ipc(progress)))
 
         state_dir = loadout.state_dir or os.environ.get("FLEET_HOME")
+        notes = Notes(host)
         ctx = ToolContext(
             workspace=workspace,
             may_write=may_write,
             on_progress=on_progress,
+            notify=notes.put,
             state_dir=Path(state_dir) if state_dir else None,
             own=(loadout.scratch,) if loadout.scratch else (),
         )
         names = set(loadout.tools)
         tools: dict[str, Tool] = dict(build_tools(sorted(names - HOST_TOOLS), ctx))
         tools.update(build_host_tools(names & HOST_TOOLS, host))
+        transcript = Path(loadout.resume) if loadout.resume else None
+        messages = [{"role": "system", "content": loadout.system_prompt}]
+        if transcript is not None and loadout.restarted:
+            messages = load_transcript(transcript)
         return cls(
             model=make_model(loadout.model, workspace, loadout.effort),
             tools=tools,
             host=host,
             ctx=ctx,
-            messages=[{"role": "system", "content": loadout.system_prompt}],
+            messages=messages,
+            transcript=transcript,
+            restarted=loadout.restarted,
+            notes=notes,
         )
 
     def _schemas(self) -> list[dict[str, Any]]:
@@ -111,13 +155,33 @@ class BuiltinBackend:
         ]
 
     async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        result = await self._turn_of(text, side=side)
+        # After each turn that ended (an aborted one too); a turn cut short by the child's own
+        # end is not saved: a revive starts from the last turn that ended.
+        if self.transcript is not None:
+            await self._save()
+        return result
+
+    async def _save(self) -> None:
+        assert self.transcript is not None  # noqa: S101 - only called with one
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
+        except OSError as exc:  # a full disk costs the revive, never the turn
+            why = exc.strerror or str(exc)
+            self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
+
+    async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
         if not side:
             self._turn += 1
+            self.notes.drain(self.messages)  # what happened while idle comes before the prompt
         content = (
             f"By the way (a side question; answer it briefly and do not resume your task): {text}"
             if side
             else text
         )
+        if self.restarted:
+            content, self.restarted = f"{RESTARTED}\n{content}", False
         self.messages.append({"role": "user", "content": content})
         self.steers.new_turn()
         if self._abort_pending:  # the abort arrived before the turn began
@@ -125,12 +189,15 @@ class BuiltinBackend:
             return TurnResult(text="", ok=True, aborted=True)
         with trio.CancelScope() as scope:
             self._scope = scope
+            self.notes.busy = True
             try:
                 return await self._loop(text, side=side)
             except ModelError as exc:
                 return TurnResult(text="", ok=False, error=f"model: {exc}")
             finally:
                 self._scope = None
+                self.notes.busy = False
+                self.notes.wake()  # a note the turn's last step missed
         return TurnResult(text="", ok=True, aborted=True)
 
     async def _loop(self, task: str, *, side: bool) -> TurnResult:
@@ -146,15 +213,13 @@ class BuiltinBackend:
         for _ in range(MAX_STEPS):
             for steer in self.steers.drain():
                 self.messages.append({"role": "user", "content": f"Steer from parent: {steer}"})
+            if not side:
+                self.notes.drain(self.messages)
             step = await self.model.step(ctx)
             if step.usage is not None:
-                self._tokens += step.usage.tokens
-                self.host.emit(
-                    ipc.Event(
-                        activity="usage",
-                        usage=ipc.Usage(tokens=self._tokens, cost_usd=step.usage.cost_usd),
-                    )
-                )
+                # A step's usage (and cost) is its own; the child reports its life's total.
+                self._usage = accumulate(self._usage, step.usage)
+                self.host.emit(ipc.Event(activity="usage", usage=self._usage))
             if not step.tool_calls:
                 self.messages.append({"role": "assistant", "content": step.text})
                 return TurnResult(text=step.text)
@@ -181,14 +246,26 @@ class BuiltinBackend:
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> str:
         tool = self.tools.get(name)
-        self.host.emit(ipc.Event(activity="tool_start", tool=name, text=_preview(args)))
+        start = ipc.Event(
+            activity="tool_start", tool=name, text=_preview(args), input_digest=digest(args)
+        )
+        # The supervisor's loop gate sees the call before it runs, and may refuse it.
+        refused = await self.host.check_tool(start)
+        if refused is not None:
+            return f"error: this {name} call ({_preview(args)}) was refused: {refused}"
         if tool is None:
             text, is_error = f"{name}: no such tool here (available: {sorted(self.tools)})", True
         else:
             result = await tool.run(self.ctx, args)
             text, is_error = result.text, result.is_error
         self.host.emit(
-            ipc.Event(activity="tool_end", tool=name, text="error" if is_error else "ok")
+            ipc.Event(
+                activity="tool_end",
+                tool=name,
+                text="error" if is_error else "ok",
+                output_digest=digest(text),
+                failed=is_error,
+            )
         )
         return text
 
@@ -207,4 +284,7 @@ class BuiltinBackend:
         await old.aclose()
 
     async def aclose(self) -> None:
+        shell = self.tools.get("shell")
+        if isinstance(shell, ShellTool):
+            await shell.aclose()  # every background shell dies with the child
         await self.model.aclose()

@@ -29,6 +29,7 @@ import ipc
 from child.backends._cli_env import stall_seconds
 from child.backends._egress import proxy_for
 from child.backends._jsonl import LineSplitter, Oversize
+from child.backends._usage import openai_usage
 from child.backends.builtin._model import ModelError, ModelStep, StepContext, ToolCall
 
 RETRIES: Final = 2
@@ -94,12 +95,15 @@ class _Stream:
     text: str = ""
     calls: dict[int, dict[str, str]] = attrs.Factory(dict)
     usage: dict[str, Any] | None = None
+    model: str = ""
     finish: str | None = None
     done: bool = False
 
     def feed(self, chunk: dict[str, Any], ctx: StepContext) -> None:
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        if isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -132,15 +136,7 @@ class _Stream:
                     args=args if isinstance(args, dict) else {"value": args},
                 )
             )
-        usage = None
-        if self.usage is not None:
-            total = self.usage.get("total_tokens")
-            if total is None:
-                total = int(self.usage.get("prompt_tokens") or 0) + int(
-                    self.usage.get("completion_tokens") or 0
-                )
-            cost = self.usage.get("cost")
-            usage = ipc.Usage(tokens=int(total), cost_usd=float(cost) if cost is not None else None)
+        usage = None if self.usage is None else openai_usage(self.usage, self.model)
         return ModelStep(text=self.text, tool_calls=tuple(calls), usage=usage)
 
 
@@ -314,4 +310,6 @@ def _from_completion(data: Any) -> ModelStep:
             "arguments": str(function.get("arguments") or ""),
         }
     stream.usage = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        stream.model = data["model"]
     return stream.step()

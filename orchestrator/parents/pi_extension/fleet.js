@@ -102,13 +102,24 @@ const SPAWN_FIELDS = {
   name: str("a short unique name"),
   backend: str("backend (default: the agent's)"),
   model: str("model (default: the agent's or the session's)"),
+  budget: obj(
+    Object.fromEntries(
+      ["soft_tokens", "hard_tokens", "soft_usd", "hard_usd"].map((k) => [
+        k,
+        { type: "number", minimum: 0 },
+      ]),
+    ),
+  ),
 };
+SPAWN_FIELDS.budget.description = "lower the child's usage budget (never above the configured one)";
 
 function spawnArgs(t) {
   const args = [];
   for (const key of ["agent", "mode", "name", "backend", "model"]) {
     if (t[key]) args.push(`--${key}`, String(t[key]));
   }
+  const budget = Object.entries(t.budget || {}).map(([k, v]) => `${k}=${v}`);
+  if (budget.length) args.push("--budget", budget.join(","));
   return args;
 }
 
@@ -243,6 +254,11 @@ const TOOLS = {
       }),
   ],
   brief: ["What the fleet is doing and how to moderate it.", obj({}), () => [["brief"], []]],
+  usage: [
+    "Tokens and cost so far per child, per agent definition and for the session, with budgets.",
+    obj({ agents: strs("children (default: all)") }),
+    (p) => [["usage"], p.agents || []],
+  ],
   agents: [
     "The agent definitions children can be spawned as.",
     obj({ scope: { type: "string", enum: ["default", "project", "both"] } }),

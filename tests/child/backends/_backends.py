@@ -29,6 +29,9 @@ class Host:
     async def discuss(self, op, **fields):
         return f"discuss {op}: {fields.get('text', '')}"
 
+    async def check_tool(self, start):
+        self.events.append(start)
+
     def activities(self, kind):
         return [e for e in self.events if e.activity == kind]
 

@@ -4,6 +4,7 @@ import pytest
 
 from child.backends._claude import claude_argv, claude_tools
 from child.backends._cli_env import PrivateDirs
+from child.backends._digest import DIGEST_HEX, digest
 from tests.child.backends._cli import (
     ANTHROPIC_KEY_ENV,
     claude_loadout,
@@ -45,11 +46,14 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path):
         [start] = host.activities("tool_start")
         assert start.tool == "Read"
         assert start.text.startswith('{"file_path":"/')
+        assert start.input_digest == digest({"file_path": str(notes)})  # for the loop gate
         [end] = host.activities("tool_end")
         assert (end.tool, end.text) == ("Read", "ok")
+        assert (end.failed, len(end.output_digest)) == (False, DIGEST_HEX)
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 100 + 7 + 2 * 20
+        assert (usage.input_tokens, usage.output_tokens) == (100 + 7, 2 * 20)
         assert usage.cost_usd is not None
         assert usage.cost_usd > 0
         calls = model_calls(srv)

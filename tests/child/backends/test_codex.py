@@ -39,11 +39,30 @@ async def test_a_scout_runs_a_read_only_command_and_returns_the_final_text(tmp_p
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 240
+        assert (usage.input_tokens, usage.output_tokens) == (200, 40)
         calls = srv.requests("a")
         assert [r.api for r in calls] == ["responses", "responses"]
         assert "the secret is 4217" in calls[1].tool_results()[0]
         assert "You are a scout." in str(calls[0].body)
-        assert list((tmp_path / "scratch").iterdir()) == []
+        # Only Codex's own home is kept (a revive resumes its thread from it), private.
+        [kept] = (tmp_path / "scratch").iterdir()
+        assert kept.name == "codex"
+        assert kept.stat().st_mode & 0o077 == 0
+
+
+async def test_identical_commands_get_identical_digests_and_a_failing_one_says_so(tmp_path):
+    # What the supervisor's loop gate compares: the same call, the same result, a failure.
+    same = exec_call("cat notes.txt")
+    async with ModelServer() as srv:
+        srv.script("a", [same, same, exec_call("cat missing.txt"), {"text": "done"}])
+        backend, host = make_backend("codex", tmp_path, srv)
+        [result] = await turns(backend, "read twice")
+        assert result.ok, result.error
+    starts, ends = host.activities("tool_start"), host.activities("tool_end")
+    assert [len(s.input_digest) for s in starts] == [16, 16, 16]
+    assert starts[0].input_digest == starts[1].input_digest != starts[2].input_digest
+    assert ends[0].output_digest == ends[1].output_digest != ends[2].output_digest
+    assert [e.failed for e in ends] == [False, False, True]
 
 
 async def test_the_read_only_sandbox_refuses_a_write(tmp_path):

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from child.backends._cli_env import PrivateDirs
+from child.backends._digest import DIGEST_HEX, digest
 from child.backends._pi import pi_argv
 from tests.child.backends._cli import (
     failed_then_recovered,
@@ -39,10 +40,13 @@ async def test_a_scout_reads_a_file_and_returns_the_final_text(tmp_path, binary)
         assert backend.has_queue is (binary == "pi-next")
         [start] = host.activities("tool_start")
         assert (start.tool, start.text) == ("read", '{"path":"notes.txt"}')
-        assert [e.text for e in host.activities("tool_end")] == ["ok"]
+        assert start.input_digest == digest({"path": "notes.txt"})  # what the loop gate compares
+        [end] = host.activities("tool_end")
+        assert (end.text, end.failed, len(end.output_digest)) == ("ok", False, DIGEST_HEX)
         usage = host.activities("usage")[-1].usage
         assert usage is not None
         assert usage.tokens == 240
+        assert (usage.input_tokens, usage.output_tokens) == (200, 40)
         requests = srv.requests("a")
         assert [r.api for r in requests] == ["chat", "chat"]
         assert requests[1].tool_results() == ["the secret is 4217\n"]

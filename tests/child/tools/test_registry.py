@@ -34,8 +34,8 @@ def test_each_build_gets_its_own_checklist(tmp_path):
 
 
 def test_unknown_tool_is_a_one_line_value_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown tool 'shell'; use one of bash, edit") as info:
-        build_tools(["read", "shell"], ToolContext(workspace=tmp_path))
+    with pytest.raises(ValueError, match=r"unknown tool 'shout'; use one of bash, edit") as info:
+        build_tools(["read", "shout"], ToolContext(workspace=tmp_path))
     assert "\n" not in str(info.value)
 
 

@@ -1,7 +1,8 @@
 import itertools
+from typing import Any
 
 from orchestrator._records import ChildRecord, State
-from orchestrator.cli._render import fleet_view, peek_table, spawned_line, watch_line
+from orchestrator.cli._render import fleet_view, peek_table, spawned_line, usage_table, watch_line
 
 
 def _peek(agents, **extra):
@@ -58,6 +59,17 @@ def test_stale_children_of_a_dead_supervisor_are_listed_even_with_no_live_child(
     )
 
 
+def test_a_lost_child_says_how_it_comes_back_or_why_it_cannot():
+    base = {"name": "n", "state": "lost", "pid": None, "log": "/l", "worktree": None}
+    stale = [
+        {**base, "key": "a1", "revivable": True, "revive": "fleet revive"},
+        {**base, "key": "a2", "revivable": False, "revive": "its transcript /t is gone"},
+    ]
+    lines = peek_table(_peek([], stale=stale)).splitlines()
+    assert "stale a1 n (lost, pid None): log /l; fleet revive a1 brings it back" in lines
+    assert "stale a2 n (lost, pid None): log /l; not revivable: its transcript /t is gone" in lines
+
+
 def _row(lines: list[str], key: str) -> str:
     return next(line for line in lines if line.startswith(key))
 
@@ -107,3 +119,36 @@ def test_a_spawned_line_names_the_mode_only_when_it_is_not_the_agents_name():
     assert spawned_line({**row, "agent": "worker", "mode": "worktree"}) == (
         "a1 scout-1 (worker, worktree) starting"
     )
+
+
+def test_peek_and_usage_show_tokens_cost_and_budget():
+    child = {
+        "key": "a1",
+        "agent": "scout",
+        "tokens": 120,
+        "input_tokens": 100,
+        "output_tokens": 20,
+        "cache_read_tokens": 3,
+        "cache_write_tokens": 4,
+        "cost_usd": 0.0125,
+        "budget": {"soft_tokens": 100, "hard_tokens": 500, "hard_usd": 2},
+        "reached": ["soft"],
+        "model": "m",
+    }
+    quiet = {**_agent("a2", "plan"), "usage": {"tokens": 0, "cost_usd": None}}
+    lines = peek_table(_peek([{**_agent("a1", "plan"), "usage": child}, quiet])).splitlines()
+    assert lines[-1] == (
+        "usage a1: 120 tokens (in 100, out 20, cache 3/4) $0.0125 · budget soft 100 tok, "
+        "hard 500 tok $2 (reached soft)"
+    )
+    assert not any(line.startswith("usage a2") for line in lines)
+    session: dict[str, Any] = {"tokens": 120, "cost_usd": None, "budget": {}, "reached": []}
+    definitions = {"scout": {"tokens": 120, "cost_usd": 0.0125, "children": 1}}
+    text = usage_table({"agents": [child], "definitions": definitions, "session": session})
+    head, row, *rest = text.splitlines()
+    assert head.split() == ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE", "R/W", "COST", "BUDGET"]
+    assert row.split()[:7] == ["a1", "scout", "120", "100", "20", "3/4", "$0.0125"]
+    assert rest == [
+        "scout: 120 tokens, $0.0125 over 1 children",
+        "session: 120 tokens, -, budget -",
+    ]

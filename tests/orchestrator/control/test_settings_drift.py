@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import trio
 
-from orchestrator._config import drifted, load_config, start_digests
+from orchestrator._config import load_config
+from orchestrator._digests import drifted, start_digests
 from orchestrator.control._client import call_async, read_token
 from tests.e2e.conftest import running_fleet
 

@@ -93,6 +93,13 @@ def test_every_field_is_parsed():
     )
 
 
+def test_a_budget_is_parsed_as_a_limit():
+    definition = parse("description: d\nbudget: {soft_tokens: 10, hard_usd: 0.5}")
+    assert definition.budget is not None
+    assert definition.budget.as_json() == {"soft_tokens": 10, "hard_usd": 0.5}
+    assert parse("description: d").budget is None
+
+
 def test_a_space_separated_tools_string_is_accepted():
     assert parse("description: d\ntools: read grep").tools == ("read", "grep")
 
@@ -127,6 +134,9 @@ def test_defaults_fail_closed_and_name_comes_from_the_file():
         ("description: [d]", "P", "description", "must be a string, not list"),
         ("description: d", "  \n", "prompt", "the body after the front matter is empty"),
         ("- a\n- b", "P", "front matter", "is a YAML list, not a mapping"),
+        ("description: d\nbudget: {hard: 5}", "P", "budget", "unknown key 'hard'"),
+        ("description: d\nbudget: {hard_usd: -1}", "P", "budget", "hard_usd -1 must be a finite"),
+        ("description: d\nbudget: 500", "P", "budget", "must be a mapping of soft_tokens"),
     ],
 )
 def test_invalid_definitions_raise_one_line_errors_naming_the_field(front, body, field, cause):

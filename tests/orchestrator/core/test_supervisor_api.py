@@ -599,3 +599,18 @@ async def test_an_ask_right_after_the_spawn_is_answered_every_time(env: Env) -> 
                 with trio.fail_after(30):
                     assert await sup.ask(child.key, "are you there?") == "side: still here"
                 await sup.stop([child.key])
+
+
+async def test_a_child_stopped_incomplete_says_why_in_its_handoff_and_note(env: Env) -> None:
+    with trio.fail_after(CEILING):
+        async with open_supervisor(env.config(model=env.script("hold", HOLD))) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="t")])
+            await until(lambda: record.state is State.WORKING and not record.queued)
+            await sup.runs[record.key].stop_incomplete("budget spent: 120 of 100 tokens")
+            assert record.state is State.STOPPED
+            handoff = record.handoff()
+            assert handoff["incomplete"] == "budget spent: 120 of 100 tokens"
+            [note] = await sup.wait([record.key])
+            assert note["incomplete"] == "budget spent: 120 of 100 tokens"
+            assert note["error"] == "incomplete: budget spent: 120 of 100 tokens"
+            assert list(sup.registry.live()) == []

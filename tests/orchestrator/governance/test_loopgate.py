@@ -26,6 +26,18 @@ CASES = {
         ],
         [None] * 7,
     ),
+    "a repeat answered differently from the first call trips once the answers stop changing": (
+        [
+            ("call", "Read", "a"),
+            ("result", "Read", "content", False),
+            ("call", "Read", "a"),
+            ("result", "Read", "unchanged", False),
+            ("call", "Read", "a"),
+            ("result", "Read", "unchanged", False),
+            ("call", "Read", "a"),
+        ],
+        [None] * 6 + ["repeat"],
+    ),
     "different inputs never trip": (
         [("call", "read", "a"), ("call", "read", "b"), ("call", "read", "c")],
         [None, None, None],

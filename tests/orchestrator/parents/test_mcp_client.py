@@ -106,7 +106,11 @@ async def _session(fleet: Fleet) -> None:
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             await client.subscribe_resource("fleet://fleet")
 
-        spawned = await _call(client, "spawn", {"task": "alpha", "model": report})
+        spawned = await _call(
+            client,
+            "spawn",
+            {"task": "alpha", "model": report, "budget": {"hard_tokens": 9000}},
+        )
         [row] = spawned["agents"]
         assert (row["key"], row["agent"]) == ("a1", "scout")
         settled = await _call(client, "wait", {"agents": ["a1"], "timeout": 60})
@@ -118,6 +122,10 @@ async def _session(fleet: Fleet) -> None:
 
         peek = await _call(client, "peek", {})
         assert [a["key"] for a in peek["agents"]] == ["a1"]
+        usage = await _call(client, "usage", {"agents": ["a1"]})
+        [child] = usage["agents"]
+        assert (child["key"], child["budget"]) == ("a1", {"hard_tokens": 9000})
+        assert usage["session"]["tokens"] == child["tokens"] > 0
         resource = await client.read_resource("fleet://fleet")
         assert json.loads(_text(resource.contents[0]))["agents"][0]["key"] == "a1"
         brief = await client.read_resource("fleet://brief")

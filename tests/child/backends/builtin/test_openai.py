@@ -61,7 +61,7 @@ async def test_a_streamed_step_reassembles_text_tool_calls_and_usage():
         ("ls", {}),
     ]
     assert len({c.id for c in step.tool_calls}) == 2
-    assert step.usage == ipc.Usage(tokens=42)
+    assert step.usage == ipc.Usage(tokens=42, input_tokens=30, output_tokens=12, model="fake-model")
     assert events[-1] == ipc.Event(activity="message", text="Let me look.")
     assert request.stream
     assert request.body["model"] == "fake-model"
@@ -103,7 +103,10 @@ async def test_a_scout_with_the_openai_model_reads_and_reports(tmp_path):
     assert (result.ok, result.text) == (True, "## Summary\nThe secret is 4217.")
     assert second.tool_results() == ["     1\tthe secret is 4217\n"]
     assert [e.tool for e in host.activities("tool_start")] == ["read"]
-    assert host.activities("usage")[-1].usage == ipc.Usage(tokens=240)
+    # Two steps of the fake's default 100 in / 20 out: the child's life total, not the last step.
+    assert host.activities("usage")[-1].usage == ipc.Usage(
+        tokens=240, input_tokens=200, output_tokens=40, model="fake-model"
+    )
 
 
 async def test_a_500_is_retried_then_fails_in_one_line_with_the_servers_message():

@@ -1,0 +1,147 @@
+"""The supervisor's budgets: every child's usage into the ledger, and what a reached limit does.
+
+A child's soft limit steers it once with :data:`SOFT_STEER` and tells the parent (a note and a
+``budget`` event); its hard limit stops it with an ``incomplete`` handoff. The session's soft
+limit tells the parent once; its hard limit refuses every new turn (spawn, prompt, resume, ask)
+with one :class:`PolicyError` line. Limits come from the configuration, lowered (never raised)
+by a definition and a spawn; a nested child's is capped by its parent's.
+"""
+
+import contextlib
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+import ipc
+from orchestrator._errors import FleetError, PolicyError, UsageError
+from orchestrator._records import ChildRecord
+from orchestrator.core._notes import Notes
+from orchestrator.governance._budget import (
+    Limit,
+    SpendPolicy,
+    clamp,
+    parse_limit,
+    resolve_limit,
+)
+from orchestrator.governance._ledger import Crossing, Ledger
+from orchestrator.notify import Notifier, budget_event
+
+__all__ = ["SOFT_STEER", "Budgets"]
+
+SOFT_STEER = "budget nearly spent: finish and report"
+
+
+class Budgeted(Protocol):
+    """The run a usage report came from (``ChildRun``)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def record(self) -> ChildRecord: ...
+    async def steer(self, text: str) -> None: ...
+    async def stop_incomplete(self, reason: str) -> None: ...
+
+
+@attrs.define(eq=False)
+class Budgets:
+    """The session's ledger and the actions its limits take."""
+
+    policy: SpendPolicy
+    nursery: trio.Nursery
+    notes: Notes
+    notifier: Notifier
+    session: str
+    scrub: Callable[[str], str] = str
+    ledger: Ledger = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.ledger = Ledger(policy=self.policy)
+
+    # -- limits -------------------------------------------------------------------------
+
+    def limit_for(
+        self,
+        agent: str,
+        *,
+        definition: Limit | None,
+        requested: Mapping[str, Any] | None,
+        parent: str | None,
+    ) -> Limit:
+        """The limit of a new child of *agent*; a raise is one PolicyError line."""
+        asked = None if requested is None else parse_limit(requested, f"spawn {agent}: budget")
+        capped = None if parent is None else self.ledger.limit_of(parent)
+        return resolve_limit(
+            self.policy, agent, definition=definition, requested=asked, parent=capped
+        )
+
+    def open(self, record: ChildRecord, limit: Limit, model: str = "") -> None:
+        """*record*'s account, its budget shown in ``peek`` from the start."""
+        account = self.ledger.open(record.key, record.agent, limit)
+        account.model = model
+        record.usage = account.as_json()
+
+    def revived(self, record: ChildRecord, journaled: Mapping[str, Any] | None) -> None:
+        """A revived child's account: the budget it was spawned with, never more than the
+        configuration gives its definition now (the spend of its earlier life is not kept)."""
+        try:
+            before = parse_limit(journaled, f"revive {record.key}: budget")
+        except UsageError:
+            before = None  # a journal line from elsewhere: the configured limit applies
+        self.open(record, clamp(self.policy.configured(record.agent), before))
+
+    def check_turn(self, what: str) -> None:
+        """Refuse a new turn once the session's hard limit is reached."""
+        refusal = self.ledger.session_refusal()
+        if refusal is not None:
+            raise PolicyError(f"{what}: {refusal}")
+
+    # -- usage --------------------------------------------------------------------------
+
+    def on_usage(self, run: Budgeted, usage: ipc.Usage) -> None:
+        """Account *run*'s cumulative *usage* and act on every limit it newly reached."""
+        crossings = self.ledger.record(run.key, usage)
+        account = self.ledger.accounts.get(run.key)
+        if account is not None:
+            run.record.usage = account.as_json()
+            if account.cost_usd is not None:
+                run.record.cost_usd = round(account.cost_usd, 6)
+        for crossing in crossings:
+            self._act(run, crossing)
+
+    def _act(self, run: Budgeted, crossing: Crossing) -> None:
+        scope = "session budget" if crossing.scope == "session" else "budget"
+        if crossing.scope == "child" and crossing.level == "hard":
+            self.nursery.start_soon(run.stop_incomplete, f"budget spent: {crossing.what}")
+            return
+        if crossing.scope == "child":
+            self.nursery.start_soon(self._steer, run)
+        line = f"{scope} {crossing.level} limit reached: {crossing.what}"
+        self._tell(run.record, crossing, line)
+
+    async def _steer(self, run: Budgeted) -> None:
+        with contextlib.suppress(FleetError):  # between turns or ending: nothing to steer
+            await run.steer(SOFT_STEER)
+
+    def _tell(self, record: ChildRecord, crossing: Crossing, line: str) -> None:
+        """The parent agent's note (for the session, or a top-level child: a nested one's
+        parent is a child, which its own budget governs) and the ``budget`` event."""
+        if record.parent is None or crossing.scope == "session":
+            self.notes.pending.append(
+                {
+                    "key": record.key,
+                    "name": record.name,
+                    "state": str(record.state),
+                    "peek": record.peek_line(),
+                    "report": "",
+                    "error": "",
+                    "budget": {"scope": crossing.scope, "level": crossing.level, "line": line},
+                }
+            )
+            self.notes.changed()
+        self.notifier.emit(budget_event(record, session=self.session, line=line, scrub=self.scrub))
+
+    def report(self, keys: Collection[str] = ()) -> dict[str, Any]:
+        """``fleet usage``: the session, per child (*keys* only, when given), per definition."""
+        return self.ledger.report(keys)

@@ -1,0 +1,119 @@
+"""The supervisor's side of remote children: the session CA and the TLS door, made on first use.
+
+A child on another node (the ``ray`` surface) dials back to ``tls://HOST:PORT`` instead of the
+session's Unix socket. Its loadout names that address, its TLS directory (a fresh directory in
+its own scratch, which its actor creates on the node) and, for its egress relay, the door's
+``host:port`` — a sandboxed child has no network but the supervisor's proxy, which lets only
+its allowlist through. The CA's key stays in this process; the door closes with the last
+remote child.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+import ipc
+from orchestrator.core._admission import unlink_quietly
+from orchestrator.remote._ca import SessionCA
+from orchestrator.remote._door import TlsDoor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+
+    import trio
+
+__all__ = ["REMOTE_SURFACES", "Remote"]
+
+
+class _Attachable(Protocol):
+    """What the door needs of a run: its loadout file and the channel hand-over."""
+
+    @property
+    def loadout(self) -> str: ...
+    async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None: ...
+
+
+#: Surfaces whose children run on other nodes and dial back over mutual TLS.
+REMOTE_SURFACES = frozenset({"ray"})
+
+
+@attrs.define(eq=False)
+class Remote:
+    """One session's CA and TLS door, shared by its remote children."""
+
+    session: str
+    runs: Mapping[str, _Attachable]
+    #: A hello on the door must carry this token for the owner (the Unix listener's rule).
+    token_for: Callable[[str], str | None]
+    refuse: Callable[..., None]
+    nursery: trio.Nursery
+    host: str = "127.0.0.1"
+    hello_timeout: float = ipc.HELLO_TIMEOUT
+    request_timeout: float = 30.0
+    #: A remote child's lease (``child._lease``): seconds it may go unheard before it quits.
+    lease_s: float = 30.0
+    _ca: SessionCA | None = attrs.field(default=None, init=False)
+    _door: TlsDoor | None = attrs.field(default=None, init=False)
+
+    @property
+    def ca(self) -> SessionCA:
+        if self._ca is None:
+            self._ca = SessionCA(self.session)
+        return self._ca
+
+    async def fields_for(
+        self, key: str, scratch: Path, checkouts: Path, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The loadout fields of remote child *key*: the door's address (opening it), its TLS
+        directory, the door on its egress allowlist, and the checkout its node makes from the
+        workspace's bundle (``checkouts/KEY``)."""
+        if self._door is None:
+            self._door = TlsDoor(
+                ca=self.ca,
+                token_for=self.token_for,
+                attach=self._attach,
+                refuse=self.refuse,
+                host=self.host,
+                hello_timeout=self.hello_timeout,
+                request_timeout=self.request_timeout,
+            )
+        address = await self._door.open_for(key, self.nursery)
+        host, port = ipc.tls_address(address)
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # Every remote child works in its node's checkout of a bundle (beside the session's
+        # worktrees, not in its scratch: a reader's checkout is bound read-only, which a
+        # writable scratch around it would undo): made empty here so the sandbox can be
+        # planned; the node fills it (and makes it on a node that does not share this file
+        # system).
+        checkout = checkouts / key
+        ipc.ensure_private_dir(checkouts)
+        ipc.ensure_private_dir(checkout)
+        shipped = {"workspace": str(checkout)}
+        return {
+            **fields,
+            **shipped,
+            "socket": address,
+            "lease_s": self.lease_s,
+            "tls": str(scratch / "tls"),
+            "egress": [*fields.get("egress", ()), target],
+        }
+
+    def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]:
+        """Sign a node's CSR for *owner* (refused if it names anyone else): leaf and CA PEM."""
+        return self.ca.sign(csr, owner), self.ca.certificate_pem
+
+    def release(self, key: str) -> None:
+        if self._door is not None:
+            self._door.release(key)
+
+    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
+        run = self.runs.get(channel.owner)
+        if run is None:
+            self.refuse("owner", channel.owner, via="tls")
+            await channel.aclose("unknown owner")
+            return
+        unlink_quietly(run.loadout)
+        await run.attach(channel, hello)

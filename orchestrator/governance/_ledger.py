@@ -1,0 +1,193 @@
+"""The usage ledger: what every child spent, per child, per agent definition and per session.
+
+A child's usage is cumulative over its life (every backend reports it so), so each report
+*replaces* the child's entry. Its cost is the backend's own reported cumulative cost when
+there is one, else its tokens priced by the configured table, else unknown (``None``: only
+token limits apply). :meth:`Ledger.record` returns the limits a report newly reached; each level
+is reached at most once per child and once per session.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import attrs
+
+from orchestrator.governance._budget import NO_LIMIT, Level, Limit, SpendPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+Scope = Literal["child", "session"]
+
+
+class UsageReport(Protocol):
+    """What a usage event carries (``ipc.Usage`` has these fields)."""
+
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cache_read_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+
+
+@attrs.frozen(kw_only=True)
+class Crossing:
+    """A limit a report reached: which *scope* and *level*, and what (``"9 of 8 tokens"``)."""
+
+    scope: Scope
+    level: Level
+    what: str
+
+
+@attrs.define(eq=False)
+class Account:
+    """One child's usage so far and its limit."""
+
+    key: str
+    agent: str
+    limit: Limit = NO_LIMIT
+    tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    model: str = ""
+    cost_usd: float | None = None
+    reached: set[Level] = attrs.Factory(set)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "model": self.model,
+            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "budget": self.limit.as_json(),
+            "reached": sorted(self.reached),
+        }
+
+
+_SUMMED = ("tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def _sum(accounts: list[Account]) -> dict[str, Any]:
+    total: dict[str, Any] = {name: sum(getattr(a, name) for a in accounts) for name in _SUMMED}
+    costs = [a.cost_usd for a in accounts if a.cost_usd is not None]
+    total["cost_usd"] = round(sum(costs), 6) if costs else None
+    total["children"] = len(accounts)
+    return total
+
+
+def _newly(
+    scope: Scope, limit: Limit, reached: set[Level], tokens: int, cost: float | None
+) -> list[Crossing]:
+    """The level of *limit* newly reached (hard wins and implies soft), marked in *reached*."""
+    for level in ("hard", "soft"):
+        what = limit.reached(level, tokens, cost)
+        if what:
+            if level in reached:
+                return []
+            reached.update(("hard", "soft") if level == "hard" else ("soft",))
+            return [Crossing(scope=scope, level=level, what=what)]
+    return []
+
+
+@attrs.define(eq=False)
+class Ledger:
+    """Every child's account (kept after the child ends) and the session's reached levels."""
+
+    policy: SpendPolicy = attrs.Factory(SpendPolicy)
+    accounts: dict[str, Account] = attrs.Factory(dict)
+    session_reached: set[Level] = attrs.Factory(set)
+
+    def open(self, key: str, agent: str, limit: Limit) -> Account:
+        account = self.accounts[key] = Account(key=key, agent=agent, limit=limit)
+        return account
+
+    def limit_of(self, key: str) -> Limit | None:
+        account = self.accounts.get(key)
+        return None if account is None else account.limit
+
+    def record(self, key: str, usage: UsageReport) -> list[Crossing]:
+        """Take *key*'s cumulative *usage*; the limits it newly reached, hard before soft."""
+        account = self.accounts.get(key)
+        if account is None:
+            return []
+        # Cumulative: a report never lowers what was spent (a child cannot unspend its budget).
+        for name in _SUMMED:
+            setattr(account, name, max(getattr(account, name), getattr(usage, name)))
+        account.model = usage.model or account.model
+        cost = self._cost(account, usage.cost_usd)
+        if cost is not None and account.cost_usd is not None:
+            cost = max(cost, account.cost_usd)
+        account.cost_usd = account.cost_usd if cost is None else cost
+        session = self.session()
+        return [
+            *_newly("child", account.limit, account.reached, account.tokens, account.cost_usd),
+            *_newly(
+                "session",
+                self.policy.session,
+                self.session_reached,
+                session["tokens"],
+                session["cost_usd"],
+            ),
+        ]
+
+    def _cost(self, account: Account, reported: float | None) -> float | None:
+        if reported is not None:
+            return float(reported)
+        price = self.policy.price_for(account.model)
+        if price is None:
+            return None
+        return price.cost(
+            input=account.input_tokens,
+            output=account.output_tokens,
+            cache_read=account.cache_read_tokens,
+            cache_write=account.cache_write_tokens,
+        )
+
+    def session(self) -> dict[str, Any]:
+        return _sum(list(self.accounts.values()))
+
+    def session_refusal(self) -> str | None:
+        """Why no new turn may start (the session's hard limit is reached), or None."""
+        if "hard" not in self.session_reached:
+            return None
+        session = self.session()
+        what = self.policy.session.reached("hard", session["tokens"], session["cost_usd"])
+        return (
+            f"session budget spent ({what or 'hard limit reached'}): no new turns "
+            "(raise subagents.budget.session and restart the supervisor)"
+        )
+
+    def report(self, keys: Collection[str] = ()) -> dict[str, Any]:
+        """``fleet usage --json``: the session, each child (only *keys*, when given) and each
+        agent definition."""
+        definitions: dict[str, list[Account]] = {}
+        for account in self.accounts.values():
+            definitions.setdefault(account.agent, []).append(account)
+        session = self.session() | {
+            "budget": self.policy.session.as_json(),
+            "reached": sorted(self.session_reached),
+        }
+        return {
+            "session": session,
+            "agents": [
+                {"key": key, "agent": a.agent} | a.as_json()
+                for key, a in self.accounts.items()
+                if not keys or key in keys
+            ],
+            "definitions": {name: _sum(group) for name, group in sorted(definitions.items())},
+        }

@@ -1,0 +1,143 @@
+"""The TLS door: where children on other nodes dial back, over TCP and mutual TLS.
+
+It opens when the first remote child is about to start and closes when the last one is gone,
+so a listener on a non-loopback address exists only while remote children do. Each connection
+must complete a TLS 1.3 handshake with a client certificate from this session's CA
+(:class:`~orchestrator.remote._ca.SessionCA`); the certificate names one owner, and only that
+owner's hello is looked up — with its HMAC token, good for one pending launch, as on the Unix
+listener. A foreign or expired certificate fails the handshake; a certificate for one child
+carrying another child's hello is refused; a replayed hello finds no pending launch. Every
+refusal is counted and logged by reason, and the peer is told nothing.
+
+After the hello the stream carries the same frames as the Unix socket: the wire, deadlines and
+replay cache are the channel's, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+from cryptography import x509
+
+import ipc
+from orchestrator.remote._ca import SessionCA, owner_of
+
+__all__ = ["TlsDoor"]
+
+Attach = Callable[[ipc.Channel, ipc.Envelope], Awaitable[None]]
+Refuse = Callable[..., None]
+
+
+@attrs.define(eq=False)
+class TlsDoor:
+    """One session's TLS listener, shared by its remote children; see the module docstring."""
+
+    ca: SessionCA
+    #: The token a hello for *owner* must carry now (``None``: no pending launch).
+    token_for: Callable[[str], str | None]
+    attach: Attach
+    #: ``refuse(reason, owner, **evidence)``: the reject log and its counts.
+    refuse: Refuse
+    host: str = "127.0.0.1"
+    port: int = 0
+    hello_timeout: float = ipc.HELLO_TIMEOUT
+    request_timeout: float = 30.0
+    _users: set[str] = attrs.field(factory=set, init=False)
+    _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _address: str = attrs.field(default="", init=False)
+    _context: ssl.SSLContext | None = attrs.field(default=None, init=False)
+
+    @property
+    def address(self) -> str:
+        """``tls://HOST:PORT`` while open, else ``""``."""
+        return self._address
+
+    async def open_for(self, key: str, nursery: trio.Nursery) -> str:
+        """The door's address, opening it for the first remote child *key*."""
+        self._users.add(key)
+        if not self._address:
+            if self._context is None:
+                self._context = await trio.to_thread.run_sync(self.ca.server_context, self.host)
+            listeners = await nursery.start(self._serve)
+            sock = listeners[0].socket
+            host, port = sock.getsockname()[:2]
+            self._address = f"{ipc.TLS_SCHEME}{_bracket(host)}:{port}"
+        return self._address
+
+    def release(self, key: str) -> None:
+        """*key* is gone; the last one out closes the listener."""
+        self._users.discard(key)
+        if not self._users and self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
+            self._address = ""
+
+    async def _serve(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            try:
+                async with trio.open_nursery() as nursery:
+                    task_status.started(listeners)
+                    for listener in listeners:
+                        nursery.start_soon(trio.serve_listeners, self._handle, [listener])
+            finally:
+                with trio.CancelScope(shield=True):
+                    for listener in listeners:
+                        await listener.aclose()
+
+    async def _handle(self, tcp: trio.SocketStream) -> None:
+        if self._context is None:  # pragma: no cover - set before the listener opens
+            await tcp.aclose()
+            return
+        stream = trio.SSLStream(tcp, self._context, server_side=True)
+        owner = await self._certified_owner(stream)
+        if owner is None:
+            return
+
+        def lookup(named: str) -> str | None:
+            return self.token_for(named) if named == owner else None
+
+        try:
+            channel, hello = await ipc.accept_hello(
+                stream,
+                lookup,
+                timeout=self.hello_timeout,
+                request_timeout=self.request_timeout,
+                peer_checked=True,
+            )
+        except ipc.HandshakeError as exc:
+            self.refuse(exc.reason, owner, via="tls")
+            return
+        await self.attach(channel, hello)
+
+    async def _certified_owner(self, stream: trio.SSLStream[trio.SocketStream]) -> str | None:
+        """The owner the peer's verified certificate names, after the TLS handshake."""
+        reason = "tls"
+        with trio.move_on_after(self.hello_timeout):
+            try:
+                await stream.do_handshake()
+            except trio.BrokenResourceError as exc:
+                cause = exc.__cause__
+                reason = "certificate" if isinstance(cause, ssl.SSLCertVerificationError) else "tls"
+            else:
+                der = stream.getpeercert(binary_form=True)
+                bound = (
+                    owner_of(x509.load_der_x509_certificate(der), self.ca.session) if der else None
+                )
+                if bound:
+                    return bound
+                reason = "certificate"
+        self.refuse(reason, "", via="tls")
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await trio.aclose_forcefully(stream)
+        return None
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,304 @@
+"""Usage budgets through the real supervisor: real children, the scripted model and the
+loopback model server reporting usage (issue 18, item 1).
+
+Each scenario waits for the state it needs under a deadline and reads the notes without taking
+them, so no ``wait`` is left to hang on a note another step consumed.
+"""
+
+import json
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+from orchestrator._errors import PolicyError, UsageError
+from orchestrator._records import TERMINAL, State
+from orchestrator.core._budgets import SOFT_STEER
+from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from tests.fakes.model_server import ModelServer
+from tests.faults.conftest import Faults
+
+CEILING = 40
+
+
+def budget_notes(sup: Supervisor, key: str) -> list[dict[str, Any]]:
+    return [n for n in sup.notes.pending if n["key"] == key and "budget" in n]
+
+
+async def settled_state(sup: Supervisor, key: str, states: frozenset[State]) -> None:
+    """Until *key* is in one of *states* with nothing queued (the caller holds the deadline)."""
+    record = sup.registry.find(key)
+    await Faults.until(lambda: record.state in states and not record.queued)
+
+
+READ = {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]}
+STEER_LINE = f"Steer from parent: {SOFT_STEER}"
+
+
+def steers_seen(request: Any) -> int:
+    return sum(m.get("content") == STEER_LINE for m in request.body["messages"])
+
+
+@pytest.mark.slow
+async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults) -> None:
+    async with ModelServer() as srv:
+        # The first step's usage (100 in, 20 out) passes the soft limit; the second answer is
+        # held a second, so the steer is in by the third request at the latest.
+        srv.script("c1", [READ, {**READ, "delay": 1}, {"text": "done"}, {"text": "again"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        budget = {"child": {"soft_tokens": 100, "hard_tokens": 10_000}}
+        with trio.fail_after(CEILING):
+            async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                [note] = budget_notes(sup, record.key)
+                usage = sup.peek([record.key])["agents"][0]["usage"]
+                # Once: a second turn past the soft limit neither steers nor notes again.
+                await sup.prompt(record.key, "again")
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                notes = budget_notes(sup, record.key)
+                await sup.stop([record.key])
+        requests = srv.requests("c1")
+    # Steered once: in the conversation from the second or third request on, never twice.
+    seen = [steers_seen(r) for r in requests]
+    assert seen in ([0, 1, 1, 1], [0, 0, 1, 1]), seen
+    assert (record.report, len(notes)) == ("again", 1)
+    assert note["budget"]["scope"] == "child"
+    assert note["budget"]["level"] == "soft"
+    assert note["budget"]["line"] == "budget soft limit reached: 120 of 100 tokens"
+    assert usage["reached"] == ["soft"]
+    assert usage["budget"] == {"soft_tokens": 100, "hard_tokens": 10_000}
+    assert (usage["input_tokens"], usage["output_tokens"]) == (300, 60)
+
+
+async def test_the_hard_limit_stops_the_child_with_an_incomplete_handoff(faults) -> None:
+    async with ModelServer() as srv:
+        srv.script(
+            "c1",
+            [
+                {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]},
+                {"delay": 5, "text": "never reached"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        budget = {"child": {"hard_tokens": 100}}
+        with trio.fail_after(CEILING):
+            # The builtin agent's openai model reports no cost: the price table prices it.
+            prices = {"fake-model": {"input": 1, "output": 2}}
+            config = faults.config(model=model, budget=budget, prices=prices)
+            async with open_supervisor(config) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, TERMINAL)
+                [handoff] = await sup.stop([record.key])
+                report = sup.spend.report()
+                notes = [n for n in sup.notes.pending if n["key"] == record.key]
+    assert record.state is State.STOPPED
+    assert handoff["incomplete"] == "budget spent: 120 of 100 tokens"
+    assert any(n.get("incomplete") == handoff["incomplete"] for n in notes)
+    [child] = [a for a in report["agents"] if a["key"] == record.key]
+    # The model server's default usage (100 in, 20 out) in the backend's own fields.
+    assert (child["input_tokens"], child["output_tokens"], child["tokens"]) == (100, 20, 120)
+    assert child["model"] == "fake-model"
+    assert child["cost_usd"] == pytest.approx((100 * 1 + 20 * 2) / 1e6)
+    assert child["reached"] == ["hard", "soft"]
+
+
+async def test_the_session_hard_limit_refuses_new_turns(faults) -> None:
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "{{task}} done and dusted"\n')
+    budget = {"session": {"soft_tokens": 1, "hard_tokens": 3}}
+    events = faults.scripts / "events.jsonl"
+    # The budget event for people: a subagents.notify command gets the event JSON on stdin.
+    write = f"import sys; open({str(events)!r}, 'a').write(sys.stdin.read().strip() + '\\n')"
+    notify = {"command": [sys.executable, "-c", write], "events": ["budget"]}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model, budget=budget, notify=notify)) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="a long enough task")])
+            await settled_state(sup, record.key, frozenset({State.IDLE}))
+            [note] = budget_notes(sup, record.key)
+            assert note["budget"] == {
+                "scope": "session",
+                "level": "hard",
+                "line": note["budget"]["line"],
+            }
+            assert note["budget"]["line"].startswith("session budget hard limit reached: ")
+            await Faults.until(lambda: events.exists() and events.read_text().endswith("\n"))
+            [event] = [json.loads(line) for line in events.read_text().splitlines() if line]
+            assert (event["kind"], event["key"]) == ("budget", record.key)
+            assert event["context"] == note["budget"]["line"]
+            for attempt in (
+                sup.spawn([SpawnRequest(task="more")]),
+                sup.prompt(record.key, "more"),
+                sup.ask(record.key, "how?"),
+            ):
+                with pytest.raises(PolicyError) as info:
+                    await attempt
+                message = str(info.value)
+                assert "session budget spent (" in message
+                assert "\n" not in message
+            assert sup.spend.report()["session"]["reached"] == ["hard", "soft"]
+            assert len(sup.registry.records) == 1
+            await sup.stop([record.key])
+
+
+async def test_a_spawn_may_lower_its_budget_but_never_raise_it(faults) -> None:
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "ok"\n')
+    budget = {"child": {"soft_tokens": 800, "hard_tokens": 1000}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=model, budget=budget)) as sup:
+            with pytest.raises(PolicyError) as info:
+                await sup.spawn([SpawnRequest(task="t", budget={"hard_tokens": 5000})])
+            assert str(info.value) == (
+                "spawn scout: budget hard_tokens 5000 is above the configured 1000 "
+                "(a spawn may lower a budget, never raise it)"
+            )
+            assert sup.registry.records == {}
+            assert sup.capacity.used == 0
+            [record] = await sup.spawn([SpawnRequest(task="t", budget={"hard_tokens": 500})])
+            # The lowered hard is under the configured soft: that soft is dropped.
+            assert sup.peek([record.key])["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
+            await sup.stop([record.key])
+
+
+LEAD = """
+turns:
+  - steps:
+      - tool: subagent
+        args: {agent: helper, task: "help"}
+      - reply: "lead: {{last}}"
+"""
+
+
+async def test_a_nested_spawn_never_gets_more_than_its_parent_holds(faults) -> None:
+    faults.agent("lead", tools=["read"], mode="fork", subagent_agents=["helper"])
+    faults.agent("helper", tools=["read"], mode="scout", budget={"hard_tokens": 4000})
+    helper = faults.script("helper", 'turns:\n  - steps:\n      - reply: "helped"\n')
+    budget = {"child": {"hard_tokens": 10_000}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=helper, budget=budget)) as sup:
+            [lead] = await sup.spawn(
+                [
+                    SpawnRequest(
+                        task="delegate",
+                        agent="lead",
+                        model=faults.script("lead", LEAD),
+                        budget={"hard_tokens": 300},
+                    )
+                ]
+            )
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            assert lead.report == "lead: helped"
+            limits = {k: a.limit.hard_tokens for k, a in sup.spend.ledger.accounts.items()}
+            await sup.stop([lead.key])
+    # The helper's definition says 4000, the configuration 10000: its parent holds 300.
+    assert limits == {lead.key: 300, "a2": 300}
+
+
+@pytest.mark.slow
+def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
+    (faults.home / "config.yaml").write_text(
+        "subagents:\n"
+        "  budget:\n"
+        "    child: {hard_tokens: 10000}\n"
+        "    session: {soft_usd: 1, hard_usd: 2}\n"
+        "  prices:\n"
+        "    scripted: {input: 1, output: 2}\n"
+    )
+    model = faults.script("one", 'turns:\n  - steps:\n      - reply: "all done here"\n')
+    raised = faults.cli("spawn", "--model", model, "--budget", "20000", "t")
+    assert raised.returncode == 4, raised.stderr
+    [line] = raised.stderr.strip().splitlines()
+    assert "budget hard_tokens 20000 is above the configured 10000" in line
+    spawned = faults.cli("spawn", "--json", "--wait", "--model", model, "--budget", "500", "t")
+    assert spawned.returncode == 0, spawned.stderr
+    done = faults.cli("usage", "--json")
+    assert done.returncode == 0, done.stderr
+    usage = json.loads(done.stdout)
+    assert set(usage) == {"session", "agents", "definitions"}
+    [child] = usage["agents"]
+    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached"}
+    assert child["budget"] == {"hard_tokens": 500}
+    assert child["tokens"] > 0
+    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0}
+    assert usage["session"]["tokens"] == child["tokens"]
+    assert usage["definitions"]["scout"]["children"] == 1
+    human = faults.cli("usage")
+    assert human.returncode == 0
+    assert human.stdout.splitlines()[-1].startswith(f"session: {child['tokens']} tokens")
+    peek = json.loads(faults.cli("peek", "--json", child["key"]).stdout)
+    assert peek["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
+    bad = faults.cli("usage", "--json", "nobody")
+    assert bad.returncode != 0
+
+
+async def test_a_bad_budget_configuration_refuses_to_start_in_one_line(faults) -> None:
+    bad = {"child": {"soft_tokens": 9, "hard_tokens": 5}}
+    with pytest.raises(UsageError) as info:
+        async with open_supervisor(faults.config(budget=bad)):
+            pass
+    assert str(info.value) == "subagents.budget.child: soft_tokens 9 must be below hard_tokens 5"
+    with pytest.raises(UsageError, match=r"^subagents.budget: unknown key 'childs'"):
+        async with open_supervisor(faults.config(budget={"childs": {}})):
+            pass
+
+
+async def test_a_nested_child_past_its_capped_budget_reports_incomplete_to_its_caller(
+    faults,
+) -> None:
+    faults.agent("lead", tools=["read"], mode="fork", subagent_agents=["helper"])
+    faults.agent("helper", tools=["read"], mode="scout", budget={"hard_tokens": 15})
+    helper = faults.script(
+        "helper",
+        """
+        turns:
+          - steps:
+              - tool: read
+                args: {path: README.md}
+              - tool: read
+                args: {path: README.md}
+              - wait: 10
+              - reply: "never"
+        """,
+    )
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=helper)) as sup:
+            # Nothing is configured: the helper's definition sets its budget.
+            request = SpawnRequest(task="delegate", agent="lead", model=faults.script("lead", LEAD))
+            [lead] = await sup.spawn([request])
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            helper_record = sup.registry.find("a2")
+            await sup.stop([lead.key])
+    assert helper_record.incomplete == "budget spent: 20 of 15 tokens"
+    assert "a2 incomplete: budget spent: 20 of 15 tokens" in lead.report
+
+
+WATCHES = """
+turns:
+  - steps:
+      - tool: shell
+        args: {action: start, command: "sleep 0.5; echo BUILD OK; exec sleep 60", watch: "OK$"}
+      - reply: "first"
+  - steps:
+      - reply: "woken"
+"""
+
+
+@pytest.mark.slow
+async def test_a_spent_session_starts_no_wake_turn(faults) -> None:
+    faults.agent("runner", tools=["read", "bash"], mode="worktree")
+    model = faults.script("watches", WATCHES)
+    settings = {"sandbox": "off", "allow_unsandboxed": True}
+    for budget, turns in ((None, 2), ({"session": {"hard_tokens": 5}}, 1)):
+        with trio.fail_after(CEILING):
+            async with open_supervisor(
+                faults.config(model=model, budget=budget, **settings)
+            ) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="build", agent="runner")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                # The watch fires 0.5 s in: without a budget it wakes the child for a turn.
+                with trio.move_on_after(3):
+                    await Faults.until(
+                        lambda: record.turn == 2 and record.state is State.IDLE  # noqa: B023
+                    )
+                assert (record.turn, record.state) == (turns, State.IDLE)
+                await sup.stop([record.key])
