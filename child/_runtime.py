@@ -82,10 +82,18 @@ class Runtime:
     view: "ActivityView | None" = None
     #: Which of the loadout's ``models`` the backend runs on.
     _model: int = 0
+    #: The usage of the backends replaced by a fallback; the last usage reported.
+    _spent: ipc.Usage | None = None
+    _last_usage: ipc.Usage | None = None
 
     # -- host services ------------------------------------------------------------------
 
     def emit(self, event: ipc.Event) -> None:
+        if event.usage is not None:
+            # Cumulative over the child's life: a CLI restarted on a fallback model counts
+            # from zero again, so what the earlier processes spent is added back.
+            event = attrs.evolve(event, usage=added(self._spent, event.usage))
+            self._last_usage = event.usage
         if self.view is not None:
             self.view.on_event(event)
         if self._events and event.activity in _COALESCED:
@@ -269,6 +277,7 @@ class Runtime:
         else:
             old, self.backend = self.backend, make_backend(loadout, self)
             await old.aclose()
+            self._spent = self._last_usage
         self.loadout, self._model = loadout, index
         log.info("running on model %s", choice.spec)
         self.emit(ipc.Event(activity="status", text=f"model {choice.spec}"))
@@ -302,6 +311,22 @@ class Runtime:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.backend.aclose()
         return 0
+
+
+def added(base: ipc.Usage | None, usage: ipc.Usage) -> ipc.Usage:
+    """*usage* on top of *base* (what replaced backends spent)."""
+    if base is None:
+        return usage
+    costs = [c for c in (base.cost_usd, usage.cost_usd) if c is not None]
+    return attrs.evolve(
+        usage,
+        tokens=base.tokens + usage.tokens,
+        input_tokens=base.input_tokens + usage.input_tokens,
+        output_tokens=base.output_tokens + usage.output_tokens,
+        cache_read_tokens=base.cache_read_tokens + usage.cache_read_tokens,
+        cache_write_tokens=base.cache_write_tokens + usage.cache_write_tokens,
+        cost_usd=sum(costs) if costs else None,
+    )
 
 
 def _in_pane(loadout: ipc.Loadout) -> bool:
