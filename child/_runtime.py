@@ -11,6 +11,7 @@ process exits when the IPC connection ends.
 """
 
 import contextlib
+import functools
 import logging
 import os
 import pathlib
@@ -23,7 +24,7 @@ import attrs
 import trio
 
 import ipc
-from child._lease import hold_lease
+from child._lease import Renewer, hold_lease
 from child.backends import Backend, TurnResult
 from child.backends._egress import open_egress
 
@@ -70,6 +71,8 @@ class Runtime:
     loadout: ipc.Loadout
     channel: ipc.Channel
     backend: Backend | None = None
+    #: A remote child's key and leaf, renewed over the channel with its lease.
+    certificate: Renewer | None = None
     _events: list[ipc.Event] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
     # Held while a batch of events (and a turn's ``settled`` after the last one) is written, so
@@ -304,7 +307,8 @@ class Runtime:
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
                 if self.loadout.lease_s:
-                    nursery.start_soon(hold_lease, self.channel, self.loadout.lease_s)
+                    lease = functools.partial(hold_lease, certificate=self.certificate)
+                    nursery.start_soon(lease, self.channel, self.loadout.lease_s)
                 await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:
@@ -350,9 +354,11 @@ async def run(loadout_path: str) -> int:
     if loadout.socket.startswith(ipc.TLS_SCHEME):
         # A child on another node: TCP + mutual TLS, through the egress relay when sandboxed
         # (its namespace has no network; the supervisor's proxy lets only its door through).
-        from child._tls import dial_context  # noqa: PLC0415 - cryptography: remote children only
+        from child._tls import Credentials  # noqa: PLC0415 - cryptography: remote children only
 
-        context = dial_context(pathlib.Path(loadout.tls))
+        credentials, context = Credentials.take(
+            pathlib.Path(loadout.tls), loadout.session, loadout.owner
+        )
         async with open_egress(loadout):
             channel, _ = await ipc.open_tls_client(
                 loadout.socket,
@@ -362,7 +368,7 @@ async def run(loadout_path: str) -> int:
                 hello=hello,
                 request_timeout=loadout.request_timeout,
             )
-            return await Runtime(loadout=loadout, channel=channel).serve()
+            return await Runtime(loadout=loadout, channel=channel, certificate=credentials).serve()
     channel, _ = await ipc.open_client(
         loadout.socket,
         owner=loadout.owner,

@@ -29,6 +29,8 @@ from orchestrator.launch._launcher import Launched, Launcher
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from orchestrator.core._terms import RemoteTerms
+
 __all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost"]
 
 R_contra = TypeVar("R_contra", contravariant=True)
@@ -74,6 +76,7 @@ class RemoteHost(Protocol):
         self, key: str, scratch: "Path", checkouts: "Path", fields: dict[str, Any]
     ) -> dict[str, Any]: ...
     def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
+    def terms_for(self, key: str, lease_s: float) -> "RemoteTerms": ...
 
 
 class SpawnHost(RunHost[R_contra], Protocol[R_contra]):

@@ -16,6 +16,7 @@ import attrs
 
 import ipc
 from orchestrator.core._admission import unlink_quietly
+from orchestrator.core._terms import RemoteTerms
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
@@ -33,6 +34,8 @@ class _Attachable(Protocol):
 
     @property
     def loadout(self) -> str: ...
+    @property
+    def terms(self) -> RemoteTerms | None: ...
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None: ...
 
 
@@ -105,15 +108,22 @@ class Remote:
         """Sign a node's CSR for *owner* (refused if it names anyone else): leaf and CA PEM."""
         return self.ca.sign(csr, owner), self.ca.certificate_pem
 
+    def terms_for(self, key: str, lease_s: float) -> RemoteTerms:
+        """A remote child's lease and certificate terms, signed by this session's CA."""
+        return RemoteTerms(
+            owner=key, lease_s=lease_s, sign=lambda owner, csr: self.ca.sign(csr, owner)
+        )
+
     def release(self, key: str) -> None:
         if self._door is not None:
             self._door.release(key)
 
-    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
+    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float) -> None:
         run = self.runs.get(channel.owner)
-        if run is None:
+        if run is None or run.terms is None:
             self.refuse("owner", channel.owner, via="tls")
             await channel.aclose("unknown owner")
             return
+        run.terms.vouched(seconds)  # the channel lives no longer than its certificate
         unlink_quietly(run.loadout)
         await run.attach(channel, hello)

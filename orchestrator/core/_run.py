@@ -23,6 +23,7 @@ from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
+from orchestrator.core._terms import RemoteTerms
 from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
@@ -72,8 +73,8 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
-    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
-    lease_until: float = 0.0
+    #: A remote child's lease and certificate (:mod:`._terms`); None for a local child.
+    terms: RemoteTerms | None = None
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
     checked: CheckedResult | None = attrs.field(init=False)
 
@@ -204,24 +205,12 @@ class ChildRun:
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
         if isinstance(body, ipc.Renew):
-            return self._renew()
+            if self.terms is None:
+                return ipc.Reply(ok=False, error="this child holds no lease")
+            return self.terms.renew(body)
         if isinstance(body, ipc.Event):
             return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
-
-    def _renew(self) -> ipc.Message:
-        lease = self.card.lease_s if self.card is not None else 0.0
-        if not lease:
-            return ipc.Reply(ok=False, error="this child holds no lease")
-        self.lease_until = trio.current_time() + lease
-        return ipc.Reply(ok=True, data={"lease_s": lease})
-
-    async def _outwait_lease(self) -> None:
-        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
-        has run out (so it has stopped writing by itself)."""
-        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
-            with trio.move_on_at(self.lease_until):
-                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -229,8 +218,10 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
-        if self.card is not None and self.card.lease_s:
-            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
+        if self.terms is not None:
+            self.terms.heard()  # the hello's own lease
+            if self._nursery is not None:
+                self._nursery.start_soon(self.terms.watch_certificate, self._certificate_expired)
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -535,6 +526,12 @@ class ChildRun:
         await self.done.wait()
         return self.record.handoff()
 
+    def _certificate_expired(self) -> None:
+        """The channel's certificate ran out unrenewed: the child is cut off."""
+        if self._nursery is not None and not self.finishing:
+            error = "its certificate expired without renewal; the channel was closed"
+            self._nursery.start_soon(self.finish, State.FAILED, "protocol", error)
+
     async def stop_incomplete(self, reason: str) -> None:
         """Stop the child before it finished: the turn is aborted, copy-back runs as for any
         stop, and the handoff's ``incomplete`` says *reason* (one line)."""
@@ -587,7 +584,8 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
-            await self._outwait_lease()
+            if self.terms is not None:
+                await self.terms.outwait(bool(getattr(self.launched, "confirmed_exit", True)))
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

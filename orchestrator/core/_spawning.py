@@ -236,6 +236,9 @@ class Spawning:
                 log=prepared[record.key].log,
                 budgets=sup.budgets,
                 declared=tuple(loadout_fields.get("ownership", ())),
+                terms=sup.remote.terms_for(record.key, prepared[record.key].card.lease_s)
+                if record.surface in REMOTE_SURFACES
+                else None,
             )
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
