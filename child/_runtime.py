@@ -83,10 +83,20 @@ class Runtime:
     _busy: bool = False
     _nursery: trio.Nursery | None = None
     view: "ActivityView | None" = None
+    #: Which of the loadout's ``models`` the backend runs on.
+    _model: int = 0
+    #: The usage of the backends replaced by a fallback; the last usage reported.
+    _spent: ipc.Usage | None = None
+    _last_usage: ipc.Usage | None = None
 
     # -- host services ------------------------------------------------------------------
 
     def emit(self, event: ipc.Event) -> None:
+        if event.usage is not None:
+            # Cumulative over the child's life: a CLI restarted on a fallback model counts
+            # from zero again, so what the earlier processes spent is added back.
+            event = attrs.evolve(event, usage=added(self._spent, event.usage))
+            self._last_usage = event.usage
         if self.view is not None:
             self.view.on_event(event)
         if self._events and event.activity in _COALESCED:
@@ -231,6 +241,8 @@ class Runtime:
             self.view.on_turn(body.turn, body.text, side=side)
         self.emit(ipc.Event(activity="status", text="working"))
         try:
+            if isinstance(body, ipc.Prompt):
+                await self._use_model(body.model)
             result = await self.backend.run_turn(body.text, side=side)
         except Exception as exc:
             log.exception("turn %s failed", body.turn)
@@ -252,6 +264,26 @@ class Runtime:
                 await self.channel.send_event(settled)
         except ipc.ChannelClosed:
             log.info("settled turn %s could not be delivered: channel closed", body.turn)
+
+    async def _use_model(self, index: int) -> None:
+        """Run on candidate *index* of the loadout's model role (the supervisor moved this
+        child to a fallback after a quota error). The builtin agent swaps its model and keeps
+        the conversation; an agent CLI is restarted on the new model (a fresh session)."""
+        choices = self.loadout.models
+        if index == self._model or not 0 <= index < len(choices) or self.backend is None:
+            return
+        choice = choices[index]
+        loadout = attrs.evolve(self.loadout, model=choice.model, effort=choice.effort)
+        switch = getattr(self.backend, "switch_model", None)
+        if switch is not None:
+            await switch(loadout)
+        else:
+            old, self.backend = self.backend, make_backend(loadout, self)
+            await old.aclose()
+            self._spent = self._last_usage
+        self.loadout, self._model = loadout, index
+        log.info("running on model %s", choice.spec)
+        self.emit(ipc.Event(activity="status", text=f"model {choice.spec}"))
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         log.debug("ignoring %s event from the supervisor", envelope.type)
@@ -283,6 +315,22 @@ class Runtime:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.backend.aclose()
         return 0
+
+
+def added(base: ipc.Usage | None, usage: ipc.Usage) -> ipc.Usage:
+    """*usage* on top of *base* (what replaced backends spent)."""
+    if base is None:
+        return usage
+    costs = [c for c in (base.cost_usd, usage.cost_usd) if c is not None]
+    return attrs.evolve(
+        usage,
+        tokens=base.tokens + usage.tokens,
+        input_tokens=base.input_tokens + usage.input_tokens,
+        output_tokens=base.output_tokens + usage.output_tokens,
+        cache_read_tokens=base.cache_read_tokens + usage.cache_read_tokens,
+        cache_write_tokens=base.cache_write_tokens + usage.cache_write_tokens,
+        cost_usd=sum(costs) if costs else None,
+    )
 
 
 def _in_pane(loadout: ipc.Loadout) -> bool:

@@ -22,6 +22,8 @@ class Prompt:
 
     text: str
     turn: int
+    #: Which of the loadout's ``models`` runs this turn (a role's fallback after a quota error).
+    model: int = 0
 
 
 @attrs.frozen(kw_only=True)

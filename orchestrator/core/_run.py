@@ -19,6 +19,7 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
+from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
@@ -295,37 +296,57 @@ class ChildRun:
                 return
             await self._run_prompt(text)
 
-    async def _run_prompt(self, text: str) -> None:
-        record = self.record
-        record.queued = False
+    def _new_turn(self) -> Turn:
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
         self.turn = turn
+        self.record.turn = turn.number
+        return turn
+
+    async def _run_prompt(self, text: str) -> None:
+        record = self.record
+        record.queued = False
+        turn = self._new_turn()
         self.requests.loops.new_prompt()
-        record.turn = turn.number
         try:
             self.watchdog.start_active()
             record.touch("working")
-            try:
-                await self._request(ipc.Prompt(text=text, turn=turn.number))
-                for steer in self._early_steers:
-                    await self._request(ipc.Steer(text=steer))
-            except OperationFailed as exc:
-                if self.channel is not None and self.channel.closed:
-                    # The child is going away: its exit, not this request, classifies it.
-                    await self.done.wait()
+            if not await self._prompt(turn, text, current_model(record)):
+                return
+            # A quota/rate-limit/overload failure: once more, on the role's next model.
+            retry = None if self.finishing else fallback(record, self.card, turn.result)
+            if retry is not None:
+                self.log.write(
+                    f"turn {turn.number} failed on quota; retrying on {record.models[-1]}"
+                )
+                record.touch(f"retrying on {record.models[-1]}")
+                turn = self._new_turn()
+                if not await self._prompt(turn, text, retry):
                     return
-                turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
-                turn.settled.set()
-            finally:
-                self._early_steers.clear()
-            await turn.settled.wait()
         finally:
             self.watchdog.stop_active()
             self._slot.give_back()
             self.turn = None
         await self._check_result(turn)
         self._settled(turn)
+
+    async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
+        """Send *turn*'s prompt and wait for it to settle; ``False``: the child is going away."""
+        try:
+            await self._request(ipc.Prompt(text=text, turn=turn.number, model=model))
+            for steer in self._early_steers:
+                await self._request(ipc.Steer(text=steer))
+        except OperationFailed as exc:
+            if self.channel is not None and self.channel.closed:
+                # The child is going away: its exit, not this request, classifies it.
+                await self.done.wait()
+                return False
+            turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
+            turn.settled.set()
+        finally:
+            self._early_steers.clear()
+        await turn.settled.wait()
+        return True
 
     async def _wait_connected(self) -> None:
         """Wait for the hello (or the end); refuse when the child ended first."""

@@ -34,6 +34,7 @@ from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._roles import load_roles
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._kill import MARKER_ENV, run_marker
@@ -99,12 +100,14 @@ class Spawning:
             raise UsageError("spawn: no task given")
         async with self._lock:
             definitions = sup.agents()
+            roles = load_roles(sup.config.home, sup.config.workspace)
             plans = [
                 plan_spawn(
                     request,
                     definitions=definitions,
                     config=sup.config,
                     workflow_mode=sup.mode,
+                    roles=roles,
                 )
                 for request in requests
             ]
@@ -141,6 +144,8 @@ class Spawning:
                     workflow_mode=sup.mode,
                     depth=1 if parent is None else parent.record.depth + 1,
                     parent=None if parent is None else parent.key,
+                    role=plan.role,
+                    models=[plan.model_label] if plan.model_label else [],
                     schema=plan.schema,
                 )
                 sup.registry.add(record)
