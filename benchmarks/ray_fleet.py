@@ -65,7 +65,7 @@ OWNER = "a1"
 PAYLOAD = ipc.Ownership(paths=["src/app.py", "docs/*.md"])
 
 
-async def _serve_channel(channel: ipc.Channel, hello: ipc.Envelope) -> None:
+async def _serve_channel(channel: ipc.Channel, hello: ipc.Envelope, seconds: float = 0.0) -> None:
     await channel.reply(hello.corr, ipc.Reply(ok=True))
 
     async def handler(envelope: ipc.Envelope) -> ipc.Message:

@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -24,7 +24,7 @@ import ipc
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["LEASE_EXPIRED", "hold_lease"]
+__all__ = ["LEASE_EXPIRED", "Renewer", "hold_lease"]
 
 #: The exit status of a child whose lease ran out (when it could not kill its group).
 LEASE_EXPIRED: Final = 75
@@ -43,21 +43,41 @@ def give_up(lease_s: float) -> None:  # pragma: no cover - ends the process
     os._exit(LEASE_EXPIRED)
 
 
+class Renewer(Protocol):
+    """A leaf that renews over the channel (``child._tls.Credentials``)."""
+
+    def due(self) -> bool: ...
+    def csr(self) -> str: ...
+    def accept(self, leaf_pem: str) -> None: ...
+
+
 async def hold_lease(
-    channel: ipc.Channel, lease_s: float, *, expired: Callable[[float], None] = give_up
+    channel: ipc.Channel,
+    lease_s: float,
+    *,
+    expired: Callable[[float], None] = give_up,
+    certificate: Renewer | None = None,
 ) -> None:
-    """Renew the lease until the channel closes; call *expired* once it has run out."""
+    """Renew the lease until the channel closes; call *expired* once it has run out. With
+    *certificate*, a renewal past two thirds of the leaf's life carries a CSR too."""
     interval = lease_s / 3
     renewed = trio.current_time()
     while True:
+        csr = certificate.csr() if certificate is not None and certificate.due() else ""
         try:
-            await channel.request(ipc.Renew(), timeout=interval)
+            reply = await channel.request(ipc.Renew(csr=csr), timeout=interval)
         except ipc.ChannelClosed:
             return  # the supervisor hung up: the runtime is ending anyway
         except ipc.IpcError:
             pass  # no answer in time: the lease runs on from the last one
         else:
             renewed = trio.current_time()
+            leaf = reply.data.get("certificate") if isinstance(reply, ipc.Reply) else None
+            if certificate is not None and csr and isinstance(leaf, str):
+                try:
+                    certificate.accept(leaf)
+                except ValueError as exc:
+                    print(f"child: certificate renewal refused: {exc}", file=sys.stderr)
         left = renewed + lease_s - trio.current_time()
         if left <= 0:
             expired(lease_s)

@@ -11,6 +11,7 @@ process exits when the IPC connection ends.
 """
 
 import contextlib
+import functools
 import logging
 import os
 import pathlib
@@ -23,7 +24,7 @@ import attrs
 import trio
 
 import ipc
-from child._lease import hold_lease
+from child._lease import Renewer, hold_lease
 from child.backends import Backend, TurnResult
 from child.backends._egress import open_egress
 
@@ -70,6 +71,8 @@ class Runtime:
     loadout: ipc.Loadout
     channel: ipc.Channel
     backend: Backend | None = None
+    #: A remote child's key and leaf, renewed over the channel with its lease.
+    certificate: Renewer | None = None
     _events: list[ipc.Event] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
     # Held while a batch of events (and a turn's ``settled`` after the last one) is written, so
@@ -80,10 +83,20 @@ class Runtime:
     _busy: bool = False
     _nursery: trio.Nursery | None = None
     view: "ActivityView | None" = None
+    #: Which of the loadout's ``models`` the backend runs on.
+    _model: int = 0
+    #: The usage of the backends replaced by a fallback; the last usage reported.
+    _spent: ipc.Usage | None = None
+    _last_usage: ipc.Usage | None = None
 
     # -- host services ------------------------------------------------------------------
 
     def emit(self, event: ipc.Event) -> None:
+        if event.usage is not None:
+            # Cumulative over the child's life: a CLI restarted on a fallback model counts
+            # from zero again, so what the earlier processes spent is added back.
+            event = attrs.evolve(event, usage=added(self._spent, event.usage))
+            self._last_usage = event.usage
         if self.view is not None:
             self.view.on_event(event)
         if self._events and event.activity in _COALESCED:
@@ -228,6 +241,8 @@ class Runtime:
             self.view.on_turn(body.turn, body.text, side=side)
         self.emit(ipc.Event(activity="status", text="working"))
         try:
+            if isinstance(body, ipc.Prompt):
+                await self._use_model(body.model)
             result = await self.backend.run_turn(body.text, side=side)
         except Exception as exc:
             log.exception("turn %s failed", body.turn)
@@ -249,6 +264,26 @@ class Runtime:
                 await self.channel.send_event(settled)
         except ipc.ChannelClosed:
             log.info("settled turn %s could not be delivered: channel closed", body.turn)
+
+    async def _use_model(self, index: int) -> None:
+        """Run on candidate *index* of the loadout's model role (the supervisor moved this
+        child to a fallback after a quota error). The builtin agent swaps its model and keeps
+        the conversation; an agent CLI is restarted on the new model (a fresh session)."""
+        choices = self.loadout.models
+        if index == self._model or not 0 <= index < len(choices) or self.backend is None:
+            return
+        choice = choices[index]
+        loadout = attrs.evolve(self.loadout, model=choice.model, effort=choice.effort)
+        switch = getattr(self.backend, "switch_model", None)
+        if switch is not None:
+            await switch(loadout)
+        else:
+            old, self.backend = self.backend, make_backend(loadout, self)
+            await old.aclose()
+            self._spent = self._last_usage
+        self.loadout, self._model = loadout, index
+        log.info("running on model %s", choice.spec)
+        self.emit(ipc.Event(activity="status", text=f"model {choice.spec}"))
 
     async def on_event(self, envelope: ipc.Envelope) -> None:
         log.debug("ignoring %s event from the supervisor", envelope.type)
@@ -272,13 +307,30 @@ class Runtime:
                     await nursery.start(self.view.run)
                 nursery.start_soon(self.pump_events)
                 if self.loadout.lease_s:
-                    nursery.start_soon(hold_lease, self.channel, self.loadout.lease_s)
+                    lease = functools.partial(hold_lease, certificate=self.certificate)
+                    nursery.start_soon(lease, self.channel, self.loadout.lease_s)
                 await self.channel.serve(self.handle, self.on_event, immediate=self.immediate)
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.backend.aclose()
         return 0
+
+
+def added(base: ipc.Usage | None, usage: ipc.Usage) -> ipc.Usage:
+    """*usage* on top of *base* (what replaced backends spent)."""
+    if base is None:
+        return usage
+    costs = [c for c in (base.cost_usd, usage.cost_usd) if c is not None]
+    return attrs.evolve(
+        usage,
+        tokens=base.tokens + usage.tokens,
+        input_tokens=base.input_tokens + usage.input_tokens,
+        output_tokens=base.output_tokens + usage.output_tokens,
+        cache_read_tokens=base.cache_read_tokens + usage.cache_read_tokens,
+        cache_write_tokens=base.cache_write_tokens + usage.cache_write_tokens,
+        cost_usd=sum(costs) if costs else None,
+    )
 
 
 def _in_pane(loadout: ipc.Loadout) -> bool:
@@ -302,9 +354,11 @@ async def run(loadout_path: str) -> int:
     if loadout.socket.startswith(ipc.TLS_SCHEME):
         # A child on another node: TCP + mutual TLS, through the egress relay when sandboxed
         # (its namespace has no network; the supervisor's proxy lets only its door through).
-        from child._tls import dial_context  # noqa: PLC0415 - cryptography: remote children only
+        from child._tls import Credentials  # noqa: PLC0415 - cryptography: remote children only
 
-        context = dial_context(pathlib.Path(loadout.tls))
+        credentials, context = Credentials.take(
+            pathlib.Path(loadout.tls), loadout.session, loadout.owner
+        )
         async with open_egress(loadout):
             channel, _ = await ipc.open_tls_client(
                 loadout.socket,
@@ -314,7 +368,7 @@ async def run(loadout_path: str) -> int:
                 hello=hello,
                 request_timeout=loadout.request_timeout,
             )
-            return await Runtime(loadout=loadout, channel=channel).serve()
+            return await Runtime(loadout=loadout, channel=channel, certificate=credentials).serve()
     channel, _ = await ipc.open_client(
         loadout.socket,
         owner=loadout.owner,

@@ -23,22 +23,10 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def make_key_and_csr(directory: Path, session: str, owner: str) -> bytes:
-    """Write a fresh key to ``directory/key.pem`` (0600, new file) and return a PEM CSR for
-    ``fleet://SESSION/OWNER``. Only the CSR goes to the supervisor."""
+def new_key_and_csr(session: str, owner: str) -> tuple[ec.EllipticCurvePrivateKey, bytes]:
+    """A fresh key (in memory) and a PEM CSR for ``fleet://SESSION/OWNER``."""
     key = ec.generate_private_key(ec.SECP256R1())
     uri = f"fleet://{session}/{owner}"
-    key_path = directory / "key.pem"
-    if key_path.exists():
-        key_path.unlink()  # renewal: a new key each time, never reuse
-    _write_private(
-        key_path,
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
     csr = (
         x509.CertificateSigningRequestBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, uri)]))
@@ -47,7 +35,79 @@ def make_key_and_csr(directory: Path, session: str, owner: str) -> bytes:
         )
         .sign(key, hashes.SHA256())
     )
-    return csr.public_bytes(serialization.Encoding.PEM)
+    return key, csr.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_key_and_csr(directory: Path, session: str, owner: str) -> bytes:
+    """Write a fresh key to ``directory/key.pem`` (0600, new file) and return a PEM CSR for
+    ``fleet://SESSION/OWNER``. Only the CSR goes to the supervisor."""
+    key, csr = new_key_and_csr(session, owner)
+    key_path = directory / "key.pem"
+    if key_path.exists():
+        key_path.unlink()  # renewal: a new key each time, never reuse
+    _write_private(key_path, _key_pem(key))
+    return csr
+
+
+class Credentials:
+    """A remote child's key and leaf, in this process only once it has dialled back, and the
+    renewal of the leaf over the channel (``child._lease`` asks :meth:`due` each lease tick).
+
+    A renewal makes a new key and CSR here; the supervisor's answer is taken only if it is a
+    leaf for this very key and owner. The renewed pair is what a later connection would present.
+    """
+
+    def __init__(self, key: bytes, cert: bytes, session: str, owner: str) -> None:
+        self.key, self.cert = key, cert
+        self.session, self.owner = session, owner
+        self._pending: ec.EllipticCurvePrivateKey | None = None
+        self.renewals = 0
+
+    @classmethod
+    def take(cls, directory: Path, session: str, owner: str) -> tuple[Credentials, ssl.SSLContext]:
+        """The context to dial with from ``directory``, and the credentials; the key file is
+        removed: from here on the key lives in this process only, out of reach of the backend
+        this child starts next in the same sandbox."""
+        key_path = directory / "key.pem"
+        context = client_context(key_path, directory / "cert.pem", directory / "ca.pem")
+        key = key_path.read_bytes()
+        key_path.unlink(missing_ok=True)
+        return cls(key, (directory / "cert.pem").read_bytes(), session, owner), context
+
+    def _leaf(self) -> x509.Certificate:
+        return x509.load_pem_x509_certificate(self.cert)
+
+    def due(self, now: float | None = None) -> bool:
+        """The leaf is past two thirds of its life (renew now)."""
+        import time  # noqa: PLC0415 - this module's only clock
+
+        leaf = self._leaf()
+        start, end = leaf.not_valid_before_utc.timestamp(), leaf.not_valid_after_utc.timestamp()
+        return (time.time() if now is None else now) >= start + (end - start) * 2 / 3
+
+    def csr(self) -> str:
+        """A CSR for a new key (kept pending until its leaf comes back)."""
+        self._pending, csr = new_key_and_csr(self.session, self.owner)
+        return csr.decode()
+
+    def accept(self, leaf_pem: str) -> None:
+        """Take the renewed leaf; ValueError unless it is for the pending key and our owner."""
+        leaf = x509.load_pem_x509_certificate(leaf_pem.encode())
+        pending, self._pending = self._pending, None
+        if pending is None or leaf.public_key() != pending.public_key():
+            raise ValueError("the renewed certificate is not for the key this child asked with")
+        uri = f"fleet://{self.session}/{self.owner}"
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        if san.get_values_for_type(x509.UniformResourceIdentifier) != [uri]:
+            raise ValueError(f"the renewed certificate does not name {uri}")
+        self.key, self.cert = _key_pem(pending), leaf_pem.encode()
+        self.renewals += 1
 
 
 def install_certificate(directory: Path, cert_pem: bytes, ca_pem: bytes) -> None:
@@ -64,16 +124,6 @@ def client_context(key: Path, cert: Path, ca: Path) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.load_cert_chain(certfile=str(cert), keyfile=str(key))
-    return context
-
-
-def dial_context(directory: Path) -> ssl.SSLContext:
-    """The client context from ``directory`` (key, leaf, CA), then the key file is removed:
-    from here on the key lives in this process only, out of reach of the backend this child
-    starts next in the same sandbox."""
-    key = directory / "key.pem"
-    context = client_context(key, directory / "cert.pem", directory / "ca.pem")
-    key.unlink(missing_ok=True)
     return context
 
 

@@ -33,7 +33,14 @@ from ipc._handshake import (
     tls_address,
 )
 from ipc._listener import Listener, ensure_private_dir
-from ipc._loadout import Loadout, ModelSpec, sealed_loadout, write_loadout, write_private
+from ipc._loadout import (
+    Loadout,
+    ModelChoice,
+    ModelSpec,
+    sealed_loadout,
+    write_loadout,
+    write_private,
+)
 from ipc._messages import decode_envelope, encode_envelope
 from ipc._prepare import prepare_codecs
 from ipc._requests import DEFAULT_TIMEOUT, check_timeout
@@ -90,6 +97,7 @@ __all__ = [
     "Loadout",
     "LoadoutError",
     "Message",
+    "ModelChoice",
     "ModelSpec",
     "Ownership",
     "Progress",

@@ -2,8 +2,10 @@
 
 A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
-Exactly one task reads from it — :meth:`Channel.serve` — because a framed read cancelled
-halfway would desynchronize the stream. What the reader does with each frame is
+One task at a time reads from it — :meth:`Channel.serve`'s reader, or a requester the
+reader lends the socket to so that it reads its own response (:mod:`ipc._lending`) — through
+one decoder, so no frame is split between two readers or routed out of order. What the
+reader does with each frame is
 :mod:`ipc._dispatch`'s job; it never runs an async request handler itself, so a long
 ``question`` never blocks it. The bytes move through :mod:`ipc._transport`, and the channel
 owns its stream from then on: close it with :meth:`Channel.aclose`, never the stream itself.
@@ -19,6 +21,7 @@ peer is not a hostile one.
 """
 
 import collections
+import functools
 import logging
 import math
 from collections.abc import Awaitable
@@ -31,6 +34,7 @@ from ipc._auth import token_bytes
 from ipc._dispatch import Dispatch, EventHandler, ImmediateHandler, RequestHandler, no_immediate
 from ipc._errors import ChannelClosed, FrameError
 from ipc._framing import MAX_FRAME, FrameDecoder
+from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
 from ipc._transport import SocketIO, StreamIO, transport_for
@@ -47,6 +51,8 @@ __all__ = [
 log = logging.getLogger("ipc")
 
 MAX_DROPS: Final = 16
+EVENTS_PER_YIELD: Final = 16
+"""Events :meth:`Channel.send_event` may write without yielding to the scheduler."""
 
 
 class _Default:
@@ -82,9 +88,13 @@ class Channel:
     # A writer holds the turn while _sending; the _queued others park in the queue, in order.
     _sending: bool = attrs.field(default=False, init=False)
     _queued: int = attrs.field(default=0, init=False)
+    # Events written since this channel's writers last yielded to the scheduler.
+    _unyielded: int = attrs.field(default=0, init=False)
     _send_queue: trio.lowlevel.ParkingLot = attrs.field(
         factory=trio.lowlevel.ParkingLot, init=False
     )
+    # The socket lent by the reader to a requester (ipc._lending).
+    _lending: Lending = attrs.field(init=False)
     _requests: Requests = attrs.field(init=False)
     _cancel: trio.CancelScope | None = attrs.field(default=None, init=False)
     _serving: bool = attrs.field(default=False, init=False)
@@ -101,9 +111,19 @@ class Channel:
     def _make_io(self) -> StreamIO | SocketIO:
         return transport_for(self.stream)
 
+    @_lending.default
+    def _make_lending(self) -> Lending:
+        return Lending(io=self._io, log=log)
+
     @_requests.default
     def _make_requests(self) -> Requests:
-        return Requests(owner=self.owner, write=self._write)
+        return Requests(
+            owner=self.owner,
+            write=self._write,
+            take_socket=self._lending.take,
+            read_for=functools.partial(self._lending.read_for, self),
+            interrupt=self._interrupt_lender,
+        )
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -167,8 +187,18 @@ class Channel:
         await self._write(self._writer.frame(kind, corr, message))
 
     async def send_event(self, message: Message) -> None:
-        """Send a fire-and-forget event."""
-        if not await self._write(self._writer.frame("event", "", message)):
+        """Send a fire-and-forget event.
+
+        Always a cancel point; a schedule point when the write had to wait, and otherwise at
+        least every :data:`EVENTS_PER_YIELD` events (a pass through the scheduler per event
+        cost half of an event's price).
+        """
+        if await self._write(self._writer.frame("event", "", message)):
+            self._unyielded = 0
+        elif self._unyielded < EVENTS_PER_YIELD - 1:
+            self._unyielded += 1
+        else:
+            self._unyielded = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def request(
@@ -223,6 +253,9 @@ class Channel:
             raise RuntimeError("Channel.serve is already running (one reader per connection)")
         self._serving = True
         decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
+        requests, lending = self._requests, self._lending
+        lends = isinstance(self._io, SocketIO)  # a lender waits on a duplicate descriptor
+        lending.decoder = decoder
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
@@ -237,13 +270,20 @@ class Channel:
                 nursery.start_soon(self._requests.keep_deadlines)
                 nursery.start_soon(dispatch.worker.run)
                 task_status.started()
-                route = dispatch.route
+                route = lending.route = dispatch.route
                 for frame in self.initial:
                     if (work := route(frame)) is not None:
                         await self._settle(work)
                 self.initial.clear()
                 wait, read = self._io.wait, self._io.read
                 while not self.closed:
+                    if lending.lent:  # a requester reads: park until it gives the socket back
+                        await lending.park()
+                        continue
+                    if lending.backlog:  # what it read but left to us
+                        await lending.route_backlog(self._settle)
+                        continue
+                    lending.lendable = False  # from here until the chunk is routed
                     try:
                         await wait()
                         data = read()
@@ -262,14 +302,24 @@ class Channel:
                         self.flagged = True
                         self._mark_closed("framing error")
                         break
+                    delivered = requests.delivered
                     for frame in frames:
                         if (work := route(frame)) is not None:
                             try:
                                 await work
                             except ChannelClosed:  # an answer that cannot go out any more
                                 log.debug("could not answer on %s: closed", self.owner)
+                    if requests.delivered != delivered and lends and not self.closed:
+                        # A requester woke: let it run first, so that if it asks again at
+                        # once it can read its next response itself (ipc._lending).
+                        lending.lendable = True
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        if requests.resumed != requests.delivered:  # it was not yet its turn
+                            await trio.lowlevel.cancel_shielded_checkpoint()
+                        lending.lendable = False
                 nursery.cancel_scope.cancel()
         finally:
+            lending.stop()
             self._mark_closed(self.close_reason or "cancelled")
             with trio.CancelScope(shield=True):
                 await self._io.aclose()
@@ -308,6 +358,15 @@ class Channel:
         self._mark_closed(reason)
         with trio.CancelScope(shield=True):
             await self._io.aclose()
+
+    def _interrupt_lender(self) -> None:
+        if isinstance(self._io, SocketIO):
+            self._io.interrupt_lender()
+
+    @property
+    def direct_reads(self) -> int:
+        """Requests of ours whose task read its own response (no hand-off from the reader)."""
+        return self._lending.reads
 
     def statistics(self) -> dict[str, Any]:
         """Counters for diagnostics: drops by reason, pending requests, flag state."""

@@ -26,6 +26,8 @@ class Pending:
     type: str
     # Set only when serve()'s deadline keeper enforces this request's deadline.
     deadline: float = math.inf
+    # The requester reads the socket itself (ipc._lending): a deadline must interrupt it.
+    lent: bool = False
     done: bool = False
     result: Any = None
     error: Exception | None = None

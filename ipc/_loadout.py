@@ -65,6 +65,15 @@ def _non_negative(_: object, attribute: "attrs.Attribute[float]", value: float) 
 
 
 @attrs.frozen(kw_only=True)
+class ModelChoice:
+    """One candidate of a model role: its spec (as ``peek`` shows it), model and effort."""
+
+    spec: str
+    model: ModelSpec
+    effort: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class Loadout:
     """Everything a child may do, and how it reaches its supervisor."""
 
@@ -97,6 +106,9 @@ class Loadout:
     secret_env: list[str] = attrs.Factory(list)
     #: Reasoning effort for backends that have one (Pi ``--thinking``, Codex); "" = theirs.
     effort: str = ""
+    #: A model role's candidates in order (the first is ``model``/``effort``); a ``prompt``
+    #: naming candidate N runs on ``models[N]``. Empty: no role, no fallback.
+    models: list[ModelChoice] = attrs.Factory(list)
     request_timeout: float = attrs.field(default=DEFAULT_TIMEOUT, validator=_deadline)
     #: ``host:port`` pairs the supervisor's egress proxy lets this child reach (its model
     #: endpoint and its definition's ``egress:``); nothing else leaves its sandbox.

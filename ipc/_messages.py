@@ -147,7 +147,7 @@ _FAST_ENCODE: Final = make_encoders(
     MESSAGE_TYPES, dumps=_dumps, hook_for=converter.get_unstructure_hook
 )
 _UNSTRUCTURE: Final = {cls: converter.get_unstructure_hook(cls) for cls in TYPE_NAMES}
-_KEY_ORDER: Final = list(attrs.fields_dict(_RawEnvelope))
+_KEY_COUNT: Final = len(attrs.fields(_RawEnvelope))
 _KINDS: Final = frozenset(typing.get_args(Kind))
 _KIND_TEXT: Final = {kind: f',"kind":"{kind}"' for kind in _KINDS}
 
@@ -292,8 +292,12 @@ def decode_frame(data: bytes) -> Decoded:
     obj = loads(data)
     if type(obj) is not dict:
         raise SchemaError("frame is not a JSON object @ $", reason="schema")
-    if list(obj) == _KEY_ORDER:  # how every FrameWriter writes it
-        v, token, owner, corr, kind, type_, raw_body = obj.values()
+    if len(obj) == _KEY_COUNT:  # as every FrameWriter writes it: the envelope's seven keys
+        # Looked up one by one (cheaper than comparing the key list); a missing one is None,
+        # which the check below sends to the converter.
+        get: Callable[[str], Any] = obj.get
+        v, token, owner, corr = get("v"), get("token"), get("owner"), get("corr")
+        kind, type_, raw_body = get("kind"), get("type"), get("body")
     else:
         v = token = owner = corr = kind = type_ = raw_body = None  # the converter decides
     if not (

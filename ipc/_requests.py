@@ -55,6 +55,16 @@ class Requests:
     owner: str
     # The channel's frame writer (in order, one writer at a time).
     write: Callable[[bytes], Awaitable[bool]]
+    # The channel's socket lent to a requester (ipc._lending): take_socket says whether this
+    # requester may read its own response, read_for then waits for it there, and interrupt
+    # wakes it when its deadline passes.
+    take_socket: Callable[[], bool] = lambda: False
+    read_for: Callable[[Pending], Awaitable[None]] | None = None
+    interrupt: Callable[[], None] = lambda: None
+    # Responses handed to a requester so far (the reader lends the socket after one), and
+    # how many of them a requester woken by the reader had seen when it last ran.
+    delivered: int = attrs.field(default=0, init=False)
+    resumed: int = attrs.field(default=0, init=False)
     _pending: dict[str, Pending] = attrs.field(factory=dict, init=False)
     _corr: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # corrs of our requests that gave up waiting; a late response to one is not a drop.
@@ -99,7 +109,13 @@ class Requests:
                 pending.deadline = self._clock.current_time() + deadline
                 if pending.deadline < timer.deadline:  # noqa: PLR1730 - min() would always set it
                     timer.deadline = pending.deadline
-                await pending.wait()
+                if self.read_for is not None and self.take_socket():
+                    # No reader hand-off: this task reads the socket until its response comes.
+                    pending.lent = True
+                    await self.read_for(pending)
+                else:
+                    await pending.wait()
+                    self.resumed = self.delivered
         finally:
             # Still registered and unanswered: we timed out or were cancelled (a close would
             # have removed it), so the peer may yet answer.
@@ -138,6 +154,8 @@ class Requests:
                         del self._pending[corr]
                         self._remember_expired(corr)
                         pending.finish()  # no result, no error: the requester times out
+                        if pending.lent:  # parked on the socket: wake it
+                            self.interrupt()
         finally:
             self._timer = None
 
@@ -154,6 +172,7 @@ class Requests:
         if pending is None or type_ not in RESPONSE_TYPES or pending.done:
             return False
         pending.finish(body)
+        self.delivered += 1
         return True
 
     def reject_all(self, reason: str) -> None:

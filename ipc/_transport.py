@@ -12,7 +12,7 @@ Writing is split so the common case costs no scheduler pass: ``try_send`` writes
 socket takes now without yielding, and only what is left goes through ``send_rest``, which
 waits. A requester parks right after its write anyway, and a reader answering inline goes
 straight back to waiting, so a yield there would only cost a pass through the scheduler;
-:meth:`Channel.send_event` yields itself when the write did not. Two more rules:
+:meth:`Channel.send_event` yields itself every few events when the write did not. Two more rules:
 
 - :attr:`torn` tells a cancelled write that had already written part of a frame (the stream
   can then never resync) from one that had written nothing.
@@ -81,6 +81,9 @@ class SocketIO:
     torn: bool = False
     _closed: bool = False
     _fd: int = attrs.field(init=False)
+    # A duplicate of the descriptor for a requester the reader lent the socket to: it waits
+    # on this one, so interrupt_lender() can wake it alone (never a writer, never the reader).
+    _lend_fd: int | None = None
     wait: Callable[[], Awaitable[None]] = attrs.field(init=False)
     """Await until the socket is readable (trio's own wait: no wrapper frame per read)."""
 
@@ -127,9 +130,26 @@ class SocketIO:
                 raise
             sent += self.try_send(view[sent:])  # type: ignore[arg-type]  # os.write takes any buffer
 
+    async def lend_wait(self) -> None:
+        """Await until the socket is readable, as a lender (see :mod:`ipc._lending`)."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        if self._lend_fd is None:
+            self._lend_fd = os.dup(self._fd)  # not inheritable, like every dup in Python
+        await trio.lowlevel.wait_readable(self._lend_fd)
+
+    def interrupt_lender(self) -> None:
+        """Wake a task parked in :meth:`lend_wait` with ``ClosedResourceError``."""
+        fd, self._lend_fd = self._lend_fd, None
+        if fd is not None:
+            # trio's rule: notify, then close (a later lend_wait makes a fresh duplicate).
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
     async def aclose(self) -> None:
         """Close the stream; the descriptor is not used again."""
         self._closed = True
+        self.interrupt_lender()
         await self.stream.aclose()
 
 

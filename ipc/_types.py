@@ -22,6 +22,8 @@ class Prompt:
 
     text: str
     turn: int
+    #: Which of the loadout's ``models`` runs this turn (a role's fallback after a quota error).
+    model: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -63,7 +65,11 @@ class Shutdown:
 @attrs.frozen(kw_only=True)
 class Renew:
     """A remote child renews its lease; the reply's ``data`` carries ``lease_s``. A child that
-    has had no reply for a whole lease stops every write and exits (``child._lease``)."""
+    has had no reply for a whole lease stops every write and exits (``child._lease``). With a
+    ``csr`` (PEM) it renews its certificate too: the reply's ``data.certificate`` is the new
+    leaf, signed for this child's owner only."""
+
+    csr: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -85,6 +85,10 @@ class ChildRecord:
     applied: list[str] = attrs.Factory(list)
     conflicts: list[dict[str, str]] = attrs.Factory(list)
     remaining: list[str] = attrs.Factory(list)
+    #: The model role it runs on ("" for none) and every model it ran on, in order (a quota
+    #: error moves it to the role's next candidate).
+    role: str = ""
+    models: list[str] = attrs.Factory(list)
     #: Why the supervisor stopped the child before it finished (a spent budget, a loop the gate
     #: could not break); "" while it runs or when it stopped as asked.
     incomplete: str = ""
@@ -116,6 +120,8 @@ class ChildRecord:
             "unsandboxed_reason": self.unsandboxed_reason,
             "usage": self.usage | {"tokens": self.tokens, "cost_usd": self.cost_usd},
             "question": self.question,
+            "role": self.role,
+            "models": list(self.models),
         }
 
     def peek_line(self) -> str:
@@ -146,6 +152,8 @@ class ChildRecord:
             "sandboxed": self.sandboxed,
             "unsandboxed_reason": self.unsandboxed_reason,
             "failure": self.failure,
+            "role": self.role,
+            "models": list(self.models),
             "incomplete": self.incomplete,
         }
         return self.with_result(shape)
@@ -169,6 +177,8 @@ class SpawnRequest:
     model: str | None = None
     command: tuple[str, ...] = ()
     surface: str | None = None
+    #: A model role (``@role`` in ``model`` says the same); its candidates pick the model.
+    role: str | None = None
     #: A usage budget (``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd``) that may
     #: only lower the configured one.
     budget: Mapping[str, Any] | None = None
@@ -179,6 +189,7 @@ class SpawnRequest:
     def from_mapping(cls, data: Mapping[str, Any]) -> "SpawnRequest":
         """From a ``--batch`` JSON entry; unknown keys are an error."""
         known = {"task", "agent", "mode", "name", "backend", "model", "command", "surface"}
+        known.add("role")
         known.add("budget")
         known.add("schema")
         unknown = set(data) - known
@@ -190,7 +201,8 @@ class SpawnRequest:
         command = data.get("command") or ()
         if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
             raise UsageError("spawn: command must be a list of strings")
-        fields = {k: data.get(k) for k in ("agent", "mode", "name", "backend", "model", "surface")}
+        keys = ("agent", "mode", "name", "backend", "model", "surface", "role")
+        fields = {k: data.get(k) for k in keys}
         for key, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"spawn: {key} must be a string")
@@ -210,6 +222,7 @@ class SpawnRequest:
             model=fields["model"],
             command=tuple(command),
             surface=fields["surface"],
+            role=fields["role"],
             schema=schema,
         )
 

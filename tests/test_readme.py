@@ -51,10 +51,12 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     (tmp_path / "user").mkdir()
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "VIRTUAL_ENV"))}
     yield keep | {"FLEET_HOME": str(home), "HOME": str(tmp_path / "user")}
+    # The session is the repository's: stop it from there (from tmp_path, `serve --stop`
+    # names another session and the README's supervisor would be left running).
     subprocess.run(
         [str(REPO / ".venv" / "bin" / "fleet"), "serve", "--stop"],
         env=keep | {"FLEET_HOME": str(home)},
-        cwd=tmp_path,
+        cwd=tmp_path / "repo" if (tmp_path / "repo").is_dir() else tmp_path,
         capture_output=True,
         check=False,
         timeout=60,

@@ -87,6 +87,12 @@ def claude_tools(tools: list[str]) -> list[str]:
     return names
 
 
+def _has_session(dirs: PrivateDirs, session: str) -> bool:
+    """Claude Code already keeps *session* in this child's private directories (an earlier
+    process of this child ran it; ``--session-id`` would be refused as in use)."""
+    return next(dirs.root.rglob(f"{session}.jsonl"), None) is not None
+
+
 def claude_argv(
     binary: str, loadout: ipc.Loadout, dirs: PrivateDirs, mcp_config: Path | None = None
 ) -> list[str]:
@@ -119,8 +125,9 @@ def claude_argv(
     ]
     if not loadout.resume:
         argv.append("--no-session-persistence")
-    elif loadout.restarted:
-        argv += ["--resume", loadout.resume]  # the session it had: a revive
+    elif loadout.restarted or _has_session(dirs, loadout.resume):
+        # The session it had: a revive, or a restart on a role's fallback model.
+        argv += ["--resume", loadout.resume]
     else:
         argv += ["--session-id", loadout.resume]  # chosen by the supervisor, journaled first
     if inside_fleet_sandbox(loadout):
@@ -129,11 +136,23 @@ def claude_argv(
         argv += ["--mcp-config", str(mcp_config)]
     if loadout.model.kind in {"anthropic", "native"} and loadout.model.name:
         argv += ["--model", loadout.model.name]
+    if loadout.effort in CLAUDE_EFFORTS:
+        argv += ["--effort", CLAUDE_EFFORTS[loadout.effort]]
     if loadout.system_prompt:
         prompt = dirs.config / "system-prompt.md"
         prompt.write_text(loadout.system_prompt, encoding="utf-8")
         argv += ["--append-system-prompt-file", str(prompt)]
     return argv
+
+
+#: Our effort words in Claude Code's ``--effort`` levels ("off" has none: Claude's default).
+CLAUDE_EFFORTS: Final = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+}
 
 
 def claude_extra_env(loadout: ipc.Loadout, stall: float) -> dict[str, str]:

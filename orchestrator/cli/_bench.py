@@ -9,8 +9,11 @@ interleaved with it, because a shared machine's load changes from second to seco
   default), against ``python -c pass`` (the floor of any new process; a fork pays less);
 - an idle child's RSS against an idle ``python -c`` interpreter's.
 
-The IPC codec's figures need the ipc package, which a verb does not import: they are in
-``benchmarks/ipc_throughput.py``. Fully offline; about half a minute at the default ``--runs``.
+- authenticated IPC round trips against a raw echo of the same bytes
+  (:mod:`orchestrator.control._ipcbench`: both ends in this process; the two-process version,
+  with pipelined events, is ``benchmarks/ipc_throughput.py``).
+
+Fully offline; about half a minute at the default ``--runs``.
 """
 
 import argparse
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator._errors import OperationFailed, UsageError
+from orchestrator.control._ipcbench import measure_ipc
 
 MAX_SPAWNS = 4  # the default retained-fleet cap: the children stay, idle, to be measured
 SCRIPT = "turns:\n  - steps:\n      - reply: done\n"
@@ -167,6 +171,8 @@ def measure(runs: int, spawns: int, log: Callable[[str], None]) -> dict[str, Any
         finally:
             forked.verb("serve", "--stop")
             sandboxed.verb("serve", "--stop")
+    log("ipc round trips against a raw echo")
+    rounds = measure_ipc()
     figures = [
         figure("peek --json", peeks, "python -c pass", floors, "ms"),
         figure("wait --timeout 0", waits, "python -c pass", floors, "ms"),
@@ -181,6 +187,7 @@ def measure(runs: int, spawns: int, log: Callable[[str], None]) -> dict[str, Any
         for name in kinds
         if rss[name]
     ]
+    figures.append(figure("ipc round trips", rounds["ipc"], "raw echo", rounds["raw"], "/s"))
     return {
         "benchmark": "fleet_bench",
         "runs": runs,
@@ -206,10 +213,10 @@ def render(result: dict[str, Any]) -> str:
         rows.append(
             (
                 f["name"],
-                f"{f['value']:.1f} {f['unit']}",
+                f"{f['value']:.1f} {f['unit']}".replace(" /s", "/s"),
                 f"{low:.1f}-{high:.1f}",
                 f["floor_name"],
-                f"{f['floor']:.1f} {f['unit']}",
+                f"{f['floor']:.1f} {f['unit']}".replace(" /s", "/s"),
                 f"{f['ratio']:.2f}x" if f["ratio"] is not None else "-",
             )
         )

@@ -29,7 +29,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
             raise UsageError(f"batch file {args.batch}: must hold a JSON list of tasks")
     else:
         request: dict[str, Any] = {"task": joined(args.task, "the task"), "agent": args.agent}
-        for key in ("mode", "name", "backend", "model", "surface"):
+        for key in ("mode", "name", "backend", "model", "surface", "role"):
             if getattr(args, key):
                 request[key] = getattr(args, key)
         if args.budget:

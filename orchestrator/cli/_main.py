@@ -198,8 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend")
     p.add_argument(
         "--model",
-        help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL[@URL], or a bare name for a CLI "
-        "backend (docs/cli.md)",
+        help="scripted:FILE, openai:MODEL[@URL], anthropic:MODEL[@URL], a bare name for a CLI "
+        "backend, or @ROLE[:EFFORT] (docs/cli.md)",
+    )
+    p.add_argument(
+        "--role", help="a model role of roles.yaml: its first available model, with fallbacks"
     )
     p.add_argument(
         "--command",

@@ -69,6 +69,8 @@ class AgentDefinition:
     description: str
     tools: tuple[str, ...]
     model: str | None = None
+    #: A model role (``model: "@role"`` says the same); see :mod:`orchestrator.core._modelroles`.
+    role: str | None = None
     backend: str = "builtin"
     mode: str
     subagent_agents: tuple[str, ...] = ()
@@ -188,6 +190,7 @@ class _Reader:
             tools=tools,
             # Claude Code's "inherit" is our default: no model of its own.
             model=None if model == "inherit" else model,
+            role=self.role(model),
             backend=self.choice("backend", BACKENDS) or "builtin",
             mode=mode,
             subagent_agents=self.names("subagent_agents", _NAME, "agent name"),
@@ -205,6 +208,16 @@ class _Reader:
         )
         self.check_roles(definition)
         return definition
+
+    def role(self, model: str | None) -> str | None:
+        role = self.text("role")
+        if role is None:
+            return None
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", role):
+            raise self.fail("role", f"{role!r} is not a role name", "write 'role: worker'")
+        if model and model != "inherit":
+            raise self.fail("role", "is given with model", "keep one: role or model")
+        return role
 
     def budget(self) -> Limit | None:
         if self.data.get("budget") is None:

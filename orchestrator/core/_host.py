@@ -29,6 +29,8 @@ from orchestrator.launch._launcher import Launched, Launcher
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from orchestrator.core._terms import RemoteTerms
+
 __all__ = ["RemoteHost", "RunHost", "ServiceHost", "SpawnHost", "SpawnMemory"]
 
 R_contra = TypeVar("R_contra", contravariant=True)
@@ -71,9 +73,10 @@ class RemoteHost(Protocol):
     """What spawning needs for children on other nodes (``core._remote.Remote``)."""
 
     async def fields_for(
-        self, key: str, scratch: "Path", fields: dict[str, Any], *, mode: str = ""
+        self, key: str, scratch: "Path", checkouts: "Path", fields: dict[str, Any]
     ) -> dict[str, Any]: ...
     def certify(self, owner: str, csr: bytes) -> tuple[bytes, bytes]: ...
+    def terms_for(self, key: str, lease_s: float) -> "RemoteTerms": ...
 
 
 class SpawnMemory(Protocol):

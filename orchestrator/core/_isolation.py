@@ -20,7 +20,7 @@ from orchestrator._errors import FleetError
 from orchestrator._records import ChildRecord, State
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._launcher import ShipsBack
-from orchestrator.workspace._bundle import bundle_of, import_bundle
+from orchestrator.workspace._bundle import import_bundle, ship_snapshot
 from orchestrator.workspace._copyback import finalize
 from orchestrator.workspace._git import WorktreeError
 from orchestrator.workspace._review import ReviewStore
@@ -35,6 +35,8 @@ class Worktrees:
     repo: Path
     review: ReviewStore
     snapshots: dict[str, Snapshot] = attrs.Factory(dict)
+    #: The commit a remote child's worktree went out as (its changes must build on it).
+    shipped: dict[str, str] = attrs.Factory(dict)
     # One creation at a time: a batch launches its children together, and two snapshots of
     # one repository at once would race on its worktree administration.
     _creating: trio.Lock = attrs.Factory(trio.Lock)
@@ -52,8 +54,11 @@ class Worktrees:
         return set(self.snapshots)
 
     async def bundle(self, key: str) -> bytes:
-        """*key*'s snapshot as a git bundle, for a child on another node."""
-        return await trio.to_thread.run_sync(bundle_of, self.snapshots[key])
+        """*key*'s snapshot as a git bundle, for a child on another node (the commit its
+        changes must come back on is remembered)."""
+        shipped = await trio.to_thread.run_sync(ship_snapshot, self.snapshots[key])
+        self.shipped[key] = shipped.commit
+        return shipped.bundle
 
     async def settle(
         self, key: str, *, copy_back: bool, shipped: ShipsBack | None = None
@@ -81,7 +86,8 @@ class Worktrees:
                 lost = lost or "the node's changes never came back"
                 return {"remaining": [keep_note], "error": f"copy-back failed: {lost}"}
             try:
-                await trio.to_thread.run_sync(import_bundle, snapshot, returned)
+                base = self.shipped.pop(key, snapshot.commit)
+                await trio.to_thread.run_sync(import_bundle, snapshot, returned, base)
             except WorktreeError as exc:
                 return {"remaining": [keep_note], "error": f"copy-back failed: {exc}"}
         result = await trio.to_thread.run_sync(finalize, snapshot, self.review, key)

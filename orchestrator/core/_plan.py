@@ -17,8 +17,10 @@ from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
+from orchestrator.core._modelroles import choose_role
 from orchestrator.governance._checked import check_schema
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
+from orchestrator.governance._roles import RoleEntry
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for
 
 CHILD_MODES = ("scout", "fork", "worktree")
@@ -41,6 +43,9 @@ class Plan:
     task: str
     surface: str
     loadout_fields: dict[str, Any]
+    #: The model role it runs on ("" for none) and the model it starts on ("" for the CLI's).
+    role: str = ""
+    model_label: str = ""
     #: The JSON Schema its result must satisfy (the spawn's, else its definition's).
     schema: dict[str, Any] | None = None
 
@@ -87,6 +92,7 @@ def plan_spawn(
     definitions: Mapping[str, AgentDefinition],
     config: Config,
     workflow_mode: str,
+    roles: Mapping[str, RoleEntry] | None = None,
 ) -> Plan:
     """Validate *request* against its definition and the policy; no side effects."""
     if not request.task.strip():
@@ -116,7 +122,36 @@ def plan_spawn(
     if "subagent" not in tools and definition.subagent_agents and mode != "scout":
         tools.append("subagent")
     validate_toolset(workflow_mode, definition.name, tools, backend)
-    model_text = request.model or definition.model or config.model
+    choice = None
+    if backend in MODEL_KINDS:
+        choice = choose_role(
+            request_model=request.model,
+            request_role=request.role,
+            definition_model=definition.model,
+            definition_role=definition.role,
+            mode=mode,
+            backend=backend,
+            roles=roles or {},
+        )
+    if choice is None and (request.model or "").startswith("@"):
+        request = attrs.evolve(request, model=None)  # an unassigned role: the current model
+    definition_model = definition.model
+    if definition_model and definition_model.startswith("@"):
+        definition_model = None
+    effort = definition.effort or ""
+    models: list[ipc.ModelChoice] = []
+    if choice is not None:
+        models = [
+            ipc.ModelChoice(
+                spec=c.spec,
+                model=parse_model(c.model_text(backend), config.workspace, backend),
+                effort=c.effort or effort,
+            )
+            for c in choice.candidates
+        ]
+        request = attrs.evolve(request, model=choice.candidates[0].model_text(backend))
+        effort = models[0].effort
+    model_text = request.model or definition_model or config.model
     model = ipc.ModelSpec()
     command: list[str] = []
     if backend == "builtin":
@@ -129,7 +164,7 @@ def plan_spawn(
         model = parse_model(model_text, config.workspace)
     elif backend in MODEL_KINDS:
         # FLEET_MODEL configures the builtin agent; an agent CLI keeps its own default.
-        cli_model = request.model or definition.model
+        cli_model = request.model or definition_model
         model = (
             parse_model(cli_model, config.workspace, backend)
             if cli_model
@@ -149,6 +184,11 @@ def plan_spawn(
         mode=mode,
         task=request.task,
         surface=surface,
+        role=choice.role if choice is not None else "",
+        model_label=models[0].spec
+        if models
+        else (request.model or definition_model or (model_text if backend == "builtin" else ""))
+        or "",
         loadout_fields={
             "backend": backend,
             "model": model,
@@ -159,10 +199,18 @@ def plan_spawn(
             "subagent_agents": list(definition.subagent_agents),
             "ownership": list(definition.ownership),
             "secret_env": list(definition.env),
-            "effort": definition.effort or "",
+            "effort": effort,
+            "models": models,
             "sandbox": policy_for(mode, definition.sandbox),
-            "egress": egress_allowlist(
-                backend, model, named=definition.egress, gateways=config.egress
+            # Every candidate's endpoint: a fallback must be reachable from the sandbox too.
+            "egress": list(
+                dict.fromkeys(
+                    endpoint
+                    for spec in [model, *(m.model for m in models[1:])]
+                    for endpoint in egress_allowlist(
+                        backend, spec, named=definition.egress, gateways=config.egress
+                    )
+                )
             ),
         },
     )

@@ -16,6 +16,7 @@ import attrs
 
 import ipc
 from orchestrator.core._admission import unlink_quietly
+from orchestrator.core._terms import RemoteTerms
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
@@ -33,6 +34,8 @@ class _Attachable(Protocol):
 
     @property
     def loadout(self) -> str: ...
+    @property
+    def terms(self) -> RemoteTerms | None: ...
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None: ...
 
 
@@ -65,11 +68,11 @@ class Remote:
         return self._ca
 
     async def fields_for(
-        self, key: str, scratch: Path, fields: dict[str, Any], *, mode: str = ""
+        self, key: str, scratch: Path, checkouts: Path, fields: dict[str, Any]
     ) -> dict[str, Any]:
         """The loadout fields of remote child *key*: the door's address (opening it), its TLS
-        directory, the door on its egress allowlist, and for a worktree child the checkout its
-        node makes from the snapshot bundle (``scratch/checkout``)."""
+        directory, the door on its egress allowlist, and the checkout its node makes from the
+        workspace's bundle (``checkouts/KEY``)."""
         if self._door is None:
             self._door = TlsDoor(
                 ca=self.ca,
@@ -83,14 +86,15 @@ class Remote:
         address = await self._door.open_for(key, self.nursery)
         host, port = ipc.tls_address(address)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        shipped: dict[str, str] = {}
-        if mode == "worktree":
-            # Made empty here so the sandbox can be planned; the node fills it (and makes it
-            # on a node that does not share this file system).
-            checkout = scratch / "checkout"
-            ipc.ensure_private_dir(scratch)
-            ipc.ensure_private_dir(checkout)
-            shipped["workspace"] = str(checkout)
+        # Every remote child works in its node's checkout of a bundle (beside the session's
+        # worktrees, not in its scratch: a reader's checkout is bound read-only, which a
+        # writable scratch around it would undo): made empty here so the sandbox can be
+        # planned; the node fills it (and makes it on a node that does not share this file
+        # system).
+        checkout = checkouts / key
+        ipc.ensure_private_dir(checkouts)
+        ipc.ensure_private_dir(checkout)
+        shipped = {"workspace": str(checkout)}
         return {
             **fields,
             **shipped,
@@ -104,15 +108,22 @@ class Remote:
         """Sign a node's CSR for *owner* (refused if it names anyone else): leaf and CA PEM."""
         return self.ca.sign(csr, owner), self.ca.certificate_pem
 
+    def terms_for(self, key: str, lease_s: float) -> RemoteTerms:
+        """A remote child's lease and certificate terms, signed by this session's CA."""
+        return RemoteTerms(
+            owner=key, lease_s=lease_s, sign=lambda owner, csr: self.ca.sign(csr, owner)
+        )
+
     def release(self, key: str) -> None:
         if self._door is not None:
             self._door.release(key)
 
-    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
+    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float) -> None:
         run = self.runs.get(channel.owner)
-        if run is None:
+        if run is None or run.terms is None:
             self.refuse("owner", channel.owner, via="tls")
             await channel.aclose("unknown owner")
             return
+        run.terms.vouched(seconds)  # the channel lives no longer than its certificate
         unlink_quietly(run.loadout)
         await run.attach(channel, hello)

@@ -19,9 +19,11 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
+from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
+from orchestrator.core._terms import RemoteTerms
 from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._checkproc import validate_safely
 from orchestrator.governance._diagnostics import FailureKind, RunLog
@@ -71,8 +73,8 @@ class ChildRun:
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
-    #: A remote child's lease (``trio.current_time()``): until then it may still be writing.
-    lease_until: float = 0.0
+    #: A remote child's lease and certificate (:mod:`._terms`); None for a local child.
+    terms: RemoteTerms | None = None
     #: What its backend said a revive resumes it from (a wake uses it).
     resume_id: str = ""
     #: Its result's JSON Schema and the one correction (docs/governance.md "Checked results").
@@ -206,24 +208,12 @@ class ChildRun:
         if isinstance(body, ipc.Ownership):
             return self.take_ownership(body.paths)
         if isinstance(body, ipc.Renew):
-            return self._renew()
+            if self.terms is None:
+                return ipc.Reply(ok=False, error="this child holds no lease")
+            return self.terms.renew(body)
         if isinstance(body, ipc.Event):
             return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
         return None
-
-    def _renew(self) -> ipc.Message:
-        lease = self.card.lease_s if self.card is not None else 0.0
-        if not lease:
-            return ipc.Reply(ok=False, error="this child holds no lease")
-        self.lease_until = trio.current_time() + lease
-        return ipc.Reply(ok=True, data={"lease_s": lease})
-
-    async def _outwait_lease(self) -> None:
-        """Before a remote child's locks go to anyone else: it is confirmed gone, or its lease
-        has run out (so it has stopped writing by itself)."""
-        if self.lease_until and not getattr(self.launched, "confirmed_exit", True):
-            with trio.move_on_at(self.lease_until):
-                await trio.sleep_forever()
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
         """Bind an authenticated connection to this run and serve it until it ends."""
@@ -231,8 +221,10 @@ class ChildRun:
             await channel.aclose("duplicate or late hello")
             return
         self.channel = channel
-        if self.card is not None and self.card.lease_s:
-            self.lease_until = trio.current_time() + self.card.lease_s  # the hello's own
+        if self.terms is not None:
+            self.terms.heard()  # the hello's own lease
+            if self._nursery is not None:
+                self._nursery.start_soon(self.terms.watch_certificate, self._certificate_expired)
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": self.key}))
         self.connected.set()
         self.record.touch("connected")
@@ -307,37 +299,57 @@ class ChildRun:
                 return
             await self._run_prompt(text)
 
-    async def _run_prompt(self, text: str) -> None:
-        record = self.record
-        record.queued = False
+    def _new_turn(self) -> Turn:
         self._turns += 1
         turn = Turn(number=self._turns, side=False)
         self.turn = turn
+        self.record.turn = turn.number
+        return turn
+
+    async def _run_prompt(self, text: str) -> None:
+        record = self.record
+        record.queued = False
+        turn = self._new_turn()
         self.requests.loops.new_prompt()
-        record.turn = turn.number
         try:
             self.watchdog.start_active()
             record.touch("working")
-            try:
-                await self._request(ipc.Prompt(text=text, turn=turn.number))
-                for steer in self._early_steers:
-                    await self._request(ipc.Steer(text=steer))
-            except OperationFailed as exc:
-                if self.channel is not None and self.channel.closed:
-                    # The child is going away: its exit, not this request, classifies it.
-                    await self.done.wait()
+            if not await self._prompt(turn, text, current_model(record)):
+                return
+            # A quota/rate-limit/overload failure: once more, on the role's next model.
+            retry = None if self.finishing else fallback(record, self.card, turn.result)
+            if retry is not None:
+                self.log.write(
+                    f"turn {turn.number} failed on quota; retrying on {record.models[-1]}"
+                )
+                record.touch(f"retrying on {record.models[-1]}")
+                turn = self._new_turn()
+                if not await self._prompt(turn, text, retry):
                     return
-                turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
-                turn.settled.set()
-            finally:
-                self._early_steers.clear()
-            await turn.settled.wait()
         finally:
             self.watchdog.stop_active()
             self._slot.give_back()
             self.turn = None
         await self._check_result(turn)
         self._settled(turn)
+
+    async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
+        """Send *turn*'s prompt and wait for it to settle; ``False``: the child is going away."""
+        try:
+            await self._request(ipc.Prompt(text=text, turn=turn.number, model=model))
+            for steer in self._early_steers:
+                await self._request(ipc.Steer(text=steer))
+        except OperationFailed as exc:
+            if self.channel is not None and self.channel.closed:
+                # The child is going away: its exit, not this request, classifies it.
+                await self.done.wait()
+                return False
+            turn.result = ipc.Settled(turn=turn.number, text="", ok=False, error=str(exc))
+            turn.settled.set()
+        finally:
+            self._early_steers.clear()
+        await turn.settled.wait()
+        return True
 
     async def _wait_connected(self) -> None:
         """Wait for the hello (or the end); refuse when the child ended first."""
@@ -517,6 +529,12 @@ class ChildRun:
         await self.done.wait()
         return self.record.handoff()
 
+    def _certificate_expired(self) -> None:
+        """The channel's certificate ran out unrenewed: the child is cut off."""
+        if self._nursery is not None and not self.finishing:
+            error = "its certificate expired without renewal; the channel was closed"
+            self._nursery.start_soon(self.finish, State.FAILED, "protocol", error)
+
     async def stop_incomplete(self, reason: str) -> None:
         """Stop the child before it finished: the turn is aborted, copy-back runs as for any
         stop, and the handoff's ``incomplete`` says *reason* (one line)."""
@@ -569,7 +587,8 @@ class ChildRun:
             else:
                 self.log.flush()
                 record.touch("stopped")
-            await self._outwait_lease()
+            if self.terms is not None:
+                await self.terms.outwait(bool(getattr(self.launched, "confirmed_exit", True)))
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)

@@ -34,6 +34,7 @@ from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._roles import load_roles
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._kill import MARKER_ENV, run_marker
@@ -49,6 +50,7 @@ from orchestrator.launch._launcher import (
 from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._sandboxing import check_available, place
 from orchestrator.launch._tmux import TmuxLauncher
+from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -98,12 +100,14 @@ class Spawning:
             raise UsageError("spawn: no task given")
         async with self._lock:
             definitions = sup.agents()
+            roles = load_roles(sup.config.home, sup.config.workspace)
             plans = [
                 plan_spawn(
                     request,
                     definitions=definitions,
                     config=sup.config,
                     workflow_mode=sup.mode,
+                    roles=roles,
                 )
                 for request in requests
             ]
@@ -140,6 +144,8 @@ class Spawning:
                     workflow_mode=sup.mode,
                     depth=1 if parent is None else parent.record.depth + 1,
                     parent=None if parent is None else parent.key,
+                    role=plan.role,
+                    models=[plan.model_label] if plan.model_label else [],
                     schema=plan.schema,
                 )
                 sup.registry.add(record)
@@ -199,7 +205,7 @@ class Spawning:
         failures: list[_PrepareError] = []
         fields = [
             await sup.remote.fields_for(
-                record.key, paths.scratch / record.key, loadout_fields, mode=record.mode
+                record.key, paths.scratch / record.key, paths.root / "checkouts", loadout_fields
             )
             if record.surface in REMOTE_SURFACES
             else loadout_fields
@@ -231,6 +237,9 @@ class Spawning:
                 log=prepared[record.key].log,
                 budgets=sup.budgets,
                 declared=tuple(loadout_fields.get("ownership", ())),
+                terms=sup.remote.terms_for(record.key, prepared[record.key].card.lease_s)
+                if record.surface in REMOTE_SURFACES
+                else None,
             )
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
@@ -367,12 +376,17 @@ class Spawning:
         return launched
 
     async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
-        """A worktree child on another node gets its snapshot as a bundle, and brings its
-        changes back as one (:mod:`orchestrator.workspace._bundle`)."""
-        if run.record.surface not in REMOTE_SURFACES or run.record.mode != "worktree":
+        """A child on another node gets the workspace as a bundle: a worktree child its
+        snapshot, bringing its changes back as one; a reader the workspace as it is, read-only
+        (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES:
             return None
-        bundle = await self.sup.worktrees.bundle(run.key)
-        return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        if run.record.mode == "worktree":
+            bundle = await self.sup.worktrees.bundle(run.key)
+            return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        # A reading child gets a read-only checkout of the workspace as it is now.
+        shipped = await trio.to_thread.run_sync(ship_workspace, Path(run.record.workspace))
+        return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery

@@ -46,7 +46,7 @@ _PROVIDER_RE: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 #: The key each provider needs, and the backends that can drive it.
 PROVIDER_KEYS: Final = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BACKEND_PROVIDERS: Final = {
-    "builtin": ("openai", "anthropic"),
+    "builtin": ("openai",),
     "claude": ("anthropic",),
     "codex": ("openai",),
     "pi": ("openai", "anthropic"),
@@ -70,7 +70,7 @@ class Candidate:
 
     def model_text(self, backend: str) -> str:
         """The ``--model`` text fleet's spawn planner takes for *backend*."""
-        if backend == "builtin":
+        if backend == "builtin" or self.base_url:
             url = f"@{self.base_url}" if self.base_url else ""
             return f"{self.provider}:{self.model}{url}"
         if backend == "pi":
@@ -230,32 +230,18 @@ def load_roles(home: Path, cwd: Path) -> dict[str, RoleEntry]:
 
 
 def available(candidate: Candidate, backend: str, env: Mapping[str, str]) -> bool:
-    """The backend can drive the provider and the provider's key is set (non-empty)."""
+    """The backend can drive the provider and the provider's key is set (non-empty); an
+    endpoint of its own (``@base_url``, a local server) needs no key."""
     if candidate.provider not in BACKEND_PROVIDERS.get(backend, ()):
         return False
     key = PROVIDER_KEYS.get(candidate.provider)
-    return bool(key and env.get(key))
+    return bool(candidate.base_url) or bool(key and env.get(key))
 
 
 def first_available(
     candidates: Sequence[Candidate], backend: str, env: Mapping[str, str]
 ) -> Candidate | None:
     return next((c for c in candidates if available(c, backend, env)), None)
-
-
-#: What backends surface for a quota, rate-limit or overload failure (HTTP status or words).
-_RETRYABLE: Final = re.compile(
-    r"\b(429|529)\b|rate[ _-]?limit|usage limit|overloaded|too many requests"
-    r"|insufficient_quota|quota (?:exceeded|reached)|exceeded your (?:current )?quota",
-    re.IGNORECASE,
-)
-
-
-def retryable(error: object, status: int | None = None) -> bool:
-    """A turn's failure is a quota/rate-limit/overload one (worth the next candidate)."""
-    if status in {429, 529}:
-        return True
-    return isinstance(error, str) and _RETRYABLE.search(error) is not None
 
 
 def describe(resolution: Resolution) -> list[dict[str, Any]]:

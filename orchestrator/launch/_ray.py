@@ -121,12 +121,15 @@ class ChildActor:
         self._git("read-tree", "--reset", "-u", self.base)
         os.unlink(source)
         if read_only:
-            for root, dirs, files in os.walk(work_tree):
-                for name in files + dirs:
+            # Its files read-only (the sandbox binds the whole checkout read-only too); the
+            # directories stay removable, so the session's clean-up can delete the checkout.
+            for root, _dirs, files in os.walk(work_tree):
+                for name in files:
                     path = os.path.join(root, name)
                     if not os.path.islink(path):
                         os.chmod(path, os.stat(path).st_mode & ~0o222)
-            os.chmod(work_tree, 0o500)
+            shutil.rmtree(private, ignore_errors=True)  # nothing comes back from a reader
+            self.git_dir = ""
 
     def bring_back(self) -> bytes:
         """Commit what the child left in its work tree on top of the snapshot; the bundle of

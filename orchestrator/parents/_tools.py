@@ -28,6 +28,7 @@ _TASK_PROPS: Final = {
     "name": _STR,
     "backend": {"type": "string", "description": "builtin, claude, codex, pi, command, ..."},
     "model": {"type": "string", "description": "scripted:FILE, openai:MODEL, ... or a CLI's model"},
+    "role": {"type": "string", "description": "a model role of roles.yaml (instead of model)"},
     "budget": {
         "type": "object",
         "description": "lower the child's usage budget (never above the configured one)",

@@ -170,6 +170,13 @@ class SessionCA:
         return context
 
 
+def seconds_left(cert: bytes | x509.Certificate) -> float:
+    """How long a certificate (PEM or parsed) is still valid, in seconds (negative: expired)."""
+    if isinstance(cert, bytes):
+        cert = x509.load_pem_x509_certificate(cert)
+    return (cert.not_valid_after_utc - _now()).total_seconds()
+
+
 def check_peer(ssl_object: ssl.SSLObject | ssl.SSLSocket, session: str, hello_owner: str) -> None:
     """At hello: the verified peer certificate must be bound to the hello's owner."""
     der = ssl_object.getpeercert(binary_form=True)

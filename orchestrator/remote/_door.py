@@ -25,11 +25,13 @@ import trio
 from cryptography import x509
 
 import ipc
-from orchestrator.remote._ca import SessionCA, owner_of
+from orchestrator.remote._ca import SessionCA, owner_of, seconds_left
 
 __all__ = ["TlsDoor"]
 
-Attach = Callable[[ipc.Channel, ipc.Envelope], Awaitable[None]]
+#: ``attach(channel, hello, seconds)``: the channel, its hello, and how long the certificate
+#: that vouched for it is still valid.
+Attach = Callable[[ipc.Channel, ipc.Envelope, float], Awaitable[None]]
 Refuse = Callable[..., None]
 
 
@@ -96,9 +98,10 @@ class TlsDoor:
             await tcp.aclose()
             return
         stream = trio.SSLStream(tcp, self._context, server_side=True)
-        owner = await self._certified_owner(stream)
-        if owner is None:
+        certified = await self._certified_owner(stream)
+        if certified is None:
             return
+        owner, seconds = certified
 
         def lookup(named: str) -> str | None:
             return self.token_for(named) if named == owner else None
@@ -114,10 +117,13 @@ class TlsDoor:
         except ipc.HandshakeError as exc:
             self.refuse(exc.reason, owner, via="tls")
             return
-        await self.attach(channel, hello)
+        await self.attach(channel, hello, seconds)
 
-    async def _certified_owner(self, stream: trio.SSLStream[trio.SocketStream]) -> str | None:
-        """The owner the peer's verified certificate names, after the TLS handshake."""
+    async def _certified_owner(
+        self, stream: trio.SSLStream[trio.SocketStream]
+    ) -> tuple[str, float] | None:
+        """The owner the peer's verified certificate names and the seconds it has left, after
+        the TLS handshake."""
         reason = "tls"
         with trio.move_on_after(self.hello_timeout):
             try:
@@ -127,11 +133,10 @@ class TlsDoor:
                 reason = "certificate" if isinstance(cause, ssl.SSLCertVerificationError) else "tls"
             else:
                 der = stream.getpeercert(binary_form=True)
-                bound = (
-                    owner_of(x509.load_der_x509_certificate(der), self.ca.session) if der else None
-                )
-                if bound:
-                    return bound
+                cert = x509.load_der_x509_certificate(der) if der else None
+                bound = owner_of(cert, self.ca.session) if cert is not None else None
+                if cert is not None and bound:
+                    return bound, seconds_left(cert)
                 reason = "certificate"
         self.refuse(reason, "", via="tls")
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

@@ -20,10 +20,20 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from orchestrator.workspace._git import WorktreeError, git_env, layout_of, neutral_env, run_git
-from orchestrator.workspace._worktree import Snapshot
+import attrs
 
-__all__ = ["MAX_BUNDLE", "bundle_of", "import_bundle"]
+from orchestrator.workspace._git import (
+    GitLayout,
+    WorktreeError,
+    git_env,
+    layout_of,
+    neutral_env,
+    run_git,
+)
+from orchestrator.workspace._worktree import IDENTITY as _IDENTITY
+from orchestrator.workspace._worktree import Snapshot, snapshot_commit
+
+__all__ = ["MAX_BUNDLE", "Shipped", "import_bundle", "ship_snapshot", "ship_workspace"]
 
 #: The largest bundle a node may send back.
 MAX_BUNDLE: Final = 256 * 1024 * 1024
@@ -31,25 +41,71 @@ MAX_BUNDLE: Final = 256 * 1024 * 1024
 _CHECKED = ("-c", "fetch.fsckObjects=true", "-c", "transfer.fsckObjects=true")
 
 
-def bundle_of(snapshot: Snapshot) -> bytes:
-    """The snapshot commit (and its history) as a bundle whose one head is ``HEAD``."""
-    op = f"bundle {snapshot.worktree}"
-    with tempfile.TemporaryDirectory(prefix="fleet-bundle-") as tmp:
-        path = Path(tmp) / "out.bundle"
+@attrs.frozen(kw_only=True)
+class Shipped:
+    """What went to a node: the bundle, and the commit in it the node's changes must build on
+    (the snapshot's tree with no history, so the bundle carries one tree, not the project's
+    whole past)."""
+
+    bundle: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    commit: str
+
+
+def ship_snapshot(snapshot: Snapshot) -> Shipped:
+    """A worktree child's snapshot, for its node."""
+    return _ship(layout_of(snapshot.worktree, f"bundle {snapshot.worktree}"), snapshot.commit)
+
+
+def ship_workspace(repo: Path) -> Shipped:
+    """The workspace containing *repo* as it is now (uncommitted and untracked changes
+    included, as a worktree snapshot takes them), for a reading child's node. Nothing of the
+    repository changes: no ref, no index; the new objects are unreachable, for ``git gc``."""
+    op = f"snapshot {repo}"
+    layout = layout_of(repo, op)
+    return _ship(layout, snapshot_commit(layout, op))
+
+
+def _ship(layout: GitLayout, commit: str) -> Shipped:
+    op = f"bundle {layout.root}"
+    env = git_env() | _IDENTITY
+    tree = run_git(["rev-parse", f"{commit}^{{tree}}"], cwd=layout.root, env=env, op=op)
+    shipped = (
         run_git(
-            ["bundle", "create", "-q", str(path), "HEAD"],
-            cwd=snapshot.worktree,
-            env=git_env(),
+            [
+                "commit-tree",
+                "--no-gpg-sign",
+                "-m",
+                "fleet: a snapshot for a node",
+                tree.decode().strip(),
+            ],
+            cwd=layout.root,
+            env=env,
             op=op,
         )
-        return path.read_bytes()
+        .decode()
+        .strip()
+    )
+    with tempfile.TemporaryDirectory(prefix="fleet-bundle-") as tmp:
+        # A bare shelf borrowing the repository's objects: a ref for the bundle to name,
+        # outside the user's repository.
+        shelf = Path(tmp) / "shelf.git"
+        fmt = f"--object-format={layout.object_format}"
+        run_git(["init", "-q", "--bare", fmt, str(shelf)], cwd=Path(tmp), env=git_env(), op=op)
+        (shelf / "objects" / "info" / "alternates").write_text(f"{layout.objects}\n")
+        shelf_env = git_env() | {"GIT_DIR": str(shelf)}
+        run_git(["update-ref", "refs/heads/snapshot", shipped], cwd=shelf, env=shelf_env, op=op)
+        run_git(["symbolic-ref", "HEAD", "refs/heads/snapshot"], cwd=shelf, env=shelf_env, op=op)
+        path = Path(tmp) / "out.bundle"
+        run_git(["bundle", "create", "-q", str(path), "HEAD"], cwd=shelf, env=shelf_env, op=op)
+        return Shipped(bundle=path.read_bytes(), commit=shipped)
 
 
-def import_bundle(snapshot: Snapshot, data: bytes) -> str:
+def import_bundle(snapshot: Snapshot, data: bytes, base: str) -> str:
     """Check the node's *data* out into *snapshot*'s worktree; the commit it carried.
 
     Raises :class:`WorktreeError` (one line, the worktree untouched) for a bundle that is too
-    big, is not a bundle, does not build on the snapshot, or fails Git's object checks.
+    big, is not a bundle, does not build on the commit shipped to the node (*base*), or fails
+    Git's object checks.
     """
     op = f"import the changes of {snapshot.worktree}"
     if len(data) > MAX_BUNDLE:
@@ -64,9 +120,9 @@ def import_bundle(snapshot: Snapshot, data: bytes) -> str:
         path = Path(tmp) / "back.bundle"
         path.write_bytes(data)
         prerequisites, heads = _header(path, op)
-        if prerequisites != [f"-{snapshot.commit}"] or len(heads) != 1:
+        if prerequisites != [f"-{base}"] or len(heads) != 1:
             raise WorktreeError(
-                f"{op}: the bundle must build on the snapshot {snapshot.commit[:12]} alone and "
+                f"{op}: the bundle must build on the snapshot {base[:12]} alone and "
                 "carry one head; the worktree is left as the snapshot",
                 path=cwd,
             )
@@ -76,7 +132,7 @@ def import_bundle(snapshot: Snapshot, data: bytes) -> str:
         )
         commit = head[0]
         parent = run_git(["rev-parse", "--verify", f"{commit}^1"], cwd=cwd, env=env, op=op)
-        if parent.decode().strip() != snapshot.commit:
+        if parent.decode().strip() != base:
             raise WorktreeError(
                 f"{op}: the node's commit does not sit on the snapshot; the worktree is left "
                 "as the snapshot",

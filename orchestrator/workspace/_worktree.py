@@ -48,11 +48,18 @@ if TYPE_CHECKING:
 
 # WorktreeError is raised here and caught by callers of create_worktree; it lives in _git
 # because run_git raises it too.
-__all__ = ["Snapshot", "WorktreeError", "create_worktree", "remove_worktree"]
+__all__ = [
+    "IDENTITY",
+    "Snapshot",
+    "WorktreeError",
+    "create_worktree",
+    "remove_worktree",
+    "snapshot_commit",
+]
 
 _CONVERTING = ("text", "eol", "crlf", "ident", "filter", "working-tree-encoding")
 # The snapshot commit is internal bookkeeping: a fixed identity, no signature.
-_IDENTITY = {
+IDENTITY = {
     "GIT_AUTHOR_NAME": "fleet",
     "GIT_AUTHOR_EMAIL": "fleet@localhost",
     "GIT_COMMITTER_NAME": "fleet",
@@ -233,10 +240,17 @@ def _snapshot_commit(layout: GitLayout, op: str) -> str:
     out = run_git(
         ["commit-tree", "--no-gpg-sign", *parents, "-m", f"fleet snapshot of {layout.root}", tree],
         cwd=cwd,
-        env=git_env() | _IDENTITY,
+        env=git_env() | IDENTITY,
         op=op,
     )
     return out.decode().strip()
+
+
+def snapshot_commit(layout: GitLayout, op: str) -> str:
+    """The workspace of *layout* as one commit (on ``HEAD``; changes and untracked files
+    included), written with a private index: the repository's own index, refs and files are
+    untouched."""
+    return _snapshot_commit(layout, op)
 
 
 def create_worktree(repo: Path, dest: Path) -> Snapshot:

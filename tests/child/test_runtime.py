@@ -98,3 +98,13 @@ async def test_every_event_of_a_turn_arrives_before_its_settled(monkeypatch):
 async def test_a_storm_of_events_drops_shown_activity_but_never_a_tool_start(monkeypatch):
     received = await one_turn(monkeypatch, storm=True)
     assert received == [*(str(n) for n in range(0, STORM, 7)), "settled"]
+
+
+def test_usage_after_a_fallback_restart_adds_what_the_replaced_backend_spent():
+    before = ipc.Usage(tokens=120, input_tokens=100, output_tokens=20, cost_usd=0.5)
+    now = ipc.Usage(tokens=30, input_tokens=20, output_tokens=5, cache_read_tokens=5, model="b")
+    total = _runtime.added(before, now)
+    assert (total.tokens, total.input_tokens, total.output_tokens) == (150, 120, 25)
+    assert (total.cache_read_tokens, total.cost_usd, total.model) == (5, 0.5, "b")
+    assert _runtime.added(None, now) is now
+    assert _runtime.added(ipc.Usage(tokens=1), now).cost_usd is None

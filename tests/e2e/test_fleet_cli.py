@@ -448,3 +448,31 @@ def test_a_repository_with_its_own_orchestrator_and_child_packages_runs_fleet_no
     assert result.returncode == 0, result.stderr
     [note] = json.loads(result.stdout)["settled"]
     assert note["report"].startswith("## Summary\nalpha -> ")
+
+
+def test_spawn_role_runs_the_project_role_and_falls_back_on_a_429(fleet):
+    from tests.fakes.model_server import ModelServer  # noqa: PLC0415
+
+    with ModelServer() as srv:
+        base = f"{srv.base_url('c1')}/v1"
+        # The global role points nowhere; the project's wins per role.
+        (fleet.home / "roles.yaml").write_text("roles: {worker: openai/m@http://127.0.0.1:9/v1}\n")
+        (fleet.repo / ".fleet").mkdir(exist_ok=True)
+        (fleet.repo / ".fleet" / "roles.yaml").write_text(
+            f"roles:\n  worker:\n    model: openai/primary@{base}\n"
+            f"    fallbacks: [openai/spare@{base}]\n"
+        )
+        srv.script("c1", [{"status": 429, "body": "slow down"}] * 3 + [{"text": "spared"}])
+        result = fleet.run("spawn", "--role", "worker", "--wait", "go", "--json", timeout=90)
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        [note] = json.loads(result.stdout)["settled"]
+        [agent] = fleet.json("peek", note["key"])["agents"]
+        handoff = fleet.json("stop", note["key"])
+        models = [r.body["model"] for r in srv.requests("c1") if r.api is not None]
+    assert note["report"] == "spared"
+    assert models == ["primary"] * 3 + ["spare"]
+    assert agent["models"] == [f"openai/primary@{base}", f"openai/spare@{base}"]
+    assert json.dumps(handoff).count("openai/spare@") == 1
+    bad = fleet.run("spawn", "--role", "nope", "x")
+    assert bad.returncode == 2
+    assert "no model role 'nope' is configured (known: worker)" in bad.stderr

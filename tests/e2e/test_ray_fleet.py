@@ -84,6 +84,10 @@ def test_children_on_the_cluster_report_back(fleet):
         assert "The answer is 42." in note["report"], note
     peek = fleet.json("peek")["agents"]
     assert {a["surface"] for a in peek} == {"ray"}
+    # Each read its node's read-only checkout of the workspace, not the workspace itself.
+    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
+    assert (checkout / "README.md").read_text() == (fleet.repo / "README.md").read_text()
+    assert not (checkout / "README.md").stat().st_mode & 0o222
     # The sandbox applies on the node as it does locally (bwrap is installed here).
     assert all(a["sandboxed"] for a in peek), peek
     # Each dialled back over mutual TLS: its node made the key (the child dropped the file once
@@ -123,7 +127,7 @@ def test_a_workers_changes_come_back_from_its_node_and_apply(fleet):
     assert note["error"] == "", note
     # The child worked in the node's checkout of the snapshot bundle, not the local worktree.
     worktree = fleet.home / "sessions" / "t" / "worktrees" / "a1"
-    checkout = fleet.home / "sessions" / "t" / "scratch" / "a1" / "checkout"
+    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
     assert (checkout / "NOTES.md").read_text() == "written on a node\n"
     assert not (checkout / ".git").exists()  # its Git dir is the node's, out of its view
     assert not (worktree / "NOTES.md").exists()

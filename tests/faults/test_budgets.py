@@ -44,7 +44,7 @@ def steers_seen(request: Any) -> int:
 async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults) -> None:
     async with ModelServer() as srv:
         # The first step's usage (100 in, 20 out) passes the soft limit; the second answer is
-        # held a second, so the steer is in before the third request.
+        # held a second, so the steer is in by the third request at the latest.
         srv.script("c1", [READ, {**READ, "delay": 1}, {"text": "done"}, {"text": "again"}])
         model = f"openai:fake-model@{srv.base_url('c1')}/v1"
         budget = {"child": {"soft_tokens": 100, "hard_tokens": 10_000}}
@@ -60,11 +60,9 @@ async def test_the_soft_limit_steers_the_child_once_and_tells_the_parent(faults)
                 notes = budget_notes(sup, record.key)
                 await sup.stop([record.key])
         requests = srv.requests("c1")
-    # The steer reaches the model once, at the first request after the usage that passed the
-    # limit (the second or the third, as the events race the next step), and stays in context.
+    # Steered once: in the conversation from the second or third request on, never twice.
     seen = [steers_seen(r) for r in requests]
-    assert (seen[0], seen[-1]) == (0, 1), seen
-    assert seen == sorted(seen), seen
+    assert seen in ([0, 1, 1, 1], [0, 0, 1, 1]), seen
     assert (record.report, len(notes)) == ("again", 1)
     assert note["budget"]["scope"] == "child"
     assert note["budget"]["level"] == "soft"
@@ -299,6 +297,8 @@ async def test_a_spent_session_starts_no_wake_turn(faults) -> None:
                 await settled_state(sup, record.key, frozenset({State.IDLE}))
                 # The watch fires 0.5 s in: without a budget it wakes the child for a turn.
                 with trio.move_on_after(3):
-                    await Faults.until(lambda: record.turn == 2)  # noqa: B023 - awaited here
+                    await Faults.until(
+                        lambda: record.turn == 2 and record.state is State.IDLE  # noqa: B023
+                    )
                 assert (record.turn, record.state) == (turns, State.IDLE)
                 await sup.stop([record.key])

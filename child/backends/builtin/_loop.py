@@ -33,8 +33,8 @@ _ARG_PREVIEW = 80
 _WAKE_TEXT = 200
 
 
-def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
-    """The model a loadout names."""
+def make_model(spec: ipc.ModelSpec, workspace: Path, effort: str = "") -> Model:
+    """The model a loadout names (*effort*: the loadout's, for a model that has one)."""
     if spec.kind == "scripted":
         from child.backends.builtin._scripted import ScriptedModel  # noqa: PLC0415 - YAML only when it is used
 
@@ -43,7 +43,7 @@ def make_model(spec: ipc.ModelSpec, workspace: Path) -> Model:
     if spec.kind == "openai":
         from child.backends.builtin._openai import OpenAIModel  # noqa: PLC0415 - httpx only when it is used
 
-        return OpenAIModel.from_spec(spec)
+        return OpenAIModel.from_spec(spec, effort=effort)
     raise ModelError(f"model kind {spec.kind!r} is not known (use scripted or openai)")
 
 
@@ -131,7 +131,7 @@ class BuiltinBackend:
         if transcript is not None and loadout.restarted:
             messages = load_transcript(transcript)
         return cls(
-            model=make_model(loadout.model, workspace),
+            model=make_model(loadout.model, workspace, loadout.effort),
             tools=tools,
             host=host,
             ctx=ctx,
@@ -167,8 +167,8 @@ class BuiltinBackend:
         try:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
-        except OSError as exc:  # a full disk costs the revive, never the turn
-            why = exc.strerror or str(exc)
+        except (OSError, ipc.LoadoutError) as exc:  # a full disk costs the revive, not the turn
+            why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
 
     async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
@@ -277,6 +277,11 @@ class BuiltinBackend:
             self._scope.cancel()
         else:
             self._abort_pending = True
+
+    async def switch_model(self, loadout: ipc.Loadout) -> None:
+        """Go on with *loadout*'s model (a role's fallback), keeping the conversation."""
+        old, self.model = self.model, make_model(loadout.model, self.ctx.workspace, loadout.effort)
+        await old.aclose()
 
     async def aclose(self) -> None:
         shell = self.tools.get("shell")

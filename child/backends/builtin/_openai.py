@@ -37,6 +37,14 @@ BACKOFF: Final = 0.5
 MAX_BACKOFF: Final = 8.0
 MAX_RETRY_AFTER: Final = 30.0
 _RETRIED: Final = frozenset({408, 409, 429})
+#: Our effort words as chat completions' ``reasoning_effort`` ("off": not sent).
+REASONING_EFFORTS: Final = {
+    "minimal": "minimal",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+}
 
 
 class ModelHttpError(ModelError):
@@ -142,13 +150,20 @@ class OpenAIModel:
     stall: float = attrs.Factory(stall_seconds)
     retries: int = RETRIES
     backoff: float = BACKOFF
+    #: ``reasoning_effort`` sent with every request ("": none, the endpoint's default).
+    effort: str = ""
     _client: httpx.AsyncClient | None = None
 
     @classmethod
-    def from_spec(cls, spec: ipc.ModelSpec) -> "OpenAIModel":
+    def from_spec(cls, spec: ipc.ModelSpec, *, effort: str = "") -> "OpenAIModel":
         if not spec.base_url or not spec.name:
             raise ModelError("openai model: needs a base URL and a model name (openai:MODEL@URL)")
-        return cls(base_url=spec.base_url.rstrip("/"), name=spec.name, api_key_env=spec.api_key_env)
+        return cls(
+            base_url=spec.base_url.rstrip("/"),
+            name=spec.name,
+            api_key_env=spec.api_key_env,
+            effort=REASONING_EFFORTS.get(effort, ""),
+        )
 
     @property
     def url(self) -> str:
@@ -170,6 +185,8 @@ class OpenAIModel:
         }
         if ctx.tools:
             body["tools"] = list(ctx.tools)
+        if self.effort:
+            body["reasoning_effort"] = self.effort
         return body
 
     async def step(self, ctx: StepContext) -> ModelStep:

@@ -7,11 +7,11 @@ transcript or this one's, never a torn one. A revived child (``restarted`` in it
 starts from it; a transcript that is missing or not a conversation is refused in one line.
 """
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Final
+
+import ipc
 
 __all__ = ["TRANSCRIPT_VERSION", "TranscriptError", "load_transcript", "save_transcript"]
 
@@ -25,22 +25,7 @@ class TranscriptError(Exception):
 def save_transcript(path: Path, messages: list[dict[str, Any]]) -> None:
     """Replace *path* with *messages*, atomically (blocking: call it from a thread)."""
     data = json.dumps({"version": TRANSCRIPT_VERSION, "messages": messages}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
+    ipc.write_private(path, data)  # the scratch is ours and 0700: the loadout's own writer
 
 
 def load_transcript(path: Path) -> list[dict[str, Any]]:

@@ -153,6 +153,13 @@ def test_tools_map_to_claude_code_built_ins(tmp_path):
     assert argv[argv.index("--model") + 1] == "claude-fake"
     scout = claude_argv("claude", claude_loadout(tmp_path, "http://x"), dirs)
     assert scout[scout.index("--permission-mode") + 1] == "default"
+    assert "--effort" not in scout
+    for ours, theirs in [("minimal", "low"), ("high", "high"), ("xhigh", "xhigh")]:
+        argv = claude_argv("claude", claude_loadout(tmp_path, "http://x", effort=ours), dirs)
+        assert argv[argv.index("--effort") + 1] == theirs
+    assert "--effort" not in claude_argv(
+        "claude", claude_loadout(tmp_path, "x", effort="off"), dirs
+    )
 
 
 async def test_ask_parent_reaches_the_parent_through_our_mcp_server(tmp_path):

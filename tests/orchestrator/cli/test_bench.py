@@ -15,6 +15,7 @@ NAMES = {
     "spawn→settled, sandboxed",
     "idle child RSS, forked",
     "idle child RSS, sandboxed",
+    "ipc round trips",
 }
 
 
@@ -42,7 +43,7 @@ def test_bench_json_has_every_figure_beside_its_floor(tmp_path):
         assert f["ratio"] == pytest.approx(f["value"] / f["floor"], rel=0.02)
         low, high = f["spread"]
         assert low <= f["value"] <= high
-        assert f["unit"] in {"ms", "MB"}
+        assert f["unit"] in {"ms", "MB", "/s"}
         assert f["floor_name"]
 
 

@@ -229,7 +229,10 @@ def test_no_files_means_no_roles(tmp_path: Path) -> None:
 def test_first_available_needs_backend_and_key() -> None:
     cands = [_c(A, "opus"), _c(OAI, "gpt-5", "low")]
     assert first_available(cands, "builtin", {"OPENAI_API_KEY": "k"}) == cands[1]
-    assert first_available(cands, "builtin", {"ANTHROPIC_API_KEY": "k"}) == cands[0]
+    assert first_available(cands, "builtin", {"ANTHROPIC_API_KEY": "k"}) is None
+    assert first_available(cands, "pi", {"ANTHROPIC_API_KEY": "k"}) == cands[0]
+    local = Candidate(provider=OAI, model="m", base_url="http://h/v1")
+    assert first_available([local], "codex", {}) == local
     assert first_available(cands, "claude", {"OPENAI_API_KEY": "k"}) is None
     assert first_available(cands, "codex", {"OPENAI_API_KEY": ""}) is None
     assert first_available(cands, "codex", {"OPENAI_API_KEY": "k"}) == cands[1]
@@ -238,28 +241,11 @@ def test_first_available_needs_backend_and_key() -> None:
 def test_model_text_per_backend() -> None:
     c = Candidate(provider=OAI, model="m", base_url="http://127.0.0.1:9/v1")
     assert c.model_text("builtin") == "openai:m@http://127.0.0.1:9/v1"
-    assert c.model_text("pi") == "openai/m"
-    assert c.model_text("codex") == "m"
-
-
-@pytest.mark.parametrize(
-    ("error", "status", "expected"),
-    [
-        ("HTTP 429 Too Many Requests", None, True),
-        ("Claude AI usage limit reached|1767225600", None, True),
-        ('API Error: 529 {"type":"overloaded_error"}', None, True),
-        ("Overloaded", None, True),
-        ("You exceeded your current quota (insufficient_quota)", None, True),
-        ("Rate limit reached for gpt-5", None, True),
-        ("", 429, True),
-        ("", 529, True),
-        ("model returned invalid JSON", 500, False),
-        ("no such file 4290.txt", None, False),
-        (None, None, False),
-    ],
-)
-def test_retryable_classification(error: object, status: int | None, expected: bool) -> None:
-    assert _roles.retryable(error, status) is expected
+    assert c.model_text("pi") == "openai:m@http://127.0.0.1:9/v1"
+    assert c.model_text("codex") == "openai:m@http://127.0.0.1:9/v1"
+    vendor = Candidate(provider=OAI, model="m")
+    assert vendor.model_text("pi") == "openai/m"
+    assert vendor.model_text("codex") == "m"
 
 
 def test_efforts_match_agent_definitions() -> None:

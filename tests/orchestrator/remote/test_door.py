@@ -33,7 +33,7 @@ class Fleet:
     def token_for(self, owner: str) -> str | None:
         return self.pending.get(owner)
 
-    async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:
+    async def attach(self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float) -> None:
         self.pending.pop(channel.owner, None)  # a token is good for one launch
         self.attached.append(channel.owner)
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": channel.owner}))

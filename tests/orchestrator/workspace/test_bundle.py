@@ -1,6 +1,6 @@
 """Workspaces as git bundles, both ways, with real Git: the node side is the Ray actor's own
 code (``ChildActor.receive`` / ``bring_back``) run in this process, the supervisor side
-``bundle_of`` / ``import_bundle`` followed by the ordinary copy-back. A node's answer is
+``ship_snapshot`` / ``import_bundle`` followed by the ordinary copy-back. A node's answer is
 hostile input: each malformed or malicious bundle is one line and leaves the worktree as the
 snapshot."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.launch._ray import ChildActor
 from orchestrator.workspace import _bundle
-from orchestrator.workspace._bundle import bundle_of, import_bundle
+from orchestrator.workspace._bundle import import_bundle, ship_snapshot, ship_workspace
 from orchestrator.workspace._copyback import finalize
 from orchestrator.workspace._git import WorktreeError
 from orchestrator.workspace._review import ReviewStore
@@ -46,22 +46,28 @@ def snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Snapshot:
     return create_worktree(repo, tmp_path / "worktree")
 
 
-def ship(snapshot: Snapshot, node: Path, *, read_only: bool = False) -> ChildActor:
+def ship(snapshot: Snapshot, node: Path, *, read_only: bool = False) -> tuple[ChildActor, str]:
     actor = ChildActor()
-    actor.receive(bundle_of(snapshot), str(node), read_only)
-    return actor
+    shipped = ship_snapshot(snapshot)
+    actor.receive(shipped.bundle, str(node), read_only)
+    return actor, shipped.commit
 
 
 def test_changes_made_on_the_node_come_back_and_apply(snapshot: Snapshot, tmp_path: Path) -> None:
     node = tmp_path / "node"
-    actor = ship(snapshot, node)
+    actor, base = ship(snapshot, node)
     assert (node / "src" / "app.py").read_text() == "def main():\n    return 42\n"
     assert not (node / ".git").exists()  # the Git dir is the actor's, out of the child's view
     write(node / "src" / "app.py", "def main():\n    return 43\n")
     write(node / "NOTES.md", "new on the node\n")
     (node / "old.txt").unlink()
-    commit = import_bundle(snapshot, actor.bring_back())
-    assert git(snapshot.worktree, "rev-parse", f"{commit}^1") == snapshot.commit
+    commit = import_bundle(snapshot, actor.bring_back(), base)
+    assert git(snapshot.worktree, "rev-parse", f"{commit}^1") == base
+    # The node got one tree, not the project's history.
+    assert git(snapshot.worktree, "rev-parse", f"{base}^{{tree}}") == git(
+        snapshot.worktree, "rev-parse", f"{snapshot.commit}^{{tree}}"
+    )
+    assert git(snapshot.worktree, "rev-list", "--count", base) == "1"
     result = finalize(snapshot, ReviewStore(tmp_path / "review"), "a1")
     assert result.error == ""
     assert sorted(result.applied) == ["NOTES.md", "old.txt", "src/app.py"]
@@ -74,7 +80,7 @@ def test_nothing_the_child_plants_runs_when_the_node_commits(
     snapshot: Snapshot, tmp_path: Path
 ) -> None:
     node = tmp_path / "node"
-    actor = ship(snapshot, node)
+    actor, base = ship(snapshot, node)
     marker = tmp_path / "pwned"
     hook = f"#!/bin/sh\ntouch {marker}\n"
     for name in ("pre-commit", "post-commit", "pre-auto-gc", "fsmonitor-watchman"):
@@ -84,7 +90,7 @@ def test_nothing_the_child_plants_runs_when_the_node_commits(
     write(node / "src" / "app.py", "changed\n")
     data = actor.bring_back()
     assert not marker.exists()
-    import_bundle(snapshot, data)
+    import_bundle(snapshot, data, base)
     assert not marker.exists()
     listed = git(snapshot.worktree, "ls-files")
     assert ".git/config" not in listed
@@ -96,11 +102,28 @@ def test_a_read_only_child_gets_a_read_only_checkout(snapshot: Snapshot, tmp_pat
     ship(snapshot, node, read_only=True)
     for path in (node / "src" / "app.py", node / "README.md"):
         assert not os.stat(path).st_mode & 0o222, path
-    os.chmod(node, 0o700)  # let pytest clean up
+
+
+def test_a_readers_checkout_is_the_workspace_as_it_is_now(
+    snapshot: Snapshot, tmp_path: Path
+) -> None:
+    # Uncommitted and untracked work included, the repository itself untouched.
+    write(snapshot.repo / "README.md", "# edited, not committed\n")
+    write(snapshot.repo / "draft.txt", "untracked\n")
+    before = git(snapshot.repo, "status", "--porcelain")
+    refs = git(snapshot.repo, "for-each-ref")
+    node = tmp_path / "reader"
+    ChildActor().receive(ship_workspace(snapshot.repo).bundle, str(node), read_only=True)
+    assert (node / "README.md").read_text() == "# edited, not committed\n"
+    assert (node / "draft.txt").read_text() == "untracked\n"
+    assert not os.stat(node / "draft.txt").st_mode & 0o222
+    assert git(snapshot.repo, "status", "--porcelain") == before
+    assert git(snapshot.repo, "for-each-ref") == refs
 
 
 def hostile(snapshot: Snapshot, tmp_path: Path, entries: bytes) -> bytes:
-    """A bundle on top of the snapshot whose tree is *entries* (``git mktree`` input)."""
+    """A bundle on top of the snapshot whose tree is *entries* (``git mktree`` input); the
+    tests pass the snapshot itself as the base it must build on."""
     forge = tmp_path / "forge"
     git(tmp_path, "clone", "-q", "--no-checkout", str(snapshot.repo), str(forge))
     git(forge, "fetch", "-q", str(snapshot.repo), snapshot.commit)
@@ -154,7 +177,7 @@ def test_a_bundle_with_a_dot_git_or_dotdot_entry_is_refused(
     )
     data = hostile(snapshot, tmp_path, f"040000 tree {inner}\t{name}\n".encode())
     with pytest.raises(WorktreeError, match="forbidden path"):
-        import_bundle(snapshot, data)
+        import_bundle(snapshot, data, snapshot.commit)
     assert (snapshot.worktree / "src" / "app.py").read_text() == "def main():\n    return 42\n"
     assert not (snapshot.worktree / name / "config").exists()
 
@@ -163,11 +186,11 @@ def test_malformed_answers_are_one_line_and_touch_nothing(
     snapshot: Snapshot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(WorktreeError, match="is not a git bundle"):
-        import_bundle(snapshot, b"junk\n")
+        import_bundle(snapshot, b"junk\n", snapshot.commit)
     # A bundle that does not build on the snapshot (here: the snapshot itself, no prerequisite).
     with pytest.raises(WorktreeError, match="must build on the snapshot"):
-        import_bundle(snapshot, bundle_of(snapshot))
+        import_bundle(snapshot, ship_snapshot(snapshot).bundle, snapshot.commit)
     monkeypatch.setattr(_bundle, "MAX_BUNDLE", 10)
     with pytest.raises(WorktreeError, match="over the 10-byte cap"):
-        import_bundle(snapshot, b"# v2 git bundle\n" + b"x" * 100)
+        import_bundle(snapshot, b"# v2 git bundle\n" + b"x" * 100, snapshot.commit)
     assert git(snapshot.worktree, "status", "--porcelain") == ""

@@ -262,3 +262,18 @@ def test_server_message_prefers_the_json_error_and_stays_one_line():
     assert server_message(b'{"error": {"message": "bad\\nthing"}}') == "bad thing"
     assert server_message(b"plain\ntext") == "plain text"
     assert server_message(b"") == "(empty body)"
+
+
+@pytest.mark.parametrize(("effort", "sent"), [("", None), ("off", None), ("xhigh", "high")])
+async def test_the_loadout_effort_is_sent_as_reasoning_effort(effort, sent):
+    async with ModelServer() as srv:
+        srv.script("a", [{"text": "ok"}])
+        spec = ipc.ModelSpec(kind="openai", name="m", base_url=f"{srv.base_url('a')}/v1")
+        model = OpenAIModel.from_spec(spec, effort=effort)
+        try:
+            with trio.fail_after(10):
+                await model.step(context())
+        finally:
+            await model.aclose()
+        [request] = srv.requests("a")
+    assert request.body.get("reasoning_effort") == sent
