@@ -26,7 +26,8 @@ import ipc
 from orchestrator._errors import FleetError, Refused, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator.core._isolation import settle_worktree
-from orchestrator.core._revive import Revival, launch_again, why_not
+from orchestrator.core._remote import REMOTE_SURFACES
+from orchestrator.core._revive import REVIVABLE, Revival, launch_again, why_not
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -51,6 +52,9 @@ __all__ = ["Hibernation"]
 
 #: How often idle children are looked at, and a full cap is looked at again (seconds).
 POLL: Final = 0.05
+#: How long after a failed check a child's backend is looked at again (a CLI may write its
+#: session file a moment after its turn ended).
+RECHECK: Final = 1.0
 
 
 @attrs.define(eq=False)
@@ -71,6 +75,7 @@ class Hibernation:
     #: Each live child's loadout fields, as spawned (what a wake launches it with).
     _fields: dict[str, dict[str, Any]] = attrs.Factory(dict)
     _idle_since: dict[str, float] = attrs.Factory(dict)
+    _recheck_at: dict[str, float] = attrs.Factory(dict)
     #: Children an ``ask`` or a queued prompt is about to use: not put to sleep meanwhile.
     _holds: dict[str, int] = attrs.Factory(dict)
     _waking: dict[str, trio.Event] = attrs.Factory(dict)
@@ -111,6 +116,10 @@ class Hibernation:
             return False
         if record.parent is not None or run.key not in self._fields:
             return False  # a nested child's parent waits on its run
+        if record.backend not in REVIVABLE or record.surface in REMOTE_SURFACES:
+            return False
+        if trio.current_time() < self._recheck_at.get(run.key, 0.0):
+            return False
         records = self.sup.registry.records.values()
         asked = any(q.key == run.key for q in self.sup.questions.values())
         return not asked and not any(r.parent == run.key for r in records)
@@ -165,9 +174,8 @@ class Hibernation:
         if not self._could_sleep(run):
             return False
         revival = self._revival(run)
-        if revival is None:
-            self._idle_since.pop(run.key, None)
-            self._fields.pop(run.key, None)  # its backend cannot resume it: never looked at again
+        if revival is None:  # its session is not (yet) where a resume reads it
+            self._recheck_at[run.key] = trio.current_time() + RECHECK
             return False
         sup, record = self.sup, run.record
         run.finishing = True  # every other ending leaves it alone from now on
@@ -326,6 +334,7 @@ class Hibernation:
         """*key*'s run ended for good (its loadout fields are no longer needed)."""
         self._fields.pop(key, None)
         self._idle_since.pop(key, None)
+        self._recheck_at.pop(key, None)
         ended = self._ended.pop(key, None)
         if ended is not None:
             ended.set()

@@ -4,8 +4,8 @@ Real builtin children against the loopback scripted model server, under a real s
 ``hibernate_after_s: 0`` and a live cap of 4: forty children each answer a first task and
 hibernate (no process left), each is then asked a follow-up question, and each answers with its
 own conversation (the model server sees each child's first turn in its second request). A
-real Pi child, driven through the ``fleet`` CLI, hibernates and wakes for an ``ask`` with its
-session file.
+real Pi child and a real Claude Code child, driven through the ``fleet`` CLI, hibernate and wake
+with their sessions.
 """
 
 import contextlib
@@ -275,3 +275,35 @@ def test_a_supervisor_that_dies_with_hibernated_children_leaves_them_revivable(f
         texts = [str(m.get("content")) for m in srv.requests("c1")[-1].body["messages"]]
         assert texts[1:3] == ["turn one", "first"], texts
         _cli_json(faults, "stop", "a1")
+
+
+@pytest.mark.needs("claude")
+def test_a_claude_child_hibernates_and_wakes_with_its_session(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_CLAUDE_BIN", str(NPM_BIN / "claude"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-scripted")
+    (faults.home / "config.yaml").write_text("subagents:\n  hibernate_after_s: 0\n")
+    with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nfirst"}, {"text": "## Summary\nsecond"}])
+        model = f"anthropic:claude-fake@{srv.base_url('c1')}"
+        _cli_json(faults, "spawn", "--backend", "claude", "--model", model, "turn one")
+        assert _cli_json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
+        _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
+        assert _runs_of(faults, "a1") == []
+        _cli_json(faults, "resume", "a1", "turn two", timeout=120)
+        [note] = _cli_json(faults, "wait", "a1", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nsecond"
+        last = [r for r in srv.requests("c1") if r.api][-1].body
+        joined = "\n".join(_anthropic_texts(last))
+        for earlier in ("turn one", "## Summary\nfirst", "turn two"):
+            assert earlier in joined
+        _cli_json(faults, "stop", "a1")
+
+
+def _anthropic_texts(body: dict[str, Any]) -> list[str]:
+    texts = []
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+        texts.append(str(content))
+    return texts
