@@ -113,13 +113,7 @@ def registry_snapshot(sup: Supervisor, *, clean: bool = False) -> dict[str, Any]
         snapshot = sup.worktrees.snapshots.get(key)
         if key not in sup.registry.records and snapshot is None:
             continue
-        worktree = None
-        if snapshot is not None:
-            worktree = {
-                "repo": str(snapshot.repo),
-                "path": str(snapshot.worktree),
-                "commit": snapshot.commit,
-            }
+        worktree = None if snapshot is None else snapshot.as_json()
         children.append(
             {
                 "key": key,
@@ -221,9 +215,7 @@ def adopt_stale(sup: Supervisor, stale: dict[str, Any]) -> None:
             state=State.FAILED,
             error=f"its supervisor (pid {stale['pid']}) ended; the worktree was kept",
         )
-        sup.worktrees.snapshots[key] = Snapshot(
-            repo=Path(worktree["repo"]), worktree=Path(worktree["path"]), commit=worktree["commit"]
-        )
+        sup.worktrees.snapshots[key] = Snapshot.from_json(worktree)
     sup.stale = [
         {
             "key": c["key"],

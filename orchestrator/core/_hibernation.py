@@ -130,13 +130,7 @@ class Hibernation:
         loadout = dict(self._fields[run.key])
         loadout["resume"] = run.resume_id or loadout.get("resume") or ""
         snapshot = sup.worktrees.snapshots.get(run.key)
-        worktree = None
-        if snapshot is not None:
-            worktree = {
-                "repo": str(snapshot.repo),
-                "path": str(snapshot.worktree),
-                "commit": snapshot.commit,
-            }
+        worktree = None if snapshot is None else snapshot.as_json()
         revival = Revival(
             key=record.key,
             name=record.name,

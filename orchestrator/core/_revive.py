@@ -113,7 +113,7 @@ async def _recheck_worktree(revival: Revival) -> Snapshot:
             f"{where} drifted (HEAD {head[:12] or 'unreadable'}, its snapshot was "
             f"{commit[:12]}); {fix}"
         )
-    return Snapshot(repo=Path(worktree["repo"]), worktree=path, commit=commit)
+    return Snapshot.from_json(worktree)
 
 
 def _retake(locks: LockTable, revival: Revival, root: Path) -> None:

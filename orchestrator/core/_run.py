@@ -147,8 +147,7 @@ class ChildRun(ParentCommands, Ending):
             try:
                 if self.record.mode == "worktree" and self.key not in self.host.worktrees.snapshots:
                     made = await self.host.worktrees.create(self.key)
-                    where = {"path": str(made.worktree), "repo": str(made.repo)}
-                    self.host.journal.worktree(self.key, {**where, "commit": made.commit})
+                    self.host.journal.worktree(self.key, made.as_json())
                 self.launched = await self.host.launch(self, nursery)
             except Exception as exc:
                 task_status.started()

@@ -75,6 +75,14 @@ class Snapshot:
     worktree: Path
     commit: str
 
+    def as_json(self) -> dict[str, str]:
+        """The record a later supervisor reads back with :meth:`from_json` (journal, registry)."""
+        return {"repo": str(self.repo), "path": str(self.worktree), "commit": self.commit}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, str]) -> Snapshot:
+        return cls(repo=Path(data["repo"]), worktree=Path(data["path"]), commit=data["commit"])
+
 
 def _c_quote(path: bytes) -> bytes:
     """Quote a path the way ``hash-object --stdin-paths`` unquotes, if it needs quoting."""
