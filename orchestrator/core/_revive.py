@@ -150,7 +150,7 @@ async def revive(
     reason = why_not(revival, sup.config.paths.scratch / key)
     if reason:
         raise Refused(f"revive: {key}: {reason}")
-    spawning.launcher_for(revival.surface)  # refuses a surface this session cannot reach
+    sup.launcher_for(revival.surface)  # refuses a surface this session cannot reach
     snapshot = await _recheck_worktree(revival) if revival.mode == "worktree" else None
     sup.capacity.reserve(1)
     record = ChildRecord(

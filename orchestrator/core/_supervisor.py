@@ -33,12 +33,13 @@ from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._journaling import Journal, NoJournal
+from orchestrator.core._launching import Launching, child_environment
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
-from orchestrator.core._spawning import Spawning, child_environment
+from orchestrator.core._spawning import Spawning
 from orchestrator.core._views import FleetViews
 from orchestrator.governance._budget import parse_policy
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
@@ -94,6 +95,7 @@ class Supervisor(FleetViews):
     democracy: Democracy = attrs.field(init=False)
     services: Services = attrs.field(init=False)
     spawning: Spawning = attrs.field(init=False)
+    launching: Launching = attrs.field(init=False)
     #: Hellos refused, by reason (an impostor's, a child that died mid-hello, ...).
     refusals: Refusals = attrs.field(init=False)
     door: ListenerDoor = attrs.field(init=False)
@@ -128,6 +130,7 @@ class Supervisor(FleetViews):
             rejects=self.rejects,
         )
         self.spawning = Spawning(sup=self)
+        self.launching = Launching(sup=self)
         self.refusals = Refusals(log=lambda owner, args: self.reject("hello-refused", owner, args))
         self.door = ListenerDoor(runs=self.runs, config=self.config, refusals=self.refusals)
         self.remote = Remote(
@@ -220,11 +223,11 @@ class Supervisor(FleetViews):
 
     def launcher_for(self, surface: str) -> Launcher:
         """The launcher for a validated *surface*, created on first use and then shared."""
-        return self.spawning.launcher_for(surface)
+        return self.launching.launcher_for(surface)
 
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
-        return await self.spawning.launch(run, nursery)
+        return await self.launching.launch(run, nursery)
 
     # -- driving children ---------------------------------------------------------------
 

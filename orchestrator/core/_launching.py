@@ -1,0 +1,212 @@
+"""One child's launch: its surface's launcher, its sandbox, its egress proxy and its connection.
+
+A launch places the child command in its sandbox (:mod:`orchestrator.launch._sandboxing`) and
+hands it to the surface's launcher; an unwrapped ``process`` child is forked from the fork
+server. A ``process`` child inherits its connection (a socket pair end, served here) and its
+sealed loadout; a pane's child reads a 0600 loadout file and dials the listener; a child on a
+Ray node gets the workspace as a bundle and dials the TLS door.
+"""
+
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+import ipc
+from orchestrator.core._admission import accept_own, inherited_pair
+from orchestrator.core._remote import REMOTE_SURFACES
+from orchestrator.core._run import ChildRun
+from orchestrator.launch._cmux import CmuxLauncher
+from orchestrator.launch._egress import EgressProxy, allowlist
+from orchestrator.launch._kill import MARKER_ENV, run_marker
+from orchestrator.launch._launcher import (
+    Launched,
+    Launcher,
+    LaunchSpec,
+    ProcessLauncher,
+    Shipment,
+    child_argv,
+    inherited_child_argv,
+)
+from orchestrator.launch._ray import RayLauncher
+from orchestrator.launch._sandboxing import place
+from orchestrator.launch._tmux import TmuxLauncher
+from orchestrator.workspace._bundle import ship_workspace
+
+if TYPE_CHECKING:
+    from orchestrator.core._host import SpawnHost
+
+__all__ = ["Launching", "child_environment", "inherits"]
+
+
+def inherits(surface: str) -> bool:
+    """Whether a child on *surface* inherits its connection and loadout from us: it does
+    unless a terminal (tmux, cmux) or a Ray actor starts it."""
+    return surface == "process"
+
+
+@attrs.define(eq=False)
+class Launching:
+    """The session's launchers, and each child's launch."""
+
+    sup: "SpawnHost[ChildRun]"
+
+    def launcher_for(self, surface: str) -> Launcher:
+        """The launcher for a validated *surface*, created on first use and then shared."""
+        sup = self.sup
+        launcher = sup.launchers.get(surface)
+        if launcher is None:
+            # Kept windows let a person read why a child failed; off by default.
+            keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
+            if surface == "tmux":
+                launcher = TmuxLauncher.private(
+                    sup.config.paths.root, sup.config.session, base_env=os.environ, keep_failed=keep
+                )
+            elif surface == "tmux:current":
+                launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
+            elif surface == "cmux":
+                launcher = CmuxLauncher.from_environment(os.environ, keep_failed=keep)
+            elif surface == "ray":
+                launcher = RayLauncher(
+                    address=sup.config.ray_address or None,
+                    certify=sup.remote.certify,
+                    session=sup.config.session,
+                    python=sup.config.python,
+                )
+            else:
+                launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
+            sup.launchers[surface] = launcher
+        return launcher
+
+    async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
+        """Start *run*'s process through the session's launcher, sandboxed by its policy."""
+        sup = self.sup
+        loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
+        launcher = self.launcher_for(run.record.surface)
+        proxy = await self._open_egress(run, loadout, nursery)
+        pair: tuple[socket.socket, socket.socket] | None = None
+        sealed = -1
+        if inherits(run.record.surface):
+            pair = inherited_pair()
+            sealed = ipc.sealed_loadout(loadout)
+            argv = inherited_child_argv(sup.config.python, pair[1].fileno(), sealed)
+        else:
+            argv = child_argv(sup.config.python, run.loadout)
+        try:
+            placement = place(
+                argv,
+                config=sup.config,
+                loadout=loadout,
+                scratch=Path(loadout.scratch),
+                egress=None if proxy is None else proxy.path,
+                loadout_file=Path(run.loadout) if run.loadout else None,
+            )
+            run.record.sandboxed = placement.sandboxed
+            run.record.unsandboxed_reason = placement.reason
+            if not placement.sandboxed:
+                run.log.write(f"running unsandboxed: {placement.reason}")
+            spec = LaunchSpec(
+                key=run.key,
+                name=run.record.name,
+                argv=placement.argv,
+                cwd=loadout.workspace,
+                env={
+                    **child_environment(os.environ),
+                    **placement.env,
+                    # Unique to this run: the kill ladder finds every process that inherited it.
+                    MARKER_ENV: run_marker(sup.config.session, run.key),
+                },
+                inherit=None if pair is None else (pair[1].fileno(), sealed),
+                # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
+                plain=not placement.sandboxed,
+                view=placement.view,
+                tls=loadout.tls,
+                ship=await self._shipment(run, loadout),
+            )
+            launched = await launcher.launch(spec, run.log.output, nursery)
+        except BaseException:
+            if pair is not None:
+                pair[0].close()
+            raise
+        finally:
+            # The child holds its own copies now (or never will): ours would keep the pair
+            # open past the child's death and the loadout readable.
+            if pair is not None:
+                pair[1].close()
+            if sealed >= 0:
+                os.close(sealed)
+        if proxy is not None:
+            proxy.admit(launched.pid)
+        if pair is not None:
+            sup.nursery.start_soon(self._serve_inherited, run, pair[0])
+        return launched
+
+    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
+        """A child on another node gets the workspace as a bundle: a worktree child its
+        snapshot, bringing its changes back as one; a reader the workspace as it is, read-only
+        (:mod:`orchestrator.workspace._bundle`)."""
+        if run.record.surface not in REMOTE_SURFACES:
+            return None
+        if run.record.mode == "worktree":
+            bundle = await self.sup.worktrees.bundle(run.key)
+            return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
+        # A reading child gets a read-only checkout of the workspace as it is now.
+        shipped = await trio.to_thread.run_sync(ship_workspace, Path(run.record.workspace))
+        return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
+
+    async def _open_egress(
+        self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
+    ) -> EgressProxy | None:
+        """Start *run*'s egress proxy in its own nursery (so it ends with the run).
+
+        None when the child has no allowlist or will not be sandboxed (it then has the host's
+        network, and a relay would have nothing to do)."""
+        sup = self.sup
+        if not loadout.egress or sup.config.sandbox == "off" or loadout.sandbox == "none":
+            return None
+        directory = sup.config.paths.root / "egress"
+        ipc.ensure_private_dir(directory)
+
+        def refused(target: str, reason: str) -> None:
+            run.log.write(f"egress refused {target!r}: {reason}")
+            sup.reject("egress", run.key, {"target": target, "reason": reason})
+
+        proxy = EgressProxy(
+            path=directory / f"{run.key}.sock",
+            allowed=allowlist(loadout.egress),
+            on_refused=refused,
+        )
+        await nursery.start(proxy.serve)
+        run.log.write(f"egress allowed to {', '.join(loadout.egress)}")
+        return proxy
+
+    async def _serve_inherited(self, run: ChildRun, ours: socket.socket) -> None:
+        """The hello on our end of *run*'s socket pair, then the run's channel until it ends."""
+        sup = self.sup
+
+        def token() -> str | None:
+            return None if run.finishing or run.connected.is_set() else run.token
+
+        try:
+            channel, hello = await accept_own(
+                ours,
+                run.key,
+                token,
+                timeout=sup.config.hello_timeout,
+                request_timeout=sup.config.request_timeout,
+            )
+        except ipc.HandshakeError as exc:
+            sup.refuse_hello(exc.reason, run.key, via="pair")
+            return
+        await run.attach(channel, hello)
+
+
+def child_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The child's environment: the parent's minus proxies and fleet session variables."""
+    dropped = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "fleet_session"}
+    env = {k: v for k, v in parent.items() if k.lower() not in dropped}
+    env["FLEET_CHILD"] = "1"
+    return env
