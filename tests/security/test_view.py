@@ -78,6 +78,11 @@ async def _hostile_run(
             token_file = session / "control.token"
             if not token_file.exists():
                 token_file.write_text(secrets.token_hex(16))
+            # The session journal (a daemon keeps one): every child's facts and resume ids.
+            journal = session / "journal.jsonl"
+            if not journal.exists():
+                journal.write_text(json.dumps({"v": 1, "resume": secrets.token_hex(16)}) + "\n")
+                journal.chmod(0o600)
             tmux_socket = session / "tmux.sock"
             _start_tmux(tmux_socket)
             try:
@@ -91,6 +96,8 @@ async def _hostile_run(
                 ops = [
                     f"read:{victim}",
                     f"read:{token_file}",
+                    f"read:{journal}",
+                    f"list:{session / 'checkouts'}",
                     f"list:{session}",
                     f"list:{session / 'loadouts'}",
                     f"list:{world.home}",
@@ -109,6 +116,8 @@ async def _hostile_run(
                     f"write:{outside}",
                     f"write:{world.home / 'planted'}",
                     f"write:{session / 'registry.json'}",
+                    # After the listings: a write lands in the child's own tmpfs, never here.
+                    f"write:{journal}",
                 ]
                 if mode == "worktree":
                     ops += ["setuid:suid-in-worktree", "write:written-in-worktree"]
@@ -134,6 +143,7 @@ async def _hostile_run(
                 secrets_seen = {
                     "victim token": first_token(victim),
                     "control token": token_file.read_text(),
+                    "journal": journal.read_text(),
                 }
                 host_cmdline = _cmdline(pid)
             finally:
@@ -200,6 +210,9 @@ def _check_contained(world: World, got: dict[str, str], extra: dict[str, Any]) -
     assert "hostile" not in (
         (session / "registry.json").read_text() if (session / "registry.json").exists() else ""
     )
+    assert "hostile" not in (session / "journal.jsonl").read_text()
+    # Remote children's checkouts are bound only into their own child's view.
+    assert _failed(got[f"list:{session / 'checkouts'}"]), got[f"list:{session / 'checkouts'}"]
     if extra["mode"] == "worktree":
         assert "=ok" not in got["setuid:suid-in-worktree"], got["setuid:suid-in-worktree"]
         assert got["write:written-in-worktree"] == "ok"
