@@ -4,8 +4,8 @@ Real builtin children against the loopback scripted model server, under a real s
 ``hibernate_after_s: 0`` and a live cap of 4: forty children each answer a first task and
 hibernate (no process left), each is then asked a follow-up question, and each answers with its
 own conversation (the model server sees each child's first turn in its second request). A
-real Pi child and a real Claude Code child, driven through the ``fleet`` CLI, hibernate and wake
-with their sessions.
+real Pi child, a real Claude Code child and a real Codex child, driven through the ``fleet``
+CLI, hibernate and wake with their sessions (Codex resumes its thread).
 """
 
 import contextlib
@@ -297,6 +297,42 @@ def test_a_claude_child_hibernates_and_wakes_with_its_session(faults, monkeypatc
         for earlier in ("turn one", "## Summary\nfirst", "turn two"):
             assert earlier in joined
         _cli_json(faults, "stop", "a1")
+
+
+@pytest.mark.needs("codex")
+def test_a_codex_child_hibernates_and_wakes_with_its_thread(faults, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_CODEX_BIN", str(NPM_BIN / "codex"))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-scripted")
+    (faults.home / "config.yaml").write_text("subagents:\n  hibernate_after_s: 0\n")
+    with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nfirst"}, {"text": "## Summary\nsecond"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _cli_json(faults, "spawn", "--backend", "codex", "--model", model, "turn one", timeout=90)
+        [first] = _cli_json(faults, "wait", "a1", timeout=120)["settled"]
+        assert first["report"] == "## Summary\nfirst"
+        _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
+        assert _runs_of(faults, "a1") == []  # neither the child nor its codex app-server
+        _cli_json(faults, "resume", "a1", "turn two", timeout=120)
+        [note] = _cli_json(faults, "wait", "a1", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nsecond"
+        last = [r for r in srv.requests("c1") if r.api][-1].body
+        joined = "\n".join(_responses_texts(last))
+        for earlier in ("turn one", "## Summary\nfirst", "turn two"):
+            assert earlier in joined  # the woken Codex resumed its thread, not a fresh one
+        events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
+        resumes = {e["id"] for e in events if e["kind"] == "resume" and e["key"] == "a1"}
+        assert len(resumes) == 1, resumes  # the same thread id before and after the wake
+        _cli_json(faults, "stop", "a1")
+
+
+def _responses_texts(body: dict[str, Any]) -> list[str]:
+    """Every message's text in a Responses request (Codex resends the whole history)."""
+    texts = []
+    for item in body.get("input") or []:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):
+            texts.append("\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict)))
+    return texts
 
 
 def _anthropic_texts(body: dict[str, Any]) -> list[str]:
