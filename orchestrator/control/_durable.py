@@ -56,6 +56,8 @@ def revival_of(facts: ChildFacts) -> Revival:
         report=facts.report,
         schema=spawn.get("schema"),
         budget=spawn.get("budget"),
+        role=str(spawn.get("role") or ""),
+        models=tuple(str(m) for m in spawn.get("models") or ()),
     )
 
 

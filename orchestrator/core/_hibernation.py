@@ -146,6 +146,8 @@ class Hibernation:
             locks=sup.locks.snapshot().get(run.key, ()),
             report=record.report,
             schema=record.schema,
+            role=record.role,
+            models=tuple(record.models),
         )
         return None if why_not(revival, sup.config.paths.scratch / run.key) else revival
 

@@ -58,6 +58,9 @@ class Revival:
     schema: dict[str, Any] | None = None
     #: The usage budget it was spawned with (docs/governance.md "Budgets").
     budget: Mapping[str, Any] | None = None
+    #: Its model role ("" for none) and every model it ran on, the current one last.
+    role: str = ""
+    models: Sequence[str] = ()
 
 
 def why_not(revival: Revival, scratch: Path) -> str:
@@ -135,6 +138,15 @@ def _loadout_fields(revival: Revival) -> dict[str, Any]:
     model = fields.get("model")
     if isinstance(model, Mapping):
         fields["model"] = ipc.ModelSpec(**model)
+    # A role's candidates come back from the journal as JSON objects too.
+    fields["models"] = [
+        ipc.ModelChoice(
+            spec=str(c["spec"]), model=ipc.ModelSpec(**c["model"]), effort=str(c.get("effort", ""))
+        )
+        if isinstance(c, Mapping)
+        else c
+        for c in fields.get("models") or ()
+    ]
     fields["restarted"] = True
     return fields
 
@@ -166,6 +178,8 @@ async def revive(
         depth=revival.depth,
         report=revival.report,
         schema=revival.schema,
+        role=revival.role,
+        models=list(revival.models),
     )
     try:
         _retake(locks, revival, sup.config.workspace)

@@ -188,6 +188,8 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
     elif kind == "settled":
         child.report = str(fields.get("report") or child.report)
         child.state = str(fields.get("state") or child.state)
+    elif kind == "models":
+        child.spawn["models"] = list(fields.get("models") or [])
     elif kind == "locks":
         child.spawn["locks"] = list(fields.get("paths") or [])
     elif kind == "worktree":

@@ -39,6 +39,8 @@ class SessionJournal:
     journal: Journal
     _states: dict[str, str] = attrs.Factory(dict)
     _locks: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    #: Every model each child ran on, as last written (a quota fallback adds one).
+    _models: dict[str, tuple[str, ...]] = attrs.Factory(dict)
 
     def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None:
         loadout = _plain(dict(fields))
@@ -60,9 +62,12 @@ class SessionJournal:
             ownership=loadout.get("ownership", []),
             schema=record.schema,
             budget=record.usage.get("budget") or None,
+            role=record.role,
+            models=list(record.models),
             loadout=loadout,
         )
         self._states[record.key] = "starting"
+        self._models[record.key] = tuple(record.models)
         resume = loadout.get("resume")
         if resume:  # known before the first prompt is sent: the builtin agent's transcript
             self.resumable(record.key, record.backend, str(resume))
@@ -78,6 +83,10 @@ class SessionJournal:
         if self._states.get(record.key) != state:
             self._states[record.key] = state
             self.journal.append("state", record.key, durable=True, state=state)
+        models = tuple(record.models)
+        if self._models.setdefault(record.key, models) != models:
+            self._models[record.key] = models  # a revive goes on from the model it was on
+            self.journal.append("models", record.key, durable=True, models=list(models))
 
     def observe(
         self, records: Iterable[ChildRecord], locks: Mapping[str, Sequence[str]] = {}
@@ -121,5 +130,6 @@ class SessionJournal:
     def handed_off(self, record: ChildRecord) -> None:
         self._states.pop(record.key, None)
         self._locks.pop(record.key, None)
+        self._models.pop(record.key, None)
         handoff = {k: v for k, v in record.handoff().items() if k not in ENVELOPE}
         self.journal.append("handoff", record.key, durable=True, **handoff)

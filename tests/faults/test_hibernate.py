@@ -322,7 +322,10 @@ def test_a_codex_child_hibernates_and_wakes_with_its_thread(faults, monkeypatch)
         events = [json.loads(x) for x in faults.cli("events", "--json").stdout.splitlines()]
         resumes = {e["id"] for e in events if e["kind"] == "resume" and e["key"] == "a1"}
         assert len(resumes) == 1, resumes  # the same thread id before and after the wake
+        scratch = faults.home / "sessions" / "t" / "scratch" / "a1"
+        assert (scratch / "codex").is_dir()  # its CODEX_HOME, kept while it may wake
         _cli_json(faults, "stop", "a1")
+        assert not scratch.exists()  # handed off: nothing can resume it, its store goes
 
 
 def _responses_texts(body: dict[str, Any]) -> list[str]:

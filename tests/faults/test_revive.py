@@ -110,6 +110,48 @@ def test_a_revived_builtin_child_continues_its_conversation(faults) -> None:
         _json(faults, "stop", "a1")
 
 
+def test_a_revived_child_keeps_its_role_and_the_fallback_it_moved_to(faults) -> None:
+    with ModelServer() as srv:
+        base = srv.base_url("c1") + "/v1"
+        (faults.home / "roles.yaml").write_text(
+            f"roles:\n  worker:\n    model: openai/primary@{base}\n"
+            f"    fallbacks: [openai/spare@{base}]\n"
+        )
+        limited = {"status": 429, "body": "rate limited"}  # thrice: the agent retries twice
+        srv.script(
+            "c1",
+            [
+                *[limited] * 3,
+                {"text": "## Summary\non the spare"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        _json(faults, "spawn", "--model", "@worker", "turn one")
+        assert _json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\non the spare"
+        _json(faults, "resume", "a1", "turn two")
+        _until(lambda: len(srv.requests("c1")) == 5)
+        _kill_supervisor(faults)
+
+        [lost] = _json(faults, "peek")["stale"]
+        assert (lost["key"], lost["revivable"]) == ("a1", True), lost
+        _json(faults, "resume", "a1", "turn three")  # revives the lost child first
+        [note] = _json(faults, "wait", "a1")["settled"]
+        assert note["report"] == "## Summary\nafter the revive"
+        models = [r.body["model"] for r in srv.requests("c1")]
+        assert models == ["primary"] * 3 + ["spare"] * 3  # no second trip through the primary
+        [agent] = _json(faults, "peek", "a1")["agents"]
+        assert agent["role"] == "worker"
+        assert agent["models"] == [f"openai/primary@{base}", f"openai/spare@{base}"]
+        events = [json.loads(line) for line in faults.cli("events", "--json").stdout.splitlines()]
+        [moved] = [e for e in events if e["kind"] == "models"]
+        assert moved["models"] == agent["models"]
+        scratch = faults.home / "sessions" / "t" / "scratch" / "a1"
+        assert (scratch / "transcript.json").is_file()
+        _json(faults, "stop", "a1")
+        assert not scratch.exists()  # handed off: its transcript is of no further use
+
+
 def test_a_revive_that_cannot_happen_says_why_in_one_line(faults) -> None:
     with ModelServer() as srv:
         srv.script("c1", [{"stall": True, "text": "partial"}])
