@@ -60,4 +60,12 @@ class Registry:
             return named[0]
         if len(named) > 1:
             raise UsageError(f"{ref!r} names {len(named)} children (use a key such as a1)")
+        ended = self.retired.get(ref) or next(
+            (r for r in self.retired.values() if r.name == ref), None
+        )
+        if ended is not None:  # a live child was asked for: say why this one is not
+            first = ended.error.strip().splitlines()[0][:200] if ended.error.strip() else ""
+            why = f": {first}" if first else ""
+            key = ended.key
+            raise NotFound(f"{key} has ended ({ended.state}{why}); see fleet peek {key}")
         raise NotFound(f"no child {ref!r} in this session (see fleet peek)")
