@@ -39,6 +39,7 @@ class SessionJournal:
     journal: Journal
     _states: dict[str, str] = attrs.Factory(dict)
     _locks: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    _pids: dict[str, int] = attrs.Factory(dict)
 
     def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None:
         loadout = _plain(dict(fields))
@@ -83,9 +84,13 @@ class SessionJournal:
         self, records: Iterable[ChildRecord], locks: Mapping[str, Sequence[str]] = {}
     ) -> None:
         """Write the state of each of *records*, and each owner's ownership locks, that
-        changed since they were last written (a revive re-takes the locks last written)."""
+        changed since they were last written (a revive re-takes the locks last written), and
+        each child's pid once known (a later supervisor checks that process is gone)."""
         for record in records:
             self.changed(record)
+            if record.pid and self._pids.get(record.key) != record.pid:
+                self._pids[record.key] = record.pid
+                self.journal.append("pid", record.key, durable=True, pid=record.pid)
         for key, paths in locks.items():
             if self._locks.get(key) != tuple(paths):
                 self._locks[key] = tuple(paths)
@@ -121,5 +126,6 @@ class SessionJournal:
     def handed_off(self, record: ChildRecord) -> None:
         self._states.pop(record.key, None)
         self._locks.pop(record.key, None)
+        self._pids.pop(record.key, None)
         handoff = {k: v for k, v in record.handoff().items() if k not in ENVELOPE}
         self.journal.append("handoff", record.key, durable=True, **handoff)
