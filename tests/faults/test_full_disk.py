@@ -142,8 +142,8 @@ def test_a_full_state_directory_refuses_a_spawn_and_the_fleet_keeps_serving(tmpf
     [handoff] = fleet.json("stop", key)["handoffs"]
     assert handoff["state"] == "stopped"
     time.sleep(0.6)
-    # The journal on disk still describes the fleet as the disk filled, for now.
-    assert [c.key for c in _live(fleet)] == [key, doomed["key"]]
+    # (An append may still fit in the journal file's last page while the disk is full, so
+    # whether the records above are on disk yet is not asserted; that they get there is.)
 
     filler.unlink()  # space returns: the journal catches up without another change
     _until(lambda: _live(fleet) == [])
