@@ -261,10 +261,6 @@ class SessionPaths:
         return self.root / "paper.json"
 
     @property
-    def registry(self) -> Path:
-        return self.root / "registry.json"
-
-    @property
     def journal(self) -> Path:
         return self.root / "journal.jsonl"
 

@@ -9,6 +9,7 @@ revive`` (:func:`orchestrator.core._revive.revive` for each lost child named).
 """
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -18,12 +19,15 @@ import trio
 from orchestrator._errors import FleetError, Refused, UsageError
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._server import OPS, Op
-from orchestrator.core._revive import Revival, find_lost, revive, why_not
+from orchestrator.control._stale import take_stale
+from orchestrator.core._revive import Revival, find_lost, revive
+from orchestrator.core._spawning import remove_scratch
 from orchestrator.core._supervisor import Supervisor
-from orchestrator.durability import ChildFacts, Journal, keep_journal
+from orchestrator.durability import Journal, keep_journal
+from orchestrator.durability._format import ENVELOPE
 from orchestrator.durability._session import SessionJournal
 
-__all__ = ["Durability", "open_durability"]
+__all__ = ["Durability", "close_durability", "open_durability"]
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +37,6 @@ OBSERVE_INTERVAL: Final = 0.2
 EVENTS_LIMIT: Final = 2000
 #: The longest an ``events`` request waits for a first new record (seconds).
 MAX_WAIT: Final = 60.0
-
-
-def revival_of(facts: ChildFacts) -> Revival:
-    spawn = facts.spawn
-    loadout = dict(spawn.get("loadout") or {})
-    if facts.resume:
-        loadout["resume"] = facts.resume
-    return Revival(
-        key=facts.key,
-        name=str(spawn.get("name") or facts.key),
-        agent=str(spawn.get("agent") or ""),
-        mode=str(spawn.get("mode") or "scout"),
-        task=str(spawn.get("task") or ""),
-        backend=str(spawn.get("backend") or ""),
-        surface=str(spawn.get("surface") or "process"),
-        workflow_mode=str(spawn.get("workflow_mode") or "build"),
-        depth=int(spawn.get("depth") or 1),
-        loadout=loadout,
-        worktree=spawn.get("worktree"),
-        locks=tuple(spawn.get("locks") or ()),
-        report=facts.report,
-        schema=spawn.get("schema"),
-        budget=spawn.get("budget"),
-        role=str(spawn.get("role") or ""),
-        models=tuple(str(m) for m in spawn.get("models") or ()),
-    )
 
 
 @attrs.define(eq=False)
@@ -71,14 +49,47 @@ class Durability:
     lost: dict[str, Revival] = attrs.Factory(dict)
     #: Lost children that cannot be revived, and why.
     unrevivable: dict[str, str] = attrs.Factory(dict)
+    #: Retired children whose worktree is kept, as last seen (one leaving it is resolved).
+    _kept: set[str] = attrs.Factory(set)
 
     def ops(self) -> dict[str, Op]:
         """The control ops this adds (``resume`` and ``ask`` revive a lost child first)."""
         ops: dict[str, Op] = {"events": self._events, "revive": self._revive}
         ops["discard"] = self._discard
-        for name in ("resume", "ask"):
+        ops["stop"] = self._stop
+        for name in ("resume", "ask", "steer"):
             ops[name] = self._reviving(OPS[name])
         return ops
+
+    def note_resolved(self) -> None:
+        """Journal ``resolved`` for each retired child whose kept worktree is gone (copied
+        back by ``fleet stop``, or deleted by ``fleet discard``): no later supervisor adopts
+        it again."""
+        sup = self.sup
+        kept = {key for key in sup.worktrees.snapshots if key not in sup.registry.records}
+        for key in sorted(self._kept - kept):
+            if key not in sup.registry.records:
+                self.journal.append("resolved", key, durable=True)
+        self._kept = kept
+
+    async def _stop(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet stop``; stopping a lost child (its kept worktree copied back) ends it in
+        the journal too."""
+        result = await OPS["stop"](sup, args)
+        for handoff in result.get("handoffs", []):
+            key = handoff.get("key")
+            lost = key in self.lost or key in self.unrevivable
+            if isinstance(key, str) and lost and key not in sup.registry.records:
+                self.lost.pop(key, None)
+                self.unrevivable.pop(key, None)
+                fields = {k: v for k, v in handoff.items() if k not in ENVELOPE}
+                self.journal.append("handoff", key, durable=True, **fields)
+                await _forget_scratch(sup, key)
+                for entry in sup.stale:
+                    if entry["key"] == key:
+                        entry.update(state="stopped", revivable=False, revive="")
+        self.note_resolved()
+        return result
 
     def _reviving(self, op: Op) -> Op:
         async def reviving(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,8 +114,12 @@ class Durability:
             sup.stale = [entry for entry in sup.stale if entry["key"] != ref]
             handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
             self.journal.append("handoff", ref, durable=True, **handoff)
+            await _forget_scratch(sup, ref)
+            self.note_resolved()
             return {"key": ref, "discarded": True}
-        return {"key": await sup.discard(ref), "discarded": True}
+        key = await sup.discard(ref)
+        self.note_resolved()
+        return {"key": key, "discarded": True}
 
     async def _events(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         since, wait = args.get("since", 0), args.get("wait", 0)
@@ -140,7 +155,13 @@ class Durability:
         """Look for unreported state and lock changes, forever (the journal writes them)."""
         while True:
             self.session.observe(self.sup.registry.live(), self.sup.locks.snapshot())
+            self.note_resolved()
             await trio.sleep(OBSERVE_INTERVAL)
+
+
+async def _forget_scratch(sup: Supervisor, key: str) -> None:
+    """A lost child that ended for good leaves no backend session store behind."""
+    await trio.to_thread.run_sync(remove_scratch, sup.paths.scratch / key)
 
 
 def _live(sup: Supervisor, ref: str) -> bool:
@@ -151,59 +172,31 @@ def _live(sup: Supervisor, ref: str) -> bool:
     return True
 
 
-def _mark_lost(durability: "Durability") -> None:
-    """Every child the journal says was live: journaled ``lost`` and listed in ``stale``."""
-    sup, journal = durability.sup, durability.journal
-    # Keys go on after every key the journal names: a new a1 must not take a lost a1's place.
-    numbers = [int(r.key[1:]) for r in journal.found.records if r.key[1:].isdigit()]
-    sup.registry._next = max([sup.registry._next, *(n + 1 for n in numbers)])
-    stale = {entry["key"]: entry for entry in sup.stale}
-    lost = durability.lost
-    for facts in list(journal.facts.values()):
-        if facts.ended or facts.key in sup.registry.records:
-            continue
-        revival = revival_of(facts)
-        entry = stale.get(facts.key)
-        if entry is None:
-            entry = {
-                "key": facts.key,
-                "name": revival.name,
-                "agent": revival.agent,
-                "state": facts.state,
-                "pid": None,
-                "log": str(sup.paths.logs / f"{facts.key}.log"),
-                "worktree": (revival.worktree or {}).get("path"),
-                "recoverable": False,
-                "running": False,
-            }
-            sup.stale.append(entry)
-        scratch = sup.paths.scratch / facts.key
-        reason = "it is still running" if entry.get("running") else why_not(revival, scratch)
-        entry.update(state="lost", revivable=not reason, revive=reason or "fleet revive")
-        journal.append("lost", facts.key, durable=True, state="lost", was=facts.state)
-        if reason:
-            durability.unrevivable[facts.key] = reason
-        else:
-            lost[facts.key] = revival
-    if lost:
-        note = f"fleet revive {' '.join(lost)} brings them back with their context"
-        for index, line in enumerate(sup.warnings):
-            if line.startswith("the previous supervisor"):
-                sup.warnings[index] = f"{line}; {note}"
-                break
-        else:
-            sup.warnings.append(f"the previous supervisor left lost children; {note}")
-
-
 def open_durability(sup: Supervisor, nursery: trio.Nursery) -> Durability:
     """Open the session journal, find the lost children, and wire the journal in."""
     found: list[str] = []
     journal = Journal.open(sup.paths.journal, warn=found.append)
     journal.warn = log.warning  # from now on, to the supervisor's log
     sup.warnings.extend(found)
-    durability = Durability(sup=sup, journal=journal, session=SessionJournal(journal))
-    _mark_lost(durability)
+    stale = take_stale(sup, journal)
+    durability = Durability(
+        sup=sup,
+        journal=journal,
+        session=SessionJournal(journal),
+        lost=stale.lost,
+        unrevivable=stale.unrevivable,
+    )
+    durability.note_resolved()  # the adopted worktrees, as kept now
+    journal.append("serve", durable=True, pid=os.getpid())
     sup.journal = durability.session
     nursery.start_soon(keep_journal, journal)
     nursery.start_soon(durability.keep)
     return durability
+
+
+def close_durability(durability: Durability, *, clean: bool) -> None:
+    """Journal how this supervisor ends (a clean stop: ``shutdown``), then close the journal."""
+    durability.note_resolved()
+    if clean:
+        durability.journal.append("shutdown", durable=True, pid=os.getpid(), clean=True)
+    durability.journal.close()

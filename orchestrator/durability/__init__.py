@@ -18,6 +18,7 @@ from orchestrator.durability._format import (
     JournalRecord,
     ReadResult,
     fold,
+    last_supervisor,
     parse_journal,
 )
 from orchestrator.durability._journal import Journal, keep_journal
@@ -30,5 +31,6 @@ __all__ = [
     "ReadResult",
     "fold",
     "keep_journal",
+    "last_supervisor",
     "parse_journal",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "JournalRecord",
     "ReadResult",
     "fold",
+    "last_supervisor",
     "parse_journal",
 ]
 
@@ -29,6 +30,8 @@ JOURNAL_VERSION: Final = 1
 ENVELOPE: Final = frozenset({"v", "seq", "at", "kind", "key"})
 #: States after which a child has no process and never will (a ``lost`` child may be revived).
 ENDED: Final = frozenset({"stopped", "failed"})
+#: The session's own records (key ""): a supervisor started serving, or stopped cleanly.
+SUPERVISOR_KINDS: Final = frozenset({"serve", "shutdown"})
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +134,10 @@ class ChildFacts:
     report: str = ""
     question: dict[str, Any] | None = None
     handoff: dict[str, Any] | None = None
+    #: The child's process id, once known (a later supervisor checks it is gone).
+    pid: int | None = None
+    #: Whether its kept worktree was resolved after its handoff (copied back or discarded).
+    resolved: bool = False
 
     @property
     def ended(self) -> bool:
@@ -140,7 +147,13 @@ class ChildFacts:
     def keep(self) -> bool:
         """Whether a compacted journal must still carry this child: it is live (or lost), or
         its handoff left a worktree unresolved."""
-        return not self.ended or bool((self.handoff or {}).get("remaining"))
+        return not self.ended or self.unresolved
+
+    @property
+    def unresolved(self) -> bool:
+        """Whether it ended leaving its worktree kept (copy-back refused, conflicted, or not
+        yet applied) and nothing resolved it since."""
+        return bool((self.handoff or {}).get("remaining")) and not self.resolved
 
     def as_fields(self) -> dict[str, Any]:
         """The fields of the ``child`` record that stands for all of this child's records."""
@@ -151,6 +164,8 @@ class ChildFacts:
             "report": self.report,
             "question": self.question,
             "handoff": self.handoff,
+            "pid": self.pid,
+            "resolved": self.resolved,
         }
 
 
@@ -169,6 +184,8 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
             report=str(fields.get("report") or ""),
             question=fields.get("question"),
             handoff=fields.get("handoff"),
+            pid=_pid(fields.get("pid")),
+            resolved=bool(fields.get("resolved")),
         )
         return
     child = facts.get(key)
@@ -179,7 +196,11 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
     elif kind in {"state", "lost", "revived", "hibernate", "wake"}:
         child.state = str(fields.get("state") or kind)
         if kind == "revived":
-            child.handoff = None
+            child.handoff, child.pid, child.resolved = None, None, False
+    elif kind == "pid":
+        child.pid = _pid(fields.get("pid"))
+    elif kind == "resolved":
+        child.resolved = True
     elif kind == "question":
         child.question = {"id": fields.get("id"), "text": fields.get("text")}
         child.state = "waiting"
@@ -195,8 +216,22 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
     elif kind == "worktree":
         child.spawn["worktree"] = dict(fields)
     elif kind == "handoff":
-        child.handoff = dict(fields)
+        child.handoff, child.resolved = dict(fields), False
         child.state = str(fields.get("state") or child.state)
+
+
+def last_supervisor(records: Iterable[JournalRecord]) -> JournalRecord | None:
+    """The newest ``serve`` or ``shutdown`` record: which supervisor served last, and whether
+    it stopped cleanly (``shutdown``) or died (``serve`` with nothing after it)."""
+    last = None
+    for record in records:
+        if record.key == "" and record.kind in SUPERVISOR_KINDS:
+            last = record
+    return last
+
+
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def fold(records: Iterable[JournalRecord]) -> dict[str, ChildFacts]:

@@ -28,11 +28,13 @@ import trio
 
 import ipc
 from orchestrator.durability._format import (
+    SUPERVISOR_KINDS,
     ChildFacts,
     JournalRecord,
     ReadResult,
     apply,
     fold,
+    last_supervisor,
     parse_journal,
 )
 
@@ -70,6 +72,8 @@ class Journal:
     facts: dict[str, ChildFacts] = attrs.Factory(dict)
     #: What the journal held when this supervisor opened it (the previous one's records).
     found: ReadResult = attrs.Factory(lambda: ReadResult(records=()))
+    #: The newest ``serve``/``shutdown`` record (a rotation carries it over).
+    supervisor: JournalRecord | None = None
     _seq: int = 0
     _size: int = 0
     _fd: int = -1
@@ -113,6 +117,7 @@ class Journal:
         journal._fd, journal._size = fd, size
         journal._seq = max((r.seq for r in found.records), default=0)
         journal.facts = fold(found.records)
+        journal.supervisor = last_supervisor(found.records)
         return journal
 
     @property
@@ -131,6 +136,8 @@ class Journal:
             self._sync = self._sync or durable
             self._recent.append(record)
             apply(self.facts, record)
+            if key == "" and kind in SUPERVISOR_KINDS:
+                self.supervisor = record
         if durable:
             self.wake.set()
         self.grown.set()
@@ -189,6 +196,11 @@ class Journal:
         the lock held and the buffer empty)."""
         kept = [facts for facts in self.facts.values() if facts.keep]
         records = []
+        was = self.supervisor
+        if self.supervisor is not None:
+            self._seq += 1
+            self.supervisor = attrs.evolve(self.supervisor, seq=self._seq)
+            records.append(self.supervisor)
         for facts in kept:
             self._seq += 1
             records.append(
@@ -208,6 +220,7 @@ class Journal:
             os.replace(fresh, self.path)
         except OSError as exc:
             self._seq -= len(records)  # none of them was written
+            self.supervisor = was
             self.warn(f"journal {self.path} not rotated ({exc.strerror or exc}); it grows on")
             return
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -41,6 +41,7 @@ class SessionJournal:
     _locks: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     #: Every model each child ran on, as last written (a quota fallback adds one).
     _models: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    _pids: dict[str, int] = attrs.Factory(dict)
 
     def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None:
         loadout = _plain(dict(fields))
@@ -92,9 +93,13 @@ class SessionJournal:
         self, records: Iterable[ChildRecord], locks: Mapping[str, Sequence[str]] = {}
     ) -> None:
         """Write the state of each of *records*, and each owner's ownership locks, that
-        changed since they were last written (a revive re-takes the locks last written)."""
+        changed since they were last written (a revive re-takes the locks last written), and
+        each child's pid once known (a later supervisor checks that process is gone)."""
         for record in records:
             self.changed(record)
+            if record.pid and self._pids.get(record.key) != record.pid:
+                self._pids[record.key] = record.pid
+                self.journal.append("pid", record.key, durable=True, pid=record.pid)
         for key, paths in locks.items():
             if self._locks.get(key) != tuple(paths):
                 self._locks[key] = tuple(paths)
@@ -131,5 +136,6 @@ class SessionJournal:
         self._states.pop(record.key, None)
         self._locks.pop(record.key, None)
         self._models.pop(record.key, None)
+        self._pids.pop(record.key, None)
         handoff = {k: v for k, v in record.handoff().items() if k not in ENVELOPE}
         self.journal.append("handoff", record.key, durable=True, **handoff)

@@ -152,6 +152,22 @@ def test_a_revived_child_keeps_its_role_and_the_fallback_it_moved_to(faults) -> 
         assert not scratch.exists()  # handed off: its transcript is of no further use
 
 
+def test_discarding_a_lost_child_deletes_its_scratch_and_it_cannot_be_revived(faults) -> None:
+    with ModelServer() as srv:
+        srv.script("c1", [{"text": "## Summary\nfirst"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        _json(faults, "spawn", "--model", model, "turn one")
+        _json(faults, "wait", "a1")
+        _kill_supervisor(faults)
+        scratch = faults.home / "sessions" / "t" / "scratch" / "a1"
+        assert (scratch / "transcript.json").is_file()  # kept: a1 is lost, and revivable
+        assert _json(faults, "discard", "a1")["discarded"] is True
+        assert not scratch.exists()
+        gone = faults.cli("revive", "a1")
+        assert gone.returncode != 0
+        assert _json(faults, "peek")["stale"] == []
+
+
 def test_a_revive_that_cannot_happen_says_why_in_one_line(faults) -> None:
     with ModelServer() as srv:
         srv.script("c1", [{"stall": True, "text": "partial"}])

@@ -5,7 +5,7 @@ them and puts them in a file in the workspace) and print them everywhere they ca
 (stdout), the turn's error (stderr of a failing command), the run's stderr and thus its failure
 tail (they write straight to the child process's stderr, then kill it). Neither secret may
 reach ``wait``, ``peek``, ``logs``, ``stop``'s handoffs, any run log, the reject log or the
-registry snapshot — sandboxed or not — and the fleet keeps serving an honest child.
+session journal — sandboxed or not — and the fleet keeps serving an honest child.
 """
 
 import json
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.durability import fold, last_supervisor, parse_journal
 from tests.security._control_util import (
     control_token,
     hand_over,
@@ -61,13 +62,17 @@ _TOKEN_IN_JSON = re.compile(rb'"token":\s*"([0-9a-f]{64})"')
 
 def _processes_of(fleet, key: str) -> list[Path]:
     """*key*'s processes under this session's supervisor: its launched process (from the
-    registry snapshot) and whatever carries its run marker with that supervisor's pid."""
+    session journal's ``pid`` record) and whatever carries its run marker with that
+    supervisor's pid (its ``serve`` record)."""
     try:
-        snapshot = json.loads((session_root(fleet) / "registry.json").read_text())
-    except (OSError, ValueError):
+        records = parse_journal((session_root(fleet) / "journal.jsonl").read_bytes()).records
+    except OSError:
         return []
-    pids = {c["pid"] for c in snapshot["children"] if c["key"] == key and c["pid"]}
-    marker = f"/{key}/{snapshot['pid']}".encode()
+    facts, serving = fold(records).get(key), last_supervisor(records)
+    if serving is None:
+        return []
+    pids = {facts.pid} if facts is not None and facts.pid else set()
+    marker = f"/{key}/{serving.fields['pid']}".encode()
     # A sandboxed fork's launched process is its namespace's init; the child runs below it.
     for pid in list(pids):
         for children in Path(f"/proc/{pid}/task").glob("*/children"):
@@ -134,7 +139,7 @@ def _sibling_token(fleet, key: str) -> str:
 
 
 def _files_under(root: Path) -> dict[str, str]:
-    """Every file a person or the parent reads: logs, the reject log, the registry snapshot
+    """Every file a person or the parent reads: logs, the reject log, the session journal
     (not the loadouts or the control token, which must hold the secrets)."""
     found = {}
     for path in root.rglob("*"):
@@ -170,7 +175,7 @@ def test_no_surface_shows_a_siblings_token_or_the_control_token(hostile_fleet):
     assert fleet.json("peek", keys["crash"])["agents"][0]["state"] == "failed"
     surfaces["stop"] = json.dumps(fleet.json("stop", keys["ok"], keys["fail"], code=0))
     surfaces["stop crash"] = fleet.run("stop", keys["crash"], "--json").stdout
-    time.sleep(0.6)  # the registry snapshot is rewritten within 0.25 s of a change
+    time.sleep(0.6)  # the journal is flushed within its interval of a change
     surfaces.update(_files_under(session_root(fleet)))
     for where, text in surfaces.items():
         for name, secret in secrets.items():

@@ -207,9 +207,9 @@ def _check_contained(world: World, got: dict[str, str], extra: dict[str, Any]) -
     assert (world.repo / "README.md").read_text() == "# repo\n"
     assert not extra["outside"].exists()
     assert not (world.home / "planted").exists()
-    assert "hostile" not in (
-        (session / "registry.json").read_text() if (session / "registry.json").exists() else ""
-    )
+    # The supervisor keeps no registry file (the journal is its record), and the child's
+    # attempt to plant one never reached the session directory.
+    assert not (session / "registry.json").exists()
     assert "hostile" not in (session / "journal.jsonl").read_text()
     # Remote children's checkouts are bound only into their own child's view.
     assert _failed(got[f"list:{session / 'checkouts'}"]), got[f"list:{session / 'checkouts'}"]

@@ -18,6 +18,7 @@ from orchestrator.durability import (
     Journal,
     fold,
     keep_journal,
+    last_supervisor,
     parse_journal,
 )
 from orchestrator.durability._journal import previous
@@ -114,6 +115,37 @@ def test_unresolved_worktrees_are_kept_and_lost_children_revive():
     assert (facts.state, facts.handoff, facts.ended) == ("idle", None, False)
 
 
+def test_a_resolved_worktree_is_dropped_and_the_pid_is_folded():
+    data = SPAWN + line(seq=2, kind="pid", pid=4242)
+    data += line(seq=3, kind="handoff", state="stopped", remaining=["worktree kept"])
+    facts = fold(parse_journal(data).records)["a1"]
+    assert facts.pid == 4242
+    assert facts.unresolved
+    assert facts.keep
+    resolved = data + line(seq=4, kind="resolved")
+    facts = fold(parse_journal(resolved).records)["a1"]
+    assert not facts.unresolved
+    assert not facts.keep  # rotation drops it, and no later supervisor adopts it
+    # A child record carries both (what rotation writes).
+    compacted = line(seq=5, kind="child", **facts.as_fields())
+    after = fold(parse_journal(compacted).records)["a1"]
+    assert (after.pid, after.resolved, after.keep) == (4242, True, False)
+
+
+def test_the_last_supervisor_record_says_stopped_or_died():
+    serve = line(seq=1, kind="serve", key="", pid=7)
+    assert last_supervisor(parse_journal(b"").records) is None
+    died = last_supervisor(parse_journal(serve + SPAWN.replace(b'"seq":1', b'"seq":2')).records)
+    assert died is not None
+    assert (died.kind, died.fields["pid"]) == ("serve", 7)
+    clean = line(seq=3, kind="shutdown", key="", pid=7, clean=True)
+    stopped = last_supervisor(parse_journal(serve + clean).records)
+    assert stopped is not None
+    assert stopped.kind == "shutdown"
+    # A child's record of the same kind name is not the supervisor's.
+    assert last_supervisor(parse_journal(line(seq=1, kind="serve", pid=1)).records) is None
+
+
 # -- the writer ---------------------------------------------------------------------------------
 
 
@@ -177,6 +209,7 @@ def test_rotation_keeps_only_what_later_supervisors_need(state_dir):
     journal.append("handoff", "a2", state="stopped", remaining=[])
     journal.append("spawn", "a3", agent="worker")
     journal.append("handoff", "a3", state="failed", remaining=["worktree kept"])
+    journal.append("serve", pid=99)
     for n in range(200):
         journal.append("state", "a1", state="working" if n % 2 else "idle")
         journal.flush()
@@ -188,6 +221,9 @@ def test_rotation_keeps_only_what_later_supervisors_need(state_dir):
     assert reopened.facts["a1"].state == "working"
     assert reopened.facts["a1"].spawn == {"agent": "scout"}
     assert reopened.seq > 200  # numbering goes on across the rotation
+    serving = reopened.supervisor  # the supervisor's own record survives rotation
+    assert serving is not None
+    assert (serving.kind, serving.fields["pid"]) == ("serve", 99)
     seqs = [r["seq"] for r in reopened.since(0)]
     assert seqs == sorted(set(seqs))
 
