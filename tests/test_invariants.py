@@ -231,6 +231,8 @@ ROOMS: dict[str, set[str]] = {
 SUPERVISOR = "orchestrator.core._supervisor"
 SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.control._daemon"}
 SUPERVISOR_IMPORTERS |= {"orchestrator.control._review", "orchestrator.control._durable"}
+# _stale is the part of _durable that reads what a previous supervisor left (split off for size).
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._stale"}
 
 
 def product_modules(root: Path = ROOT) -> dict[str, Path]:

@@ -2,8 +2,8 @@
 
 :func:`take_stale` runs once, when ``fleet serve`` opens the journal (we hold the session lock,
 so every earlier supervisor has ended). Each child the journal says was live is *lost*: listed
-in ``peek``'s ``stale`` with whether ``fleet revive`` can bring it back (a hibernated one stays
-``hibernated`` in the journal and is shown so). Each child — live or ended — whose kept worktree
+in ``peek``'s ``stale`` with whether ``fleet revive`` can bring it back (a hibernated one too:
+its ``lost`` record says ``was: hibernated``). Each child — live or ended — whose kept worktree
 is still on disk and was never resolved is adopted: a retired FAILED record and its worktree
 snapshot, so ``fleet stop KEY`` copies it back and ``fleet discard KEY`` deletes it. Keys go on
 after every key the journal names, and one warning line says what was found, and whether the
@@ -123,11 +123,8 @@ def take_stale(sup: Supervisor, journal: Journal) -> Stale:
         if live:
             scratch = sup.paths.scratch / facts.key
             reason = "it is still running" if alive else why_not(revival, scratch)
-            hibernated = facts.state == "hibernated"
-            shown = "hibernated" if hibernated else "lost"
-            entry.update(state=shown, revivable=not reason, revive=reason or "fleet revive")
-            if not hibernated:  # a hibernated child stays so: the next supervisor shows it too
-                journal.append("lost", facts.key, durable=True, state="lost", was=facts.state)
+            entry.update(state="lost", revivable=not reason, revive=reason or "fleet revive")
+            journal.append("lost", facts.key, durable=True, state="lost", was=facts.state)
             if reason:
                 stale.unrevivable[facts.key] = reason
             else:
