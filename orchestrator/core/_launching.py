@@ -7,6 +7,7 @@ sealed loadout; a pane's child reads a 0600 loadout file and dials the listener;
 Ray node gets the workspace as a bundle and dials the TLS door.
 """
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -31,7 +32,7 @@ from orchestrator.launch._launcher import (
     child_argv,
     inherited_child_argv,
 )
-from orchestrator.launch._ray import RayLauncher
+from orchestrator.launch._ray import LaunchedRay, RayLauncher
 from orchestrator.launch._sandboxing import place
 from orchestrator.launch._tmux import TmuxLauncher
 from orchestrator.workspace._bundle import ship_workspace
@@ -86,6 +87,28 @@ class Launching:
         sup = self.sup
         loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
         launcher = self.launcher_for(run.record.surface)
+        remote = launcher if isinstance(launcher, RayLauncher) else None
+        if remote is not None:
+            # Its node directory and loadout file are made on its node, by its actor.
+            node = str(Path(loadout.scratch).parent)
+            await remote.open_node(run.key, node, {run.loadout: loadout.to_json()})
+            run.log.write(f"node directory {node}")
+        try:
+            launched = await self._start(run, loadout, launcher, nursery)
+        except BaseException:
+            if remote is not None:
+                with trio.CancelScope(shield=True):
+                    await remote.close_node(run.key)
+            raise
+        if remote is not None:
+            assert isinstance(launched, LaunchedRay)  # noqa: S101 - the ray launcher's
+            sup.remote.forget_loadout[run.key] = functools.partial(launched.forget, run.loadout)
+        return launched
+
+    async def _start(
+        self, run: ChildRun, loadout: ipc.Loadout, launcher: Launcher, nursery: trio.Nursery
+    ) -> Launched:
+        sup = self.sup
         proxy = await self._open_egress(run, loadout, nursery)
         pair: tuple[socket.socket, socket.socket] | None = None
         sealed = -1

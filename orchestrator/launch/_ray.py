@@ -83,6 +83,8 @@ class ChildActor:
 
     def __init__(self) -> None:
         self.proc: Any = None
+        #: The child's node directory (:meth:`make_node`): removed when the child ends.
+        self.node_dir = ""
         #: A shipped workspace: the node's private Git dir (outside every sandbox view) and
         #: the child's work tree, and the commit it started from.
         self.git_dir = ""
@@ -103,7 +105,11 @@ class ChildActor:
     def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
         """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
         private to this actor, so the child sees files only."""
-        private = tempfile.mkdtemp(prefix="fleet-node-")
+        if self.node_dir:  # beside the child's paths, out of its view, gone with them
+            private = os.path.join(self.node_dir, "git")
+            os.mkdir(private, 0o700)
+        else:
+            private = tempfile.mkdtemp(prefix="fleet-node-")
         source = os.path.join(private, "in.bundle")
         with open(source, "wb") as handle:
             handle.write(bundle)
@@ -148,6 +154,37 @@ class ChildActor:
         self.git_dir = ""
         return data
 
+    def make_node(self, directory: str, files: Mapping[str, bytes]) -> None:
+        """Make the child's node *directory* (0700, new: one that exists is refused, so no
+        symlink or planted directory is followed) with its scratch and (empty) checkout
+        inside, and write *files*
+        (its loadout) in it."""
+        if not os.path.isabs(directory) or os.path.dirname(directory) != tempfile.gettempdir():
+            raise RuntimeError(f"node directory {directory!r} is not in {tempfile.gettempdir()}")
+        os.mkdir(directory, 0o700)  # FileExistsError for anything already there
+        self.node_dir = directory
+        info = os.lstat(directory)
+        if info.st_uid != os.getuid() or (info.st_mode & 0o7777) != 0o700:
+            raise RuntimeError(f"node directory {directory!r}: not ours, or not 0700")
+        for part in ("scratch", "checkout"):  # the checkout filled by receive
+            os.mkdir(os.path.join(directory, part), 0o700)
+        _write_new(files, under=directory)
+
+    def forget(self, path: str) -> bool:
+        """Delete the child's loadout file at *path* (in its node directory) after its hello;
+        whether it is gone."""
+        if not self.node_dir or os.path.dirname(path) != self.node_dir:
+            raise RuntimeError(f"{path!r} is not in the child's node directory")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return not os.path.lexists(path)
+
+    def clean_up(self) -> None:
+        """Remove the child's node directory (its checkout, scratch, key); after bring_back."""
+        if self.node_dir:
+            shutil.rmtree(self.node_dir, ignore_errors=True)
+            self.node_dir = ""
+
     def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
         """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
         done = subprocess.run(
@@ -169,10 +206,7 @@ class ChildActor:
     ) -> dict[str, Any]:
         """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
         start the child."""
-        for path, data in (files or {}).items():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+        _write_new(files or {})
         ray = _ray()
         self.proc = subprocess.Popen(
             list(argv),
@@ -213,6 +247,17 @@ class ChildActor:
         return int(self.proc.wait())
 
 
+def _write_new(files: Mapping[str, bytes], under: str = "") -> None:
+    """Write each of *files* (path → bytes) as a new 0600 file (never through a symlink);
+    with *under*, each must be directly in that directory."""
+    for path, data in files.items():
+        if under and os.path.dirname(path) != under:
+            raise RuntimeError(f"{path!r} is not in {under!r}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+
+
 _remote_cls: Any = None
 
 
@@ -220,8 +265,9 @@ def _actor_class() -> Any:
     global _remote_cls  # noqa: PLW0603 - ray.remote once per process
     if _remote_cls is None:
         ray = _ray()
-        # max_concurrency 2: ``wait`` blocks one thread while ``stop`` must still be served.
-        _remote_cls = ray.remote(max_concurrency=2, max_restarts=0)(ChildActor)
+        # max_concurrency 3: ``wait`` blocks one thread while ``stop`` and ``forget`` must
+        # still be served.
+        _remote_cls = ray.remote(max_concurrency=3, max_restarts=0)(ChildActor)
     return _remote_cls
 
 
@@ -280,6 +326,7 @@ class LaunchedRay:
                     self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
                 if self.ships_back:
                     self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
+                ray.get(self.actor.clean_up.remote(), timeout=60)
             except Exception as exc:  # actor gone: PDEATHSIG took the child
                 log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
                 if self.ships_back:
@@ -292,6 +339,20 @@ class LaunchedRay:
             await trio.to_thread.run_sync(stop, not self.exited.is_set(), abandon_on_cancel=True)
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
+
+    async def forget(self, path: str) -> None:
+        """Have the actor delete the child's loadout file *path* on its node (after hello)."""
+        ray = _ray()
+        try:
+            gone = await trio.to_thread.run_sync(
+                lambda: ray.get(self.actor.forget.remote(path), timeout=60),
+                abandon_on_cancel=True,
+            )
+        except Exception as exc:  # the actor is gone: its node directory goes with the child
+            log.info("ray child %s: loadout not deleted on its node: %s", self.pid, exc)
+            return
+        if not gone:
+            log.warning("ray child %s: loadout %s still on its node", self.pid, path)
 
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - the Launched protocol
         await trio.lowlevel.checkpoint()
@@ -317,6 +378,47 @@ class RayLauncher:
     certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
     session: str = ""
     python: str = sys.executable
+    #: Actors made by :meth:`open_node`, waiting for their child's launch.
+    _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
+
+    async def _actor(self) -> Any:
+        await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        options: dict[str, Any] = {
+            "num_cpus": self.num_cpus,
+            "resources": {**self.resources, SLOT: 1},
+        }
+        if self.memory:
+            options["memory"] = self.memory
+        return _actor_class().options(**options).remote()
+
+    async def open_node(self, key: str, directory: str, files: Mapping[str, bytes]) -> None:
+        """Give child *key* its actor now and have it make the child's node *directory* with
+        *files* in it (its loadout), before the child is placed; :meth:`launch` then uses that
+        actor. Queues, like a launch, until a node has a free slot."""
+        actor = await self._actor()
+        ray = _ray()
+        try:
+            await trio.to_thread.run_sync(
+                ray.get, actor.make_node.remote(directory, dict(files)), abandon_on_cancel=True
+            )
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        self._opened[key] = actor
+
+    async def close_node(self, key: str) -> None:
+        """Child *key* will not be launched after all: its node directory and actor go."""
+        actor = self._opened.pop(key, None)
+        if actor is None:
+            return
+        ray = _ray()
+
+        def close() -> None:
+            with contextlib.suppress(Exception):
+                ray.get(actor.clean_up.remote(), timeout=60)
+            ray.kill(actor, no_restart=True)
+
+        await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
     def _connect(self) -> None:
         ray = _ray()
@@ -329,14 +431,9 @@ class RayLauncher:
     ) -> LaunchedRay:
         if spec.inherit is not None:
             raise ValueError("ray launcher: a child on a node cannot inherit descriptors")
-        await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
-        options: dict[str, Any] = {
-            "num_cpus": self.num_cpus,
-            "resources": {**self.resources, SLOT: 1},
-        }
-        if self.memory:
-            options["memory"] = self.memory
-        actor = _actor_class().options(**options).remote()
+        actor = self._opened.pop(spec.key, None)
+        if actor is None:
+            actor = await self._actor()
         ray = _ray()
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
