@@ -124,7 +124,7 @@ class Launching:
                 config=sup.config,
                 loadout=loadout,
                 scratch=Path(loadout.scratch),
-                egress=None if proxy is None else proxy.path,
+                egress=proxy if isinstance(proxy, Path) or proxy is None else proxy.path,
                 loadout_file=Path(run.loadout) if run.loadout else None,
             )
             run.record.sandboxed = placement.sandboxed
@@ -161,7 +161,7 @@ class Launching:
                 pair[1].close()
             if sealed >= 0:
                 os.close(sealed)
-        if proxy is not None:
+        if isinstance(proxy, EgressProxy):  # a node's proxy admits its child itself
             proxy.admit(launched.pid)
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
@@ -182,21 +182,29 @@ class Launching:
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
-    ) -> EgressProxy | None:
-        """Start *run*'s egress proxy in its own nursery (so it ends with the run).
+    ) -> EgressProxy | Path | None:
+        """Start *run*'s egress proxy in its own nursery (so it ends with the run); for a child
+        on a Ray node, its actor serves it there (the socket's path is returned).
 
         None when the child has no allowlist or will not be sandboxed (it then has the host's
         network, and a relay would have nothing to do)."""
         sup = self.sup
         if not loadout.egress or sup.config.sandbox == "off" or loadout.sandbox == "none":
             return None
-        directory = sup.config.paths.root / "egress"
-        ipc.ensure_private_dir(directory)
 
         def refused(target: str, reason: str) -> None:
             run.log.write(f"egress refused {target!r}: {reason}")
             sup.reject("egress", run.key, {"target": target, "reason": reason})
 
+        launcher = self.launcher_for(run.record.surface)
+        if isinstance(launcher, RayLauncher):
+            # On the child's node, by its actor: the socket in its node directory.
+            path = Path(loadout.scratch).parent / "egress.sock"
+            await launcher.open_egress(run.key, str(path), loadout.egress, refused)
+            run.log.write(f"egress allowed to {', '.join(loadout.egress)} (on its node)")
+            return path
+        directory = sup.config.paths.root / "egress"
+        ipc.ensure_private_dir(directory)
         proxy = EgressProxy(
             path=directory / f"{run.key}.sock",
             allowed=allowlist(loadout.egress),

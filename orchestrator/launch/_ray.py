@@ -31,12 +31,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
+from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 
 log = logging.getLogger("orchestrator")
@@ -78,6 +81,68 @@ _NODE_GIT_ENV = {
 }
 
 
+class _NodeEgress:
+    """A child's :class:`EgressProxy` run by its actor on the node: trio in a thread."""
+
+    def __init__(self, path: str, allowed: list[str]) -> None:
+        self._refused: list[tuple[str, str]] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        self.proxy = EgressProxy(path=Path(path), allowed=allowlist(allowed), on_refused=self._on)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=self._run, name="fleet-egress", daemon=True)
+        self._error: BaseException | None = None
+
+    def _on(self, target: str, reason: str) -> None:
+        with self._changed:
+            self._refused.append((target, reason))
+            self._changed.notify_all()
+
+    def start(self) -> None:
+        started = threading.Event()
+        self._started = started
+        self._thread.start()
+        if not started.wait(30) or self._error is not None:
+            raise RuntimeError(f"egress proxy on the node did not start: {self._error}")
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.proxy.serve)
+                    self._started.set()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported by start, or the proxy ended
+            self._error = exc
+        finally:
+            self._started.set()
+            with self._changed:
+                self._closed = True
+                self._changed.notify_all()
+
+    def admit(self, pid: int) -> None:
+        if self._token is not None:
+            trio.from_thread.run_sync(self.proxy.admit, pid, trio_token=self._token)
+
+    def refusals(self, wait: float) -> list[tuple[str, str]]:
+        with self._changed:
+            if not self._refused and not self._closed:
+                self._changed.wait(wait)
+            got, self._refused = self._refused, []
+            return got
+
+    def close(self) -> None:
+        if self._token is not None and self._scope is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
 class ChildActor:
     """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
 
@@ -85,6 +150,8 @@ class ChildActor:
         self.proc: Any = None
         #: The child's node directory (:meth:`make_node`): removed when the child ends.
         self.node_dir = ""
+        #: The child's egress proxy on this node (:meth:`open_egress`), if it has one.
+        self.egress: _NodeEgress | None = None
         #: A shipped workspace: the node's private Git dir (outside every sandbox view) and
         #: the child's work tree, and the commit it started from.
         self.git_dir = ""
@@ -170,6 +237,20 @@ class ChildActor:
             os.mkdir(os.path.join(directory, part), 0o700)
         _write_new(files, under=directory)
 
+    def open_egress(self, path: str, allowed: Sequence[str]) -> None:
+        """Serve the child's egress proxy (:class:`EgressProxy`, its *allowed* ``host:port``
+        list) at *path* in its node directory, in a thread of its own running trio; only the
+        child :meth:`start` makes is admitted. Refusals wait for :meth:`refusals`."""
+        if not self.node_dir or os.path.dirname(path) != self.node_dir:
+            raise RuntimeError(f"{path!r} is not in the child's node directory")
+        self.egress = _NodeEgress(path, list(allowed))
+        self.egress.start()
+
+    def refusals(self, wait: float) -> list[tuple[str, str]]:
+        """The egress refusals since the last call (``(target, reason)``), waiting up to
+        *wait* seconds for one; ``[]`` once the proxy is closed."""
+        return [] if self.egress is None else self.egress.refusals(wait)
+
     def forget(self, path: str) -> bool:
         """Delete the child's loadout file at *path* (in its node directory) after its hello;
         whether it is gone."""
@@ -181,6 +262,8 @@ class ChildActor:
 
     def clean_up(self) -> None:
         """Remove the child's node directory (its checkout, scratch, key); after bring_back."""
+        if self.egress is not None:
+            self.egress.close()
         if self.node_dir:
             shutil.rmtree(self.node_dir, ignore_errors=True)
             self.node_dir = ""
@@ -218,6 +301,8 @@ class ChildActor:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
         )
+        if self.egress is not None:
+            self.egress.admit(self.proc.pid)
         ctx = ray.get_runtime_context()
         return {"pid": self.proc.pid, "node": ctx.get_node_id(), "actor_pid": os.getpid()}
 
@@ -265,9 +350,9 @@ def _actor_class() -> Any:
     global _remote_cls  # noqa: PLW0603 - ray.remote once per process
     if _remote_cls is None:
         ray = _ray()
-        # max_concurrency 3: ``wait`` blocks one thread while ``stop`` and ``forget`` must
-        # still be served.
-        _remote_cls = ray.remote(max_concurrency=3, max_restarts=0)(ChildActor)
+        # max_concurrency 4: ``wait`` and the ``refusals`` poll block a thread each while
+        # ``stop`` and ``forget`` must still be served.
+        _remote_cls = ray.remote(max_concurrency=4, max_restarts=0)(ChildActor)
     return _remote_cls
 
 
@@ -340,6 +425,23 @@ class LaunchedRay:
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
 
+    async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
+        """Hand each egress refusal of the child's node-side proxy to *refused* (the
+        supervisor's reject and run log) until the child has ended and the actor is gone."""
+        ray = _ray()
+        while True:
+            try:
+                got = await trio.to_thread.run_sync(
+                    lambda: ray.get(self.actor.refusals.remote(5.0), timeout=30),
+                    abandon_on_cancel=True,
+                )
+            except Exception:  # the actor is gone, and its proxy with it
+                return
+            for target, reason in got:
+                refused(target, reason)
+            if self.exited.is_set() and not got:
+                return
+
     async def forget(self, path: str) -> None:
         """Have the actor delete the child's loadout file *path* on its node (after hello)."""
         ray = _ray()
@@ -380,6 +482,8 @@ class RayLauncher:
     python: str = sys.executable
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
+    #: Per child with a node-side egress proxy: where its refusals go.
+    _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
 
     async def _actor(self) -> Any:
         await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
@@ -406,9 +510,23 @@ class RayLauncher:
             raise
         self._opened[key] = actor
 
+    async def open_egress(
+        self, key: str, path: str, allowed: Sequence[str], refused: Callable[[str, str], None]
+    ) -> None:
+        """Have child *key*'s actor (made by :meth:`open_node`) serve its egress proxy at
+        *path* on its node; its refusals go to *refused* once it is launched."""
+        ray = _ray()
+        await trio.to_thread.run_sync(
+            ray.get,
+            self._opened[key].open_egress.remote(path, list(allowed)),
+            abandon_on_cancel=True,
+        )
+        self._refused[key] = refused
+
     async def close_node(self, key: str) -> None:
         """Child *key* will not be launched after all: its node directory and actor go."""
         actor = self._opened.pop(key, None)
+        self._refused.pop(key, None)
         if actor is None:
             return
         ray = _ray()
@@ -464,6 +582,9 @@ class RayLauncher:
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
+        refused = self._refused.pop(spec.key, None)
+        if refused is not None:
+            nursery.start_soon(launched.poll_refusals, refused)
         return launched
 
     async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
