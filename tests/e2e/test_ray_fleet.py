@@ -86,6 +86,7 @@ def assert_nothing_local(fleet: Fleet, key: str) -> None:
     assert not (session / "checkouts").exists()
     assert not (session / "scratch" / key).exists()
     assert not (session / "loadouts" / f"{key}.json").exists()
+    assert not (session / "egress" / f"{key}.sock").exists()  # its proxy is its node's
     assert (session / "logs" / f"{key}.log").exists()  # the supervisor's record stays here
 
 
@@ -138,6 +139,24 @@ def test_children_on_the_cluster_report_back(fleet):
     fleet.json("stop", *nodes, timeout=150)
     for node in nodes.values():
         assert not node.exists(), node  # its actor removed it when the child ended
+
+
+def test_an_unsandboxed_remote_child_also_lives_in_its_node_directory(tmp_path, cluster):
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray"}
+    env |= {"FLEET_SANDBOX": "off", "FLEET_ALLOW_UNSANDBOXED": "1"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        model = fleet.script("work", WORK)
+        fleet.json("spawn", "--surface", "ray", "--model", model, "a")
+        [note] = fleet.json("wait", "a1", "--timeout", "120", timeout=150)["settled"]
+        assert "The answer is 42." in note["report"], note
+        [agent] = fleet.json("peek")["agents"]
+        assert agent["sandboxed"] is False, agent
+        node = node_directory(fleet, "a1")
+        assert_node_directory(node)
+        assert (node / "checkout" / "README.md").exists()
+        assert_nothing_local(fleet, "a1")
+        fleet.json("stop", "a1", timeout=150)
+        assert not node.exists(), node
 
 
 def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
