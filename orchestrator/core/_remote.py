@@ -1,11 +1,11 @@
 """The supervisor's side of remote children: the session CA and the TLS door, made on first use.
 
 A child on another node (the ``ray`` surface) dials back to ``tls://HOST:PORT`` instead of the
-session's Unix socket. Its loadout names that address, its TLS directory (a fresh directory in
-its own scratch, which its actor creates on the node) and, for its egress relay, the door's
-``host:port`` — a sandboxed child has no network but the supervisor's proxy, which lets only
-its allowlist through. The CA's key stays in this process; the door closes with the last
-remote child.
+session's Unix socket. Its loadout names that address, its paths in its node directory
+(:func:`node_directory`: made on its node by its actor, nothing here) and, for its egress
+relay, the door's ``host:port`` — a sandboxed child has no network but its proxy (run by its
+actor on its node), which lets only its allowlist through. The CA's key stays in this process;
+the door closes with the last remote child.
 """
 
 from __future__ import annotations
