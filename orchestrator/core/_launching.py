@@ -7,6 +7,7 @@ sealed loadout; a pane's child reads a 0600 loadout file and dials the listener;
 Ray node gets the workspace as a bundle and dials the TLS door.
 """
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -31,7 +32,7 @@ from orchestrator.launch._launcher import (
     child_argv,
     inherited_child_argv,
 )
-from orchestrator.launch._ray import RayLauncher
+from orchestrator.launch._ray import LaunchedRay, RayLauncher
 from orchestrator.launch._sandboxing import place
 from orchestrator.launch._tmux import TmuxLauncher
 from orchestrator.workspace._bundle import ship_workspace
@@ -86,6 +87,28 @@ class Launching:
         sup = self.sup
         loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
         launcher = self.launcher_for(run.record.surface)
+        remote = launcher if isinstance(launcher, RayLauncher) else None
+        if remote is not None:
+            # Its node directory and loadout file are made on its node, by its actor.
+            node = str(Path(loadout.scratch).parent)
+            await remote.open_node(run.key, node, {run.loadout: loadout.to_json()})
+            run.log.write(f"node directory {node}")
+        try:
+            launched = await self._start(run, loadout, launcher, nursery)
+        except BaseException:
+            if remote is not None:
+                with trio.CancelScope(shield=True):
+                    await remote.close_node(run.key)
+            raise
+        if remote is not None:
+            assert isinstance(launched, LaunchedRay)  # noqa: S101 - the ray launcher's
+            sup.remote.forget_loadout[run.key] = functools.partial(launched.forget, run.loadout)
+        return launched
+
+    async def _start(
+        self, run: ChildRun, loadout: ipc.Loadout, launcher: Launcher, nursery: trio.Nursery
+    ) -> Launched:
+        sup = self.sup
         proxy = await self._open_egress(run, loadout, nursery)
         pair: tuple[socket.socket, socket.socket] | None = None
         sealed = -1
@@ -101,7 +124,7 @@ class Launching:
                 config=sup.config,
                 loadout=loadout,
                 scratch=Path(loadout.scratch),
-                egress=None if proxy is None else proxy.path,
+                egress=proxy if isinstance(proxy, Path) or proxy is None else proxy.path,
                 loadout_file=Path(run.loadout) if run.loadout else None,
             )
             run.record.sandboxed = placement.sandboxed
@@ -138,7 +161,7 @@ class Launching:
                 pair[1].close()
             if sealed >= 0:
                 os.close(sealed)
-        if proxy is not None:
+        if isinstance(proxy, EgressProxy):  # a node's proxy admits its child itself
             proxy.admit(launched.pid)
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
@@ -159,21 +182,29 @@ class Launching:
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery
-    ) -> EgressProxy | None:
-        """Start *run*'s egress proxy in its own nursery (so it ends with the run).
+    ) -> EgressProxy | Path | None:
+        """Start *run*'s egress proxy in its own nursery (so it ends with the run); for a child
+        on a Ray node, its actor serves it there (the socket's path is returned).
 
         None when the child has no allowlist or will not be sandboxed (it then has the host's
         network, and a relay would have nothing to do)."""
         sup = self.sup
         if not loadout.egress or sup.config.sandbox == "off" or loadout.sandbox == "none":
             return None
-        directory = sup.config.paths.root / "egress"
-        ipc.ensure_private_dir(directory)
 
         def refused(target: str, reason: str) -> None:
             run.log.write(f"egress refused {target!r}: {reason}")
             sup.reject("egress", run.key, {"target": target, "reason": reason})
 
+        launcher = self.launcher_for(run.record.surface)
+        if isinstance(launcher, RayLauncher):
+            # On the child's node, by its actor: the socket in its node directory.
+            path = Path(loadout.scratch).parent / "egress.sock"
+            await launcher.open_egress(run.key, str(path), loadout.egress, refused)
+            run.log.write(f"egress allowed to {', '.join(loadout.egress)} (on its node)")
+            return path
+        directory = sup.config.paths.root / "egress"
+        ipc.ensure_private_dir(directory)
         proxy = EgressProxy(
             path=directory / f"{run.key}.sock",
             allowed=allowlist(loadout.egress),

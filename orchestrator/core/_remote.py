@@ -1,15 +1,18 @@
 """The supervisor's side of remote children: the session CA and the TLS door, made on first use.
 
 A child on another node (the ``ray`` surface) dials back to ``tls://HOST:PORT`` instead of the
-session's Unix socket. Its loadout names that address, its TLS directory (a fresh directory in
-its own scratch, which its actor creates on the node) and, for its egress relay, the door's
-``host:port`` — a sandboxed child has no network but the supervisor's proxy, which lets only
-its allowlist through. The CA's key stays in this process; the door closes with the last
-remote child.
+session's Unix socket. Its loadout names that address, its paths in its node directory
+(:func:`node_directory`: made on its node by its actor, nothing here) and, for its egress
+relay, the door's ``host:port`` — a sandboxed child has no network but its proxy (run by its
+actor on its node), which lets only its allowlist through. The CA's key stays in this process;
+the door closes with the last remote child.
 """
 
 from __future__ import annotations
 
+import secrets
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -21,12 +24,11 @@ from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from pathlib import Path
+    from collections.abc import Awaitable, Callable, Mapping
 
     import trio
 
-__all__ = ["REMOTE_SURFACES", "Remote"]
+__all__ = ["REMOTE_SURFACES", "NodeLayout", "Remote", "node_directory", "node_layout"]
 
 
 class _Attachable(Protocol):
@@ -41,6 +43,42 @@ class _Attachable(Protocol):
 
 #: Surfaces whose children run on other nodes and dial back over mutual TLS.
 REMOTE_SURFACES = frozenset({"ray"})
+
+
+@attrs.frozen
+class NodeLayout:
+    """A remote child's paths in its node directory (all on its node, none on ours)."""
+
+    root: Path
+    loadout: Path
+    scratch: Path
+    tls: Path
+    checkout: Path
+
+
+def node_directory(session: str, key: str) -> Path:
+    """A fresh, unpredictable node directory for child *key*: its actor makes it (0700, and
+    refuses one that exists) in the node's temporary directory.
+
+    The name is chosen here, before the child has an actor, so it is the temporary directory
+    as this process sees it (``TMPDIR``, else ``/tmp``): nodes are expected to share that
+    convention."""
+    name = f"fleet-node-{session}-{key}-{secrets.token_hex(16)}"
+    return Path(tempfile.gettempdir()) / name
+
+
+def node_layout(node: Path) -> NodeLayout:
+    """What lives in *node*: the loadout file, the scratch (its TLS dir inside, readable by the
+    child), and the checkout beside it (not in the scratch: a reader's checkout is bound
+    read-only, which a writable scratch around it would undo)."""
+    scratch = node / "scratch"
+    return NodeLayout(
+        root=node,
+        loadout=node / "loadout.json",
+        scratch=scratch,
+        tls=scratch / "tls",
+        checkout=node / "checkout",
+    )
 
 
 @attrs.define(eq=False)
@@ -58,6 +96,8 @@ class Remote:
     request_timeout: float = 30.0
     #: A remote child's lease (``child._lease``): seconds it may go unheard before it quits.
     lease_s: float = 30.0
+    #: Per remote child: deletes its loadout file on its node (its actor does), at its hello.
+    forget_loadout: dict[str, Callable[[], Awaitable[None]]] = attrs.field(factory=dict, init=False)
     _ca: SessionCA | None = attrs.field(default=None, init=False)
     _door: TlsDoor | None = attrs.field(default=None, init=False)
 
@@ -67,12 +107,10 @@ class Remote:
             self._ca = SessionCA(self.session)
         return self._ca
 
-    async def fields_for(
-        self, key: str, scratch: Path, checkouts: Path, fields: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The loadout fields of remote child *key*: the door's address (opening it), its TLS
-        directory, the door on its egress allowlist, and the checkout its node makes from the
-        workspace's bundle (``checkouts/KEY``)."""
+    async def fields_for(self, key: str, node: Path, fields: dict[str, Any]) -> dict[str, Any]:
+        """The loadout fields of remote child *key*: the door's address (opening it), the door
+        on its egress allowlist, and its paths in its *node* directory (:func:`node_layout`):
+        the checkout its node makes from the workspace's bundle, its scratch and TLS dir."""
         if self._door is None:
             self._door = TlsDoor(
                 ca=self.ca,
@@ -86,21 +124,15 @@ class Remote:
         address = await self._door.open_for(key, self.nursery)
         host, port = ipc.tls_address(address)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        # Every remote child works in its node's checkout of a bundle (beside the session's
-        # worktrees, not in its scratch: a reader's checkout is bound read-only, which a
-        # writable scratch around it would undo): made empty here so the sandbox can be
-        # planned; the node fills it (and makes it on a node that does not share this file
-        # system).
-        checkout = checkouts / key
-        ipc.ensure_private_dir(checkouts)
-        ipc.ensure_private_dir(checkout)
-        shipped = {"workspace": str(checkout)}
+        # Nothing is made here: the node's actor makes the node directory and all in it.
+        layout = node_layout(node)
         return {
             **fields,
-            **shipped,
+            "workspace": str(layout.checkout),
+            "scratch": str(layout.scratch),
             "socket": address,
             "lease_s": self.lease_s,
-            "tls": str(scratch / "tls"),
+            "tls": str(layout.tls),
             "egress": [*fields.get("egress", ()), target],
         }
 
@@ -115,6 +147,7 @@ class Remote:
         )
 
     def release(self, key: str) -> None:
+        self.forget_loadout.pop(key, None)
         if self._door is not None:
             self._door.release(key)
 
@@ -125,5 +158,10 @@ class Remote:
             await channel.aclose("unknown owner")
             return
         run.terms.vouched(seconds)  # the channel lives no longer than its certificate
-        unlink_quietly(run.loadout)
+        forget = self.forget_loadout.pop(channel.owner, None)
+        if forget is None:
+            unlink_quietly(run.loadout)
+        else:
+            # The loadout file is on the child's node: its actor deletes it, off the loop.
+            self.nursery.start_soon(forget)
         await run.attach(channel, hello)

@@ -30,7 +30,7 @@ from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._launching import inherits
 from orchestrator.core._plan import plan_spawn, resume_id
-from orchestrator.core._remote import REMOTE_SURFACES
+from orchestrator.core._remote import REMOTE_SURFACES, node_directory, node_layout
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
@@ -184,7 +184,7 @@ class Spawning:
         failures: list[_PrepareError] = []
         fields = [
             await sup.remote.fields_for(
-                record.key, paths.scratch / record.key, paths.root / "checkouts", loadout_fields
+                record.key, node_directory(sup.config.session, record.key), loadout_fields
             )
             if record.surface in REMOTE_SURFACES
             else loadout_fields
@@ -228,8 +228,11 @@ class Spawning:
         fields = dict(fields)
         sup = self.sup
         paths = sup.config.paths
-        scratch = paths.scratch / record.key
-        ipc.ensure_private_dir(scratch)
+        # A remote child's scratch is in its node directory, made on its node, not here.
+        scratch = Path(fields.pop("scratch", "") or paths.scratch / record.key)
+        remote = record.surface in REMOTE_SURFACES
+        if not remote:
+            ipc.ensure_private_dir(scratch)
         if record.mode == "worktree":
             record.workspace = str(sup.worktrees.path_for(record.key))
         token = ipc.derive_token(sup.session_key, record.key)
@@ -253,7 +256,10 @@ class Spawning:
             **fields,
         )
         loadout_path = ""
-        if not inherits(record.surface):
+        if remote:
+            # Its actor writes it on the node (from the card) when it makes the node directory.
+            loadout_path = str(node_layout(scratch.parent).loadout)
+        elif not inherits(record.surface):
             loadout_path = str(paths.loadouts / f"{record.key}.json")
             ipc.write_loadout(Path(loadout_path), loadout)
         log = RunLog(

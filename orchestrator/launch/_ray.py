@@ -17,20 +17,20 @@ Every call into Ray is blocking, so it runs in a worker thread
 The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
 starts, its actor makes a key and CSR on the node (``python -m child._tls``; the key never
 leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
-the leaf and the CA beside the key. Scope today: the loadout and workspace are still paths the
-node must see (a ``ray.cluster_utils.Cluster`` or nodes sharing the state directory);
-git-bundle workspaces are not wired in yet.
+the leaf and the CA beside the key.
+
+Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`): the
+supervisor names it, :meth:`RayLauncher.open_node` has a fresh actor make it (0700, refused if
+it exists) and write the loadout there before the child is placed; the workspace arrives as a
+git bundle, the child's egress proxy is served there by the actor (its refusals polled back,
+:meth:`LaunchedRay.poll_refusals`), and the actor removes it all when the child ends.
 """
 
 import contextlib
-import ctypes
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,179 +38,12 @@ import attrs
 import trio
 
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
+from orchestrator.launch._ray_node import ChildActor, ray_module
 
 log = logging.getLogger("orchestrator")
 
 #: The per-node custom resource that is a node's lane (one unit per live child).
 SLOT = "agent_slot"
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _ray() -> Any:
-    """The ``ray`` module: imported on first use, as it is an optional extra (``[ray]``)."""
-    try:
-        import ray  # noqa: PLC0415 - optional extra, only a ray surface pays for it
-    except ImportError:
-        raise ImportError(
-            "the ray surface needs Ray: pip install 'fleet-orchestrator[ray]'"
-        ) from None
-    return ray
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-#: Git on the node: no user or system config, no hooks, no fsmonitor — the work tree is the
-#: child's, and nothing the child wrote there may run when the actor commits it.
-_NODE_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
-_NODE_GIT_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_AUTHOR_NAME": "fleet",
-    "GIT_AUTHOR_EMAIL": "fleet@localhost",
-    "GIT_COMMITTER_NAME": "fleet",
-    "GIT_COMMITTER_EMAIL": "fleet@localhost",
-    "LC_ALL": "C",
-}
-
-
-class ChildActor:
-    """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
-
-    def __init__(self) -> None:
-        self.proc: Any = None
-        #: A shipped workspace: the node's private Git dir (outside every sandbox view) and
-        #: the child's work tree, and the commit it started from.
-        self.git_dir = ""
-        self.work_tree = ""
-        self.base = ""
-
-    def _git(self, *args: str) -> bytes:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV}
-        env |= {"GIT_DIR": self.git_dir, "GIT_WORK_TREE": self.work_tree}
-        done = subprocess.run(
-            [*_NODE_GIT, *args], cwd=self.work_tree, env=env, capture_output=True, check=False
-        )
-        if done.returncode != 0:
-            detail = done.stderr.decode(errors="replace").strip().splitlines()
-            raise RuntimeError(f"git {args[0]} on the node: {detail[-1] if detail else done}")
-        return done.stdout
-
-    def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
-        """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
-        private to this actor, so the child sees files only."""
-        private = tempfile.mkdtemp(prefix="fleet-node-")
-        source = os.path.join(private, "in.bundle")
-        with open(source, "wb") as handle:
-            handle.write(bundle)
-        os.makedirs(work_tree, mode=0o700, exist_ok=True)
-        self.git_dir, self.work_tree = os.path.join(private, "git"), work_tree
-        subprocess.run(
-            [*_NODE_GIT, "init", "-q", "--bare", self.git_dir],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV},
-            check=True,
-            capture_output=True,
-        )
-        self._git("config", "core.bare", "false")
-        self._git("fetch", "-q", "--no-tags", source, "HEAD")
-        self.base = self._git("rev-parse", "FETCH_HEAD").decode().strip()
-        self._git("read-tree", "--reset", "-u", self.base)
-        os.unlink(source)
-        if read_only:
-            # Its files read-only (the sandbox binds the whole checkout read-only too); the
-            # directories stay removable, so the session's clean-up can delete the checkout.
-            for root, _dirs, files in os.walk(work_tree):
-                for name in files:
-                    path = os.path.join(root, name)
-                    if not os.path.islink(path):
-                        os.chmod(path, os.stat(path).st_mode & ~0o222)
-            shutil.rmtree(private, ignore_errors=True)  # nothing comes back from a reader
-            self.git_dir = ""
-
-    def bring_back(self) -> bytes:
-        """Commit what the child left in its work tree on top of the snapshot; the bundle of
-        that one commit (``base..HEAD``)."""
-        if not self.git_dir:
-            return b""
-        self._git("add", "-A")
-        tree = self._git("write-tree").decode().strip()
-        commit = self._git("commit-tree", "-p", self.base, "-m", "fleet: a node's changes", tree)
-        self._git("update-ref", "HEAD", commit.decode().strip())
-        out = os.path.join(os.path.dirname(self.git_dir), "back.bundle")
-        self._git("bundle", "create", "-q", out, "HEAD", f"^{self.base}")
-        with open(out, "rb") as handle:
-            data = handle.read()
-        shutil.rmtree(os.path.dirname(self.git_dir), ignore_errors=True)
-        self.git_dir = ""
-        return data
-
-    def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
-        """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
-        done = subprocess.run(
-            [python, "-m", "child._tls", directory, session, owner],
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.decode(errors="replace").strip() or "no CSR")
-        return done.stdout
-
-    def start(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        env: Mapping[str, str],
-        files: Mapping[str, bytes] | None = None,
-    ) -> dict[str, Any]:
-        """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
-        start the child."""
-        for path, data in (files or {}).items():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-        ray = _ray()
-        self.proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
-        )
-        ctx = ray.get_runtime_context()
-        return {"pid": self.proc.pid, "node": ctx.get_node_id(), "actor_pid": os.getpid()}
-
-    def wait(self) -> tuple[int, bytes]:
-        """Block until the child ends; its status and its last 8 KiB of output."""
-        out = self.proc.stdout.read() if self.proc.stdout is not None else b""
-        code = self.proc.wait()
-        return code, out[-8192:]
-
-    def stop(self, grace: float) -> int:
-        """TERM the child's whole process group, KILL it after *grace*; the exit status."""
-        if self.proc is None:
-            return 0
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                # The leader is gone; take any stragglers in its group with it.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return int(self.proc.wait())
 
 
 _remote_cls: Any = None
@@ -219,9 +52,10 @@ _remote_cls: Any = None
 def _actor_class() -> Any:
     global _remote_cls  # noqa: PLW0603 - ray.remote once per process
     if _remote_cls is None:
-        ray = _ray()
-        # max_concurrency 2: ``wait`` blocks one thread while ``stop`` must still be served.
-        _remote_cls = ray.remote(max_concurrency=2, max_restarts=0)(ChildActor)
+        ray = ray_module()
+        # max_concurrency 4: ``wait`` and the ``refusals`` poll block a thread each while
+        # ``stop`` and ``forget`` must still be served.
+        _remote_cls = ray.remote(max_concurrency=4, max_restarts=0)(ChildActor)
     return _remote_cls
 
 
@@ -250,7 +84,7 @@ class LaunchedRay:
     actor_pid: int = 0
 
     async def _watch(self, sink: OutputSink) -> None:
-        ray = _ray()
+        ray = ray_module()
         try:
             code, out = await trio.to_thread.run_sync(ray.get, self._done, abandon_on_cancel=True)
             if out:
@@ -272,7 +106,7 @@ class LaunchedRay:
         return self.returncode
 
     async def terminate(self, grace: float) -> None:
-        ray = _ray()
+        ray = ray_module()
 
         def stop(child_running: bool) -> None:
             try:
@@ -280,6 +114,7 @@ class LaunchedRay:
                     self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
                 if self.ships_back:
                     self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
+                ray.get(self.actor.clean_up.remote(), timeout=60)
             except Exception as exc:  # actor gone: PDEATHSIG took the child
                 log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
                 if self.ships_back:
@@ -292,6 +127,37 @@ class LaunchedRay:
             await trio.to_thread.run_sync(stop, not self.exited.is_set(), abandon_on_cancel=True)
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
+
+    async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
+        """Hand each egress refusal of the child's node-side proxy to *refused* (the
+        supervisor's reject and run log) until the child has ended and the actor is gone."""
+        ray = ray_module()
+        while True:
+            try:
+                got = await trio.to_thread.run_sync(
+                    lambda: ray.get(self.actor.refusals.remote(5.0), timeout=30),
+                    abandon_on_cancel=True,
+                )
+            except Exception:  # the actor is gone, and its proxy with it
+                return
+            for target, reason in got:
+                refused(target, reason)
+            if self.exited.is_set() and not got:
+                return
+
+    async def forget(self, path: str) -> None:
+        """Have the actor delete the child's loadout file *path* on its node (after hello)."""
+        ray = ray_module()
+        try:
+            gone = await trio.to_thread.run_sync(
+                lambda: ray.get(self.actor.forget.remote(path), timeout=60),
+                abandon_on_cancel=True,
+            )
+        except Exception as exc:  # the actor is gone: its node directory goes with the child
+            log.info("ray child %s: loadout not deleted on its node: %s", self.pid, exc)
+            return
+        if not gone:
+            log.warning("ray child %s: loadout %s still on its node", self.pid, path)
 
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - the Launched protocol
         await trio.lowlevel.checkpoint()
@@ -317,9 +183,66 @@ class RayLauncher:
     certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
     session: str = ""
     python: str = sys.executable
+    #: Actors made by :meth:`open_node`, waiting for their child's launch.
+    _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
+    #: Per child with a node-side egress proxy: where its refusals go.
+    _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
+
+    async def _actor(self) -> Any:
+        await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        options: dict[str, Any] = {
+            "num_cpus": self.num_cpus,
+            "resources": {**self.resources, SLOT: 1},
+        }
+        if self.memory:
+            options["memory"] = self.memory
+        return _actor_class().options(**options).remote()
+
+    async def open_node(self, key: str, directory: str, files: Mapping[str, bytes]) -> None:
+        """Give child *key* its actor now and have it make the child's node *directory* with
+        *files* in it (its loadout), before the child is placed; :meth:`launch` then uses that
+        actor. Queues, like a launch, until a node has a free slot."""
+        actor = await self._actor()
+        ray = ray_module()
+        try:
+            await trio.to_thread.run_sync(
+                ray.get, actor.make_node.remote(directory, dict(files)), abandon_on_cancel=True
+            )
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        self._opened[key] = actor
+
+    async def open_egress(
+        self, key: str, path: str, allowed: Sequence[str], refused: Callable[[str, str], None]
+    ) -> None:
+        """Have child *key*'s actor (made by :meth:`open_node`) serve its egress proxy at
+        *path* on its node; its refusals go to *refused* once it is launched."""
+        ray = ray_module()
+        await trio.to_thread.run_sync(
+            ray.get,
+            self._opened[key].open_egress.remote(path, list(allowed)),
+            abandon_on_cancel=True,
+        )
+        self._refused[key] = refused
+
+    async def close_node(self, key: str) -> None:
+        """Child *key* will not be launched after all: its node directory and actor go."""
+        actor = self._opened.pop(key, None)
+        self._refused.pop(key, None)
+        if actor is None:
+            return
+        ray = ray_module()
+
+        def close() -> None:
+            with contextlib.suppress(Exception):
+                ray.get(actor.clean_up.remote(), timeout=60)
+            ray.kill(actor, no_restart=True)
+
+        await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
     def _connect(self) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             address = None if self.address in (None, "", "local") else self.address
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -329,15 +252,10 @@ class RayLauncher:
     ) -> LaunchedRay:
         if spec.inherit is not None:
             raise ValueError("ray launcher: a child on a node cannot inherit descriptors")
-        await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
-        options: dict[str, Any] = {
-            "num_cpus": self.num_cpus,
-            "resources": {**self.resources, SLOT: 1},
-        }
-        if self.memory:
-            options["memory"] = self.memory
-        actor = _actor_class().options(**options).remote()
-        ray = _ray()
+        actor = self._opened.pop(spec.key, None)
+        if actor is None:
+            actor = await self._actor()
+        ray = ray_module()
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
             if spec.ship is not None:
@@ -367,6 +285,9 @@ class RayLauncher:
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
+        refused = self._refused.pop(spec.key, None)
+        if refused is not None:
+            nursery.start_soon(launched.poll_refusals, refused)
         return launched
 
     async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
@@ -376,7 +297,7 @@ class RayLauncher:
             return {}
         if self.certify is None:
             raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
-        ray = _ray()
+        ray = ray_module()
         csr = await trio.to_thread.run_sync(
             ray.get,
             actor.request_certificate.remote(self.python, spec.tls, self.session, spec.key),

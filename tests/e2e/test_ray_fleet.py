@@ -4,7 +4,10 @@ The cluster is ``ray.cluster_utils.Cluster`` on this machine, started once for t
 test's supervisor joins it as its own driver (``FLEET_RAY_ADDRESS``).
 """
 
+import os
 import signal
+import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +57,39 @@ def fleet(tmp_path: Path, cluster: Cluster) -> Iterator[Fleet]:
         yield fleet
 
 
+def node_directory(fleet: Fleet, key: str) -> Path:
+    """Child *key*'s node directory, as its log names it."""
+    logs = fleet.run("logs", key).stdout
+    [line] = [line for line in logs.splitlines() if "node directory " in line]
+    node = Path(line.split("node directory ", 1)[1].strip())
+    assert node.parent == Path(tempfile.gettempdir()), node
+    assert node.name.startswith(f"fleet-node-t-{key}-"), node
+    assert len(node.name) > 30, node  # a random part
+    return node
+
+
+def assert_node_directory(node: Path) -> None:
+    """*node* is ours, 0700, not a symlink; its loadout file is gone once the child said hello."""
+    info = node.lstat()
+    assert stat.S_ISDIR(info.st_mode), node
+    assert info.st_uid == os.getuid(), node
+    assert stat.S_IMODE(info.st_mode) == 0o700, oct(info.st_mode)
+    deadline = time.monotonic() + 10
+    while (node / "loadout.json").exists():  # the actor deletes it just after the hello
+        assert time.monotonic() < deadline, "the loadout outlived the hello"
+        time.sleep(0.1)
+
+
+def assert_nothing_local(fleet: Fleet, key: str) -> None:
+    """Nothing of remote child *key* was made under the supervisor's session directory."""
+    session = fleet.home / "sessions" / "t"
+    assert not (session / "checkouts").exists()
+    assert not (session / "scratch" / key).exists()
+    assert not (session / "loadouts" / f"{key}.json").exists()
+    assert not (session / "egress" / f"{key}.sock").exists()  # its proxy is its node's
+    assert (session / "logs" / f"{key}.log").exists()  # the supervisor's record stays here
+
+
 def child_pids(home: Path) -> list[int]:
     """Live ``python -m child`` processes of the fleet under *home*."""
     found = []
@@ -84,19 +120,43 @@ def test_children_on_the_cluster_report_back(fleet):
         assert "The answer is 42." in note["report"], note
     peek = fleet.json("peek")["agents"]
     assert {a["surface"] for a in peek} == {"ray"}
-    # Each read its node's read-only checkout of the workspace, not the workspace itself.
-    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
-    assert (checkout / "README.md").read_text() == (fleet.repo / "README.md").read_text()
-    assert not (checkout / "README.md").stat().st_mode & 0o222
     # The sandbox applies on the node as it does locally (bwrap is installed here).
     assert all(a["sandboxed"] for a in peek), peek
-    # Each dialled back over mutual TLS: its node made the key (the child dropped the file once
-    # loaded), the session CA signed a leaf for that child alone.
-    for key in ("a1", "a2", "a3", "a4"):
-        tls = fleet.home / "sessions" / "t" / "scratch" / key / "tls"
+    nodes = {key: node_directory(fleet, key) for key in ("a1", "a2", "a3", "a4")}
+    for key, node in nodes.items():
+        assert_node_directory(node)
+        # Each read its node's read-only checkout of the workspace, not the workspace itself.
+        checkout = node / "checkout"
+        assert (checkout / "README.md").read_text() == (fleet.repo / "README.md").read_text()
+        assert not (checkout / "README.md").stat().st_mode & 0o222
+        # Each dialled back over mutual TLS: its node made the key (the child dropped the file
+        # once loaded), the session CA signed a leaf for that child alone.
+        tls = node / "scratch" / "tls"
         assert sorted(p.name for p in tls.iterdir()) == ["ca.pem", "cert.pem"], key
         leaf = x509.load_pem_x509_certificate((tls / "cert.pem").read_bytes())
         assert owner_of(leaf, "t") == key
+        assert_nothing_local(fleet, key)
+    fleet.json("stop", *nodes, timeout=150)
+    for node in nodes.values():
+        assert not node.exists(), node  # its actor removed it when the child ended
+
+
+def test_an_unsandboxed_remote_child_also_lives_in_its_node_directory(tmp_path, cluster):
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray"}
+    env |= {"FLEET_SANDBOX": "off", "FLEET_ALLOW_UNSANDBOXED": "1"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        model = fleet.script("work", WORK)
+        fleet.json("spawn", "--surface", "ray", "--model", model, "a")
+        [note] = fleet.json("wait", "a1", "--timeout", "120", timeout=150)["settled"]
+        assert "The answer is 42." in note["report"], note
+        [agent] = fleet.json("peek")["agents"]
+        assert agent["sandboxed"] is False, agent
+        node = node_directory(fleet, "a1")
+        assert_node_directory(node)
+        assert (node / "checkout" / "README.md").exists()
+        assert_nothing_local(fleet, "a1")
+        fleet.json("stop", "a1", timeout=150)
+        assert not node.exists(), node
 
 
 def test_the_supervisor_ending_takes_every_remote_child_with_it(tmp_path, cluster):
@@ -127,10 +187,13 @@ def test_a_workers_changes_come_back_from_its_node_and_apply(fleet):
     assert note["error"] == "", note
     # The child worked in the node's checkout of the snapshot bundle, not the local worktree.
     worktree = fleet.home / "sessions" / "t" / "worktrees" / "a1"
-    checkout = fleet.home / "sessions" / "t" / "checkouts" / "a1"
+    node = node_directory(fleet, "a1")
+    assert_node_directory(node)
+    checkout = node / "checkout"
     assert (checkout / "NOTES.md").read_text() == "written on a node\n"
     assert not (checkout / ".git").exists()  # its Git dir is the node's, out of its view
     assert not (worktree / "NOTES.md").exists()
+    assert_nothing_local(fleet, "a1")
     assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 42\n"
     [handoff] = fleet.json("stop", "a1", timeout=150)["handoffs"]
     assert handoff["error"] == "", handoff
@@ -138,6 +201,8 @@ def test_a_workers_changes_come_back_from_its_node_and_apply(fleet):
     assert (fleet.repo / "src" / "app.py").read_text() == "def main():\n    return 43\n"
     assert (fleet.repo / "NOTES.md").read_text() == "written on a node\n"
     assert not worktree.exists()
+    assert not node.exists(), node  # gone after bring_back
+    assert_nothing_local(fleet, "a1")
 
 
 def test_a_remote_child_whose_supervisor_goes_silent_stops_within_its_lease(tmp_path, cluster):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator.launch._ray import ChildActor
+from orchestrator.launch._ray_node import ChildActor
 from orchestrator.workspace import _bundle
 from orchestrator.workspace._bundle import import_bundle, ship_snapshot, ship_workspace
 from orchestrator.workspace._copyback import finalize

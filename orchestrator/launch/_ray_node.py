@@ -1,0 +1,320 @@
+"""The node's side of the ray launcher: the actor that owns one child (:mod:`._ray`).
+
+It runs on the child's node: it makes the child's node directory (0700, fresh) and writes its
+loadout there, checks the workspace bundle out into it, makes the child's TLS key there, serves
+the child's egress proxy from it (:class:`EgressProxy`, trio in a thread), starts and stops the
+child, brings a worker's changes back as a bundle, and removes the directory when the child ends.
+"""
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from orchestrator.launch._egress import EgressProxy, allowlist
+
+__all__ = ["ChildActor", "ray_module"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def ray_module() -> Any:
+    """The ``ray`` module: imported on first use, as it is an optional extra (``[ray]``)."""
+    try:
+        import ray  # noqa: PLC0415 - optional extra, only a ray surface pays for it
+    except ImportError:
+        raise ImportError(
+            "the ray surface needs Ray: pip install 'fleet-orchestrator[ray]'"
+        ) from None
+    return ray
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+#: Git on the node: no user or system config, no hooks, no fsmonitor — the work tree is the
+#: child's, and nothing the child wrote there may run when the actor commits it.
+_NODE_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+_NODE_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_AUTHOR_NAME": "fleet",
+    "GIT_AUTHOR_EMAIL": "fleet@localhost",
+    "GIT_COMMITTER_NAME": "fleet",
+    "GIT_COMMITTER_EMAIL": "fleet@localhost",
+    "LC_ALL": "C",
+}
+
+
+class _NodeEgress:
+    """A child's :class:`EgressProxy` run by its actor on the node: trio in a thread."""
+
+    def __init__(self, path: str, allowed: list[str]) -> None:
+        self._refused: list[tuple[str, str]] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        self.proxy = EgressProxy(path=Path(path), allowed=allowlist(allowed), on_refused=self._on)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=self._run, name="fleet-egress", daemon=True)
+        self._error: BaseException | None = None
+
+    def _on(self, target: str, reason: str) -> None:
+        with self._changed:
+            self._refused.append((target, reason))
+            self._changed.notify_all()
+
+    def start(self) -> None:
+        started = threading.Event()
+        self._started = started
+        self._thread.start()
+        if not started.wait(30) or self._error is not None:
+            raise RuntimeError(f"egress proxy on the node did not start: {self._error}")
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.proxy.serve)
+                    self._started.set()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported by start, or the proxy ended
+            self._error = exc
+        finally:
+            self._started.set()
+            with self._changed:
+                self._closed = True
+                self._changed.notify_all()
+
+    def admit(self, pid: int) -> None:
+        if self._token is not None:
+            trio.from_thread.run_sync(self.proxy.admit, pid, trio_token=self._token)
+
+    def refusals(self, wait: float) -> list[tuple[str, str]]:
+        with self._changed:
+            if not self._refused and not self._closed:
+                self._changed.wait(wait)
+            got, self._refused = self._refused, []
+            return got
+
+    def close(self) -> None:
+        if self._token is not None and self._scope is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
+class ChildActor:
+    """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        #: The child's node directory (:meth:`make_node`): removed when the child ends.
+        self.node_dir = ""
+        #: The child's egress proxy on this node (:meth:`open_egress`), if it has one.
+        self.egress: _NodeEgress | None = None
+        #: A shipped workspace: the node's private Git dir (outside every sandbox view) and
+        #: the child's work tree, and the commit it started from.
+        self.git_dir = ""
+        self.work_tree = ""
+        self.base = ""
+
+    def _git(self, *args: str) -> bytes:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV}
+        env |= {"GIT_DIR": self.git_dir, "GIT_WORK_TREE": self.work_tree}
+        done = subprocess.run(
+            [*_NODE_GIT, *args], cwd=self.work_tree, env=env, capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            detail = done.stderr.decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"git {args[0]} on the node: {detail[-1] if detail else done}")
+        return done.stdout
+
+    def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
+        """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
+        private to this actor, so the child sees files only."""
+        if self.node_dir:  # beside the child's paths, out of its view, gone with them
+            private = os.path.join(self.node_dir, "git")
+            os.mkdir(private, 0o700)
+        else:
+            private = tempfile.mkdtemp(prefix="fleet-node-")
+        source = os.path.join(private, "in.bundle")
+        with open(source, "wb") as handle:
+            handle.write(bundle)
+        os.makedirs(work_tree, mode=0o700, exist_ok=True)
+        self.git_dir, self.work_tree = os.path.join(private, "git"), work_tree
+        subprocess.run(
+            [*_NODE_GIT, "init", "-q", "--bare", self.git_dir],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_NODE_GIT_ENV},
+            check=True,
+            capture_output=True,
+        )
+        self._git("config", "core.bare", "false")
+        self._git("fetch", "-q", "--no-tags", source, "HEAD")
+        self.base = self._git("rev-parse", "FETCH_HEAD").decode().strip()
+        self._git("read-tree", "--reset", "-u", self.base)
+        os.unlink(source)
+        if read_only:
+            # Its files read-only (the sandbox binds the whole checkout read-only too); the
+            # directories stay removable, so the session's clean-up can delete the checkout.
+            for root, _dirs, files in os.walk(work_tree):
+                for name in files:
+                    path = os.path.join(root, name)
+                    if not os.path.islink(path):
+                        os.chmod(path, os.stat(path).st_mode & ~0o222)
+            shutil.rmtree(private, ignore_errors=True)  # nothing comes back from a reader
+            self.git_dir = ""
+
+    def bring_back(self) -> bytes:
+        """Commit what the child left in its work tree on top of the snapshot; the bundle of
+        that one commit (``base..HEAD``)."""
+        if not self.git_dir:
+            return b""
+        self._git("add", "-A")
+        tree = self._git("write-tree").decode().strip()
+        commit = self._git("commit-tree", "-p", self.base, "-m", "fleet: a node's changes", tree)
+        self._git("update-ref", "HEAD", commit.decode().strip())
+        out = os.path.join(os.path.dirname(self.git_dir), "back.bundle")
+        self._git("bundle", "create", "-q", out, "HEAD", f"^{self.base}")
+        with open(out, "rb") as handle:
+            data = handle.read()
+        shutil.rmtree(os.path.dirname(self.git_dir), ignore_errors=True)
+        self.git_dir = ""
+        return data
+
+    def make_node(self, directory: str, files: Mapping[str, bytes]) -> None:
+        """Make the child's node *directory* (0700, new: one that exists is refused, so no
+        symlink or planted directory is followed) with its scratch and (empty) checkout
+        inside, and write *files*
+        (its loadout) in it."""
+        if not os.path.isabs(directory) or os.path.dirname(directory) != tempfile.gettempdir():
+            raise RuntimeError(f"node directory {directory!r} is not in {tempfile.gettempdir()}")
+        os.mkdir(directory, 0o700)  # FileExistsError for anything already there
+        self.node_dir = directory
+        info = os.lstat(directory)
+        if info.st_uid != os.getuid() or (info.st_mode & 0o7777) != 0o700:
+            raise RuntimeError(f"node directory {directory!r}: not ours, or not 0700")
+        for part in ("scratch", "checkout"):  # the checkout filled by receive
+            os.mkdir(os.path.join(directory, part), 0o700)
+        _write_new(files, under=directory)
+
+    def open_egress(self, path: str, allowed: Sequence[str]) -> None:
+        """Serve the child's egress proxy (:class:`EgressProxy`, its *allowed* ``host:port``
+        list) at *path* in its node directory, in a thread of its own running trio; only the
+        child :meth:`start` makes is admitted. Refusals wait for :meth:`refusals`."""
+        if not self.node_dir or os.path.dirname(path) != self.node_dir:
+            raise RuntimeError(f"{path!r} is not in the child's node directory")
+        self.egress = _NodeEgress(path, list(allowed))
+        self.egress.start()
+
+    def refusals(self, wait: float) -> list[tuple[str, str]]:
+        """The egress refusals since the last call (``(target, reason)``), waiting up to
+        *wait* seconds for one; ``[]`` once the proxy is closed."""
+        return [] if self.egress is None else self.egress.refusals(wait)
+
+    def forget(self, path: str) -> bool:
+        """Delete the child's loadout file at *path* (in its node directory) after its hello;
+        whether it is gone."""
+        if not self.node_dir or os.path.dirname(path) != self.node_dir:
+            raise RuntimeError(f"{path!r} is not in the child's node directory")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return not os.path.lexists(path)
+
+    def clean_up(self) -> None:
+        """Remove the child's node directory (its checkout, scratch, key); after bring_back."""
+        if self.egress is not None:
+            self.egress.close()
+        if self.node_dir:
+            shutil.rmtree(self.node_dir, ignore_errors=True)
+            self.node_dir = ""
+
+    def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
+        """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
+        done = subprocess.run(
+            [python, "-m", "child._tls", directory, session, owner],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.decode(errors="replace").strip() or "no CSR")
+        return done.stdout
+
+    def start(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        files: Mapping[str, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
+        start the child."""
+        _write_new(files or {})
+        ray = ray_module()
+        self.proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
+        )
+        if self.egress is not None:
+            self.egress.admit(self.proc.pid)
+        ctx = ray.get_runtime_context()
+        return {"pid": self.proc.pid, "node": ctx.get_node_id(), "actor_pid": os.getpid()}
+
+    def wait(self) -> tuple[int, bytes]:
+        """Block until the child ends; its status and its last 8 KiB of output."""
+        out = self.proc.stdout.read() if self.proc.stdout is not None else b""
+        code = self.proc.wait()
+        return code, out[-8192:]
+
+    def stop(self, grace: float) -> int:
+        """TERM the child's whole process group, KILL it after *grace*; the exit status."""
+        if self.proc is None:
+            return 0
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                # The leader is gone; take any stragglers in its group with it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return int(self.proc.wait())
+
+
+def _write_new(files: Mapping[str, bytes], under: str = "") -> None:
+    """Write each of *files* (path → bytes) as a new 0600 file (never through a symlink);
+    with *under*, each must be directly in that directory."""
+    for path, data in files.items():
+        if under and os.path.dirname(path) != under:
+            raise RuntimeError(f"{path!r} is not in {under!r}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)

@@ -1,0 +1,179 @@
+"""A hostile child on a Ray node (real ``ray.cluster_utils.Cluster``, real bwrap).
+
+Its node's actor runs its egress proxy in the child's node directory: a target off its list is
+refused there and the refusal still reaches the supervisor's run log and reject log. Another
+child's node directory (0700, outside the sandbox's view) is out of its reach.
+"""
+
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import trio
+from ray.cluster_utils import Cluster
+
+from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
+from orchestrator.core._supervisor import Supervisor, open_supervisor
+from tests.e2e.conftest import make_repo
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+PAYLOAD = r"""
+import json, os, socket, sys
+
+other, sibling = int(sys.argv[1]), sys.argv[2]
+own = os.environ.get("FLEET_EGRESS_SOCKET", "")
+out = {"socket": own}
+
+def attempt(fn):
+    try:
+        return fn()
+    except OSError as e:
+        return f"error {e.errno}"
+
+def via(path, target):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    try:
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    except BrokenPipeError:
+        pass
+    return s.recv(4096).split(b"\r\n", 1)[0].decode() or "empty"
+
+out["proxy_other"] = attempt(lambda: via(own, f"127.0.0.1:{other}"))
+out["list_sibling"] = attempt(lambda: sorted(os.listdir(sibling)))
+out["read_sibling_key"] = attempt(
+    lambda: open(os.path.join(sibling, "scratch", "tls", "cert.pem")).read()[:10]
+)
+out["sibling_egress"] = attempt(lambda: via(os.path.join(sibling, "egress.sock"), "x:1"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={"agent_slot": 2})
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    yield c
+    ray.shutdown()  # the supervisor's driver (this process) first
+    c.shutdown()
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fln-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _node_of(config: Config, key: str) -> Path:
+    log = (config.paths.logs / f"{key}.log").read_text()
+    [line] = [line for line in log.splitlines() if "node directory " in line]
+    return Path(line.split("node directory ", 1)[1].strip())
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    for _ in range(600):
+        if done():
+            return
+        await trio.sleep(0.2)
+    raise AssertionError("never happened")
+
+
+async def _report(sup: Supervisor, key: str) -> dict[str, Any]:
+    with trio.fail_after(120):
+        [note] = await sup.wait([key])
+    assert note["error"] == "", note
+    result: dict[str, Any] = json.loads(note["report"])
+    return result
+
+
+async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(home, cluster):
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    other.setblocking(False)  # noqa: FBT003 - the stdlib's positional flag
+    port = other.getsockname()[1]
+    repo = make_repo(home / "repo")
+    async with ModelServer() as srv:
+        agents = repo / ".fleet" / "agents"
+        agents.mkdir(parents=True)
+        (agents / "hostile.md").write_text(
+            textwrap.dedent(f"""\
+                ---
+                name: hostile
+                description: a command child standing in for an agent CLI
+                backend: command
+                mode: scout
+                egress: 127.0.0.1:{srv.port}
+                ---
+                Stand in for an agent CLI.
+                """)
+        )
+        config = Config(
+            home=home / "state", session="t", workspace=repo, agents_scope="project",
+            reject_log=True, ray_address=cluster.address,
+        )  # fmt: skip
+        async with open_supervisor(config) as sup:
+            # The sibling: a reader that stays up (it hangs on its model), with a node dir.
+            srv.script("hang", [{"text": "## Summary\nsibling", "delay": 600}])
+            [sibling] = await sup.spawn(
+                [
+                    SpawnRequest(
+                        task="wait",
+                        backend="builtin",
+                        model=f"openai:fake@{srv.base_url('hang')}/v1",
+                        surface="ray",
+                    )
+                ]
+            )
+            log_of = config.paths.logs / f"{sibling.key}.log"
+            await _until(lambda: log_of.exists() and "node directory " in log_of.read_text())
+            sibling_node = _node_of(config, sibling.key)
+            await _until((sibling_node / "scratch" / "tls" / "cert.pem").exists)
+            command = (sys.executable, "-c", PAYLOAD, str(port), str(sibling_node))
+            [hostile] = await sup.spawn(
+                [SpawnRequest(task="x", agent="hostile", command=command, surface="ray")]
+            )
+            got = await _report(sup, hostile.key)
+            hostile_node = _node_of(config, hostile.key)
+            assert sibling_node.exists()  # it was there to be attacked all along
+            sandboxed = {a["key"]: a["sandboxed"] for a in sup.peek()["agents"]}
+            await sup.stop([sibling.key, hostile.key])
+        log = (config.paths.logs / f"{hostile.key}.log").read_text()
+        rejects = [
+            json.loads(line)
+            for line in (config.paths.logs / "rejected.jsonl").read_text().splitlines()
+        ]
+    with pytest.raises(BlockingIOError):
+        other.accept()  # nothing reached the host's other service
+    other.close()
+    assert sandboxed[hostile.key] is True
+    # Its proxy is the node's, in its node directory, not the supervisor's session dir.
+    assert got["socket"] == str(hostile_node / "egress.sock")
+    assert not (config.paths.root / "egress" / f"{hostile.key}.sock").exists()
+    assert got["proxy_other"] == "HTTP/1.1 403 Forbidden"
+    target = f"127.0.0.1:{port}"
+    assert f"egress refused {target!r}: not in the egress allowlist" in log
+    assert {"target": target, "reason": "not in the egress allowlist"} in [
+        r["args"] for r in rejects if r["kind"] == "egress" and r["owner"] == hostile.key
+    ]
+    # The sibling's node directory does not exist in its view (nor would 0700 let it in).
+    assert got["list_sibling"] == "error 2", got
+    assert got["read_sibling_key"] == "error 2", got
+    assert got["sibling_egress"] == "error 2", got
+    assert not sibling_node.exists()
+    assert not hostile_node.exists()
