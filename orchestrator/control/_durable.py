@@ -21,7 +21,7 @@ from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._server import OPS, Op
 from orchestrator.control._stale import take_stale
 from orchestrator.core._revive import Revival, find_lost, revive
-from orchestrator.core._spawning import remove_scratch
+from orchestrator.core._scratch import remove_scratch
 from orchestrator.core._supervisor import Supervisor
 from orchestrator.durability import Journal, keep_journal
 from orchestrator.durability._format import ENVELOPE

@@ -15,6 +15,7 @@ from orchestrator._records import ChildRecord, State
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import Turn
+from orchestrator.core._scratch import remove_scratch
 from orchestrator.core._terms import RemoteTerms
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.launch._launcher import Launched
@@ -128,4 +129,8 @@ class Ending:
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)
+            # Its backend's session store goes last: a thread hop before the failure note
+            # would let a waiter see the child ended with no note of why.
+            scratch = self.host.config.paths.scratch / self.key
+            await trio.to_thread.run_sync(remove_scratch, scratch)
         self.done.set()

@@ -14,10 +14,7 @@ end of a socket pair that is its connection, and the hello on our end may name o
 starts and so cannot inherit from us, gets a 0600 loadout file and connects to the listener.
 """
 
-import contextlib
 import errno
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,24 +273,3 @@ def task_prompt(record: ChildRecord) -> str:
     if record.schema is None:
         return record.task
     return f"{record.task}\n\n{instruction(record.schema)}"
-
-
-def remove_scratch(scratch: Path) -> None:
-    """Delete a child's scratch directory once it has handed off (blocking: run it in a thread).
-
-    Its backend's session store lives there (a Claude Code ``HOME``, a ``CODEX_HOME``, a Pi
-    session file, the builtin agent's transcript), of no use once the child can never run again
-    and often tens of megabytes. The child may have left directories it made unwritable;
-    ``shutil.rmtree`` does not follow symbolic links, so nothing outside *scratch* is touched.
-    """
-
-    def unlock(func: Any, name: str, _exc: object) -> None:
-        for path in (os.path.dirname(name), name):
-            with contextlib.suppress(OSError):
-                if not os.path.islink(path):  # Linux has no lchmod
-                    os.chmod(path, 0o700)
-        with contextlib.suppress(OSError):
-            func(name)
-
-    if scratch.is_dir() and not scratch.is_symlink():
-        shutil.rmtree(scratch, onerror=unlock)

@@ -39,7 +39,7 @@ from orchestrator.core._registry import Registry
 from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
-from orchestrator.core._spawning import Spawning, remove_scratch
+from orchestrator.core._spawning import Spawning
 from orchestrator.core._views import FleetViews
 from orchestrator.governance._budget import parse_policy
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
@@ -390,7 +390,6 @@ class Supervisor(FleetViews):
         """Give back everything a finished run held (called once, by the run)."""
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.journal.handed_off(run.record)
-        await trio.to_thread.run_sync(remove_scratch, self.config.paths.scratch / run.key)
         self.hibernation.forget(run.key)
         self.locks.release(run.key)
         self.remote.release(run.key)

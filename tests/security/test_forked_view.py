@@ -203,6 +203,9 @@ async def test_a_forked_scout_reaches_nothing_of_a_forked_sibling(far_world: Wor
                 ]
             )
             attacked = await _settled(sup, attacker.key)
+            # Read while the attacker is idle: a child's scratch goes with it when it ends.
+            got = json.loads((world.session / "scratch" / attacker.key / "attack.json").read_text())
+            ready = json.loads((scratch / "ready.json").read_text())
             (scratch / "go").touch()
             victim_note = await _settled(sup, victim.key)
             for key in (victim.key, attacker.key):
@@ -215,8 +218,6 @@ async def test_a_forked_scout_reaches_nothing_of_a_forked_sibling(far_world: Wor
             assert _launched(sup, honest.key).forked
     assert "victim: done" in victim_note["report"], victim_note
     assert "attacker: done" in attacked["report"], attacked
-    got = json.loads((world.session / "scratch" / attacker.key / "attack.json").read_text())
-    ready = json.loads((scratch / "ready.json").read_text())
     assert secret not in json.dumps(got)
     assert not got["read scratch"].startswith("ok"), got["read scratch"]
     assert got["list scratch root"] == f"ok:{attacker.key}", got["list scratch root"]

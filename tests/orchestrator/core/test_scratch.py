@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from orchestrator.core._spawning import remove_scratch
+from orchestrator.core._scratch import remove_scratch
 
 
 def test_remove_scratch_takes_unwritable_dirs_and_never_follows_a_link(tmp_path: Path) -> None:
