@@ -28,6 +28,7 @@ from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._revive import REVIVABLE, Revival, launch_again, why_not
+from orchestrator.core._scratch import remove_scratch
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -324,6 +325,8 @@ class Hibernation:
         record.touch("stopped")
         self.sup.capacity.reclaim()  # the release below gives it back
         await self.sup.release(run)
+        # Handed off: nothing can resume it now, so its backend's session store goes.
+        await trio.to_thread.run_sync(remove_scratch, self.sup.config.paths.scratch / key)
         return record.handoff()
 
     def forget(self, key: str) -> None:

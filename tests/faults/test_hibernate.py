@@ -123,8 +123,11 @@ async def test_a_prompt_wakes_a_hibernated_child_and_max_retained_bounds_spawns(
                 notes = await sup.wait([record.key])
                 assert notes[0]["report"] == "second"
                 await _all_hibernated(sup, [record.key])
+                scratch = config.paths.scratch / record.key
+                assert (scratch / "transcript.json").is_file()  # kept while it may wake
                 [handoff] = await sup.stop(["m"])
                 assert handoff["state"] == "stopped"
+                assert not scratch.exists()  # handed off asleep: its transcript goes too
                 assert sup.registry.records == {}
                 assert sup.capacity.hibernated == 0
         second = srv.requests("c1")[1].body
