@@ -6,6 +6,7 @@ thin delegating methods for the runs that call these; the state only these servi
 """
 
 import contextlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from orchestrator._errors import FleetError, NotFound, PolicyError, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest, State
 from orchestrator._sync import wait_first
 from orchestrator.coordination._paper import Paper, PaperError
+from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockConflict, LockTable
@@ -117,8 +119,15 @@ class Services:
         return ipc.Reply(ok=True, data={"held": list(self.locks.snapshot().get(run.key, ()))})
 
     def _repo_path(self, run: ChildRun, path: str) -> str:
-        workspace = Path(run.record.workspace)
+        """The repository path a child's *path* (in its workspace as the child sees it) stands
+        for; *path* itself when it is outside that workspace."""
         try:
+            if run.record.surface in REMOTE_SURFACES and run.card is not None:
+                # Its workspace is its node's checkout, which does not exist here: mapped by
+                # its lexical form (the node's own guard saw the file; copy-back checks again).
+                seen = Path(os.path.normpath(run.card.workspace))
+                return str(self.config.workspace / Path(os.path.normpath(path)).relative_to(seen))
+            workspace = Path(run.record.workspace)
             return str(
                 self.config.workspace / Path(path).resolve().relative_to(workspace.resolve())
             )
