@@ -2,7 +2,9 @@
 
 Runs on the embedded default — the builtin agent with scripted models — with an in-process
 supervisor in a throwaway state directory, so it needs nothing but this package (git is used
-when present to make the copy a repository).
+when present to make the copy a repository). ``fleet demo --ray`` runs the same scouts on a
+local Ray cluster it starts (the ``[ray]`` extra): each under its own actor, dialling back over
+mutual TLS, as children on a real cluster do (docs/scale-out.md).
 """
 
 import json
@@ -69,7 +71,7 @@ async def _show_progress(sup: orchestrator.Supervisor, keys: list[str], *, tty: 
         await trio.sleep(REFRESH)
 
 
-async def _demo(base: Path, *, json_output: bool) -> int:
+async def _demo(base: Path, *, json_output: bool, ray: bool = False) -> int:
     repo, scripts = _prepare(base)
     # The scouts run our own scripted models, not an agent: the one place fleet runs children
     # unsandboxed without the user's --allow-unsandboxed, and it says so.
@@ -79,13 +81,19 @@ async def _demo(base: Path, *, json_output: bool) -> int:
         workspace=repo,
         sandbox="off",
         allow_unsandboxed=True,
+        ray_address="local",
     )
+    surface = "ray" if ray else "process"
     started = time.monotonic()
     async with orchestrator.open_supervisor(config) as sup:
         records = await sup.spawn(
             [
                 SpawnRequest(
-                    task=task, agent="scout", name=name, model=f"scripted:{scripts / name}.yaml"
+                    task=task,
+                    agent="scout",
+                    name=name,
+                    model=f"scripted:{scripts / name}.yaml",
+                    surface=surface,
                 )
                 for name, task in TASKS
             ]
@@ -93,14 +101,19 @@ async def _demo(base: Path, *, json_output: bool) -> int:
         keys = [r.key for r in records]
         if not json_output:
             print(UNSANDBOXED_NOTE)
-            print(f"fleet demo: 3 scouts on {repo}\n")
+            where = " on a local Ray cluster" if ray else ""
+            print(f"fleet demo: 3 scouts{where} on {repo}\n")
             await _show_progress(sup, keys, tty=sys.stdout.isatty())
         notes = await sup.wait(keys, every=True)
         table = _render.peek_table(sup.peek())
         handoffs = await sup.stop(keys)
     elapsed = time.monotonic() - started
     if json_output:
-        result = {"reports": [_report(h) for h in handoffs], "seconds": round(elapsed, 2)}
+        result = {
+            "reports": [_report(h) for h in handoffs],
+            "surface": surface,
+            "seconds": round(elapsed, 2),
+        }
         print(json.dumps({**result, "note": UNSANDBOXED_NOTE}))
     else:
         print()
@@ -115,7 +128,13 @@ def _report(handoff: dict[str, Any]) -> dict[str, Any]:
     return {k: handoff[k] for k in ("key", "name", "state", "last", "error")}
 
 
-def run_demo(*, json_output: bool = False) -> int:
-    """Run the demo; the process exit code."""
+def run_demo(*, json_output: bool = False, ray: bool = False) -> int:
+    """Run the demo (its scouts on a local Ray cluster with *ray*); the process exit code."""
+    if ray:
+        try:
+            import ray as _ray  # noqa: F401, PLC0415 - only to say at once that it is missing
+        except ImportError:
+            print("fleet demo --ray: needs Ray: pip install 'fleet-orchestrator[ray]'")
+            return 2
     with tempfile.TemporaryDirectory(prefix="fleet-demo-") as base:
-        return trio.run(lambda: _demo(Path(base), json_output=json_output))
+        return trio.run(lambda: _demo(Path(base), json_output=json_output, ray=ray))

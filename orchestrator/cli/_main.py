@@ -141,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestrator.cli._demo import run_demo  # noqa: PLC0415
 
-    return run_demo(json_output=args.json)
+    return run_demo(json_output=args.json, ray=args.ray)
 
 
 # -- parser ---------------------------------------------------------------------------------
@@ -328,7 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
     p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")
     p.add_argument("--spawns", type=int, default=3, help="children of each kind (1-4, default 3)")
-    verb("demo", cmd_demo, "three scouts on a sample repository")
+    p = verb("demo", cmd_demo, "three scouts on a sample repository")
+    p.add_argument(
+        "--ray", action="store_true", help="run them on a local Ray cluster (the [ray] extra)"
+    )
     return parser
 
 

@@ -73,6 +73,7 @@ class Launching:
             elif surface == "ray":
                 launcher = RayLauncher(
                     address=sup.config.ray_address or None,
+                    slots=sup.config.max_subagents,
                     certify=sup.remote.certify,
                     session=sup.config.session,
                     python=sup.config.python,

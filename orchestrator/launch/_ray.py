@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,8 @@ SLOT = "agent_slot"
 
 
 _remote_cls: Any = None
+#: Held while this process connects to Ray: ``ray.init`` twice at once fails the second.
+_CONNECTING = threading.Lock()
 
 
 def _actor_class() -> Any:
@@ -173,6 +176,9 @@ class RayLauncher:
     #: ``ray.init`` address: ``None`` / ``"local"`` starts a local cluster, ``"auto"`` or
     #: ``host:port`` joins one. Ignored if Ray is already initialised in this process.
     address: str | None = None
+    #: The ``agent_slot`` units of a local cluster started here (its one node's lane); a
+    #: cluster that is joined brings its own.
+    slots: int = 4
     num_cpus: float = 0.0
     memory: int | None = None
     #: Further custom resources each child's actor asks for (to pin children to labelled nodes).
@@ -243,9 +249,22 @@ class RayLauncher:
 
     def _connect(self) -> None:
         ray = ray_module()
-        if not ray.is_initialized():
-            address = None if self.address in (None, "", "local") else self.address
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        with _CONNECTING:  # a batch's launches connect from several threads at once
+            if not ray.is_initialized():
+                self._init(ray)
+
+    def _init(self, ray: Any) -> None:
+        if self.address in (None, "", "local"):
+            # "local", not None: None would join any cluster already running on this machine.
+            # A node without agent_slot would queue every child for ever: give it the lane.
+            ray.init(
+                address="local",
+                resources={SLOT: self.slots},
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+        else:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
 
     async def launch(
         self, spec: LaunchSpec, sink: OutputSink, nursery: trio.Nursery
