@@ -17,11 +17,11 @@ import attrs
 import trio
 
 from orchestrator._errors import FleetError, Refused, UsageError
+from orchestrator._trees import remove_tree
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._server import OPS, Op
 from orchestrator.control._stale import take_stale
 from orchestrator.core._revive import Revival, find_lost, revive
-from orchestrator.core._scratch import remove_scratch
 from orchestrator.core._supervisor import Supervisor
 from orchestrator.durability import Journal, keep_journal
 from orchestrator.durability._format import ENVELOPE
@@ -161,7 +161,7 @@ class Durability:
 
 async def _forget_scratch(sup: Supervisor, key: str) -> None:
     """A lost child that ended for good leaves no backend session store behind."""
-    await trio.to_thread.run_sync(remove_scratch, sup.paths.scratch / key)
+    await trio.to_thread.run_sync(remove_tree, sup.paths.scratch / key)
 
 
 def _live(sup: Supervisor, ref: str) -> bool:

@@ -12,10 +12,10 @@ import trio
 
 import ipc
 from orchestrator._records import ChildRecord, State
+from orchestrator._trees import remove_tree
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import Turn
-from orchestrator.core._scratch import remove_scratch
 from orchestrator.core._terms import RemoteTerms
 from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.launch._launcher import Launched
@@ -132,5 +132,5 @@ class Ending:
             # Its backend's session store goes last: a thread hop before the failure note
             # would let a waiter see the child ended with no note of why.
             scratch = self.host.config.paths.scratch / self.key
-            await trio.to_thread.run_sync(remove_scratch, scratch)
+            await trio.to_thread.run_sync(remove_tree, scratch)
         self.done.set()

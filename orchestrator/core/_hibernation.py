@@ -25,10 +25,10 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, Refused, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
+from orchestrator._trees import remove_tree
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._revive import REVIVABLE, Revival, launch_again, why_not
-from orchestrator.core._scratch import remove_scratch
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -326,7 +326,7 @@ class Hibernation:
         self.sup.capacity.reclaim()  # the release below gives it back
         await self.sup.release(run)
         # Handed off: nothing can resume it now, so its backend's session store goes.
-        await trio.to_thread.run_sync(remove_scratch, self.sup.config.paths.scratch / key)
+        await trio.to_thread.run_sync(remove_tree, self.sup.config.paths.scratch / key)
         return record.handoff()
 
     def forget(self, key: str) -> None:
