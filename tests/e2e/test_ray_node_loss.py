@@ -16,6 +16,7 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from tests.e2e.conftest import Fleet, running_fleet
+from tests.e2e.test_governance import define
 from tests.e2e.test_ray_fleet import child_pids
 
 pytestmark = pytest.mark.slow
@@ -44,13 +45,6 @@ def cluster() -> Iterator[Cluster]:
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     yield c
     c.shutdown()
-
-
-def define(fleet: Fleet, name: str, **front: object) -> None:
-    directory = Path(fleet.env.setdefault("FLEET_AGENTS_DIR", str(fleet.scripts / "agents")))
-    directory.mkdir(exist_ok=True)
-    header = json.dumps({"name": name, "description": f"node-loss agent {name}", **front})
-    (directory / f"{name}.md").write_text(f"---\n{header}\n---\nYou are a test agent.\n")
 
 
 def peek_until(fleet: Fleet, predicate: Any, within: float, what: str) -> dict[str, Any]:
