@@ -55,7 +55,8 @@ def test_nothing_but_a_node_directory_of_ours_is_touched(tmp_path: Path) -> None
         link.symlink_to(other)
         try:
             assert "is not a directory of ours" in remove_node_directory(str(link))
-            assert other.exists() and link.is_symlink()
+            assert other.exists()
+            assert link.is_symlink()
         finally:
             link.unlink()
     finally:
