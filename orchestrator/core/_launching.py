@@ -4,7 +4,8 @@ A launch places the child command in its sandbox (:mod:`orchestrator.launch._san
 hands it to the surface's launcher; an unwrapped ``process`` child is forked from the fork
 server. A ``process`` child inherits its connection (a socket pair end, served here) and its
 sealed loadout; a pane's child reads a 0600 loadout file and dials the listener; a child on a
-Ray node gets the workspace as a bundle and dials the TLS door.
+Ray node gets its node directory (named on its node), the workspace as a bundle and a sandbox
+its node plans (:mod:`orchestrator.launch._nodeplan`), and dials the TLS door.
 """
 
 import functools
@@ -18,7 +19,7 @@ import trio
 
 import ipc
 from orchestrator.core._admission import accept_own, inherited_pair
-from orchestrator.core._remote import REMOTE_SURFACES
+from orchestrator.core._remote import REMOTE_SURFACES, node_layout
 from orchestrator.core._run import ChildRun
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
@@ -32,8 +33,9 @@ from orchestrator.launch._launcher import (
     child_argv,
     inherited_child_argv,
 )
+from orchestrator.launch._nodeplan import node_directory_of, plan_for
 from orchestrator.launch._ray import LaunchedRay, RayLauncher
-from orchestrator.launch._sandboxing import place
+from orchestrator.launch._sandboxing import Placement, place
 from orchestrator.launch._tmux import TmuxLauncher
 from orchestrator.workspace._bundle import ship_workspace
 
@@ -76,7 +78,6 @@ class Launching:
                     slots=sup.config.max_subagents,
                     certify=sup.remote.certify,
                     session=sup.config.session,
-                    python=sup.config.python,
                 )
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)
@@ -89,12 +90,9 @@ class Launching:
         loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
         launcher = self.launcher_for(run.record.surface)
         remote = launcher if isinstance(launcher, RayLauncher) else None
-        if remote is not None:
-            # Its node directory and loadout file are made on its node, by its actor.
-            node = str(Path(loadout.scratch).parent)
-            await remote.open_node(run.key, node, {run.loadout: loadout.to_json()})
-            run.log.write(f"node directory {node}")
         try:
+            if remote is not None:
+                loadout = await self._open_node(run, loadout, remote)
             launched = await self._start(run, loadout, launcher, nursery)
         except BaseException:
             if remote is not None:
@@ -105,6 +103,25 @@ class Launching:
             assert isinstance(launched, LaunchedRay)  # noqa: S101 - the ray launcher's
             sup.remote.forget_loadout[run.key] = functools.partial(launched.forget, run.loadout)
         return launched
+
+    async def _open_node(
+        self, run: ChildRun, loadout: ipc.Loadout, remote: RayLauncher
+    ) -> ipc.Loadout:
+        """Have *run*'s actor make its node directory on its node (named there, in the node's
+        own temporary directory), put that directory's paths in its loadout, and have the
+        actor write the loadout there; the loadout the child gets."""
+        node = await remote.open_node(run.key)
+        layout = node_layout(node_directory_of(node, self.sup.config.session, run.key))
+        run.log.write(f"node directory {layout.root}")
+        loadout = attrs.evolve(
+            loadout,
+            workspace=str(layout.checkout),
+            scratch=str(layout.scratch),
+            tls=str(layout.tls),
+        )
+        run.card, run.loadout = loadout, str(layout.loadout)
+        await remote.write_files(run.key, {run.loadout: loadout.to_json()})
+        return loadout
 
     async def _start(
         self, run: ChildRun, loadout: ipc.Loadout, launcher: Launcher, nursery: trio.Nursery
@@ -119,19 +136,32 @@ class Launching:
             argv = inherited_child_argv(sup.config.python, pair[1].fileno(), sealed)
         else:
             argv = child_argv(sup.config.python, run.loadout)
+        egress = proxy if isinstance(proxy, Path) or proxy is None else proxy.path
         try:
-            placement = place(
-                argv,
-                config=sup.config,
-                loadout=loadout,
-                scratch=Path(loadout.scratch),
-                egress=proxy if isinstance(proxy, Path) or proxy is None else proxy.path,
-                loadout_file=Path(run.loadout) if run.loadout else None,
-            )
-            run.record.sandboxed = placement.sandboxed
-            run.record.unsandboxed_reason = placement.reason
-            if not placement.sandboxed:
-                run.log.write(f"running unsandboxed: {placement.reason}")
+            if isinstance(launcher, RayLauncher):
+                # Its node plans its sandbox: that node's interpreter, probe and paths; until
+                # it has, the command is the plain one (the launcher does not run it).
+                launcher.plan(
+                    run.key,
+                    plan_for(
+                        sup.config,
+                        loadout,
+                        argv_tail=argv[1:],
+                        loadout_file=run.loadout,
+                        egress="" if egress is None else str(egress),
+                    ),
+                )
+                placement = Placement(argv=argv, env={}, sandboxed=False, reason="")
+            else:
+                placement = place(
+                    argv,
+                    config=sup.config,
+                    loadout=loadout,
+                    scratch=Path(loadout.scratch),
+                    egress=egress,
+                    loadout_file=Path(run.loadout) if run.loadout else None,
+                )
+                self._record_sandbox(run, placement.sandboxed, placement.reason)
             spec = LaunchSpec(
                 key=run.key,
                 name=run.record.name,
@@ -145,12 +175,14 @@ class Launching:
                 },
                 inherit=None if pair is None else (pair[1].fileno(), sealed),
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
-                plain=not placement.sandboxed,
+                plain=not placement.sandboxed and not isinstance(launcher, RayLauncher),
                 view=placement.view,
                 tls=loadout.tls,
                 ship=await self._shipment(run, loadout),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
+            if isinstance(launched, LaunchedRay):
+                self._record_sandbox(run, launched.sandboxed, launched.unsandboxed_reason)
         except BaseException:
             if pair is not None:
                 pair[0].close()
@@ -167,6 +199,14 @@ class Launching:
         if pair is not None:
             sup.nursery.start_soon(self._serve_inherited, run, pair[0])
         return launched
+
+    @staticmethod
+    def _record_sandbox(run: ChildRun, sandboxed: bool, reason: str) -> None:
+        """What peek and the handoff say of *run*'s sandbox, and the run log's line."""
+        run.record.sandboxed = sandboxed
+        run.record.unsandboxed_reason = reason
+        if not sandboxed:
+            run.log.write(f"running unsandboxed: {reason}")
 
     async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
         """A child on another node gets the workspace as a bundle: a worktree child its

@@ -19,18 +19,24 @@ starts, its actor makes a key and CSR on the node (``python -m child._tls``; the
 leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
 the leaf and the CA beside the key.
 
-Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`): the
-supervisor names it, :meth:`RayLauncher.open_node` has a fresh actor make it (0700, refused if
-it exists) and write the loadout there before the child is placed; the workspace arrives as a
-git bundle, the child's egress proxy is served there by the actor (its refusals polled back,
-:meth:`LaunchedRay.poll_refusals`), and the actor removes it all when the child ends.
+Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`):
+:meth:`RayLauncher.open_node` has a fresh actor make it in its node's own temporary directory
+(0700, a fresh random name) and returns its path, which the supervisor puts in the child's
+loadout before the actor writes the loadout there (:meth:`RayLauncher.write_files`); the
+workspace arrives as a git bundle, the child's egress proxy is served there by the actor (its
+refusals polled back, :meth:`LaunchedRay.poll_refusals`), and the actor removes it all when
+the child ends.
+
+The child's sandbox is made on its node too: the supervisor sends a plain plan
+(:meth:`RayLauncher.plan`, :mod:`._nodeplan`) and the actor builds the command with the node's
+own interpreter, probes and wraps it there, and says whether it sandboxed the child
+(:attr:`LaunchedRay.sandboxed`) or refuses it in one line (:class:`PolicyError`).
 """
 
 import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,7 +44,9 @@ from typing import Any
 import attrs
 import trio
 
+from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
+from orchestrator.launch._nodeplan import NodePlan
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
 log = logging.getLogger("orchestrator")
@@ -85,6 +93,9 @@ class LaunchedRay:
     confirmed_exit: bool = False
     #: The actor's worker process (on its node), for memory accounting.
     actor_pid: int = 0
+    #: Whether its node sandboxed the child (:mod:`._nodeplan`), and if not, why not.
+    sandboxed: bool = False
+    unsandboxed_reason: str = ""
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = ray_module()
@@ -188,9 +199,10 @@ class RayLauncher:
     #: for a child whose spec names a TLS directory (it dials back over mutual TLS).
     certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
     session: str = ""
-    python: str = sys.executable
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
+    #: Per child whose sandbox its node makes (:meth:`plan`).
+    _plans: dict[str, NodePlan] = attrs.field(factory=dict, init=False)
     #: Per child with a node-side egress proxy: where its refusals go.
     _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
 
@@ -204,20 +216,34 @@ class RayLauncher:
             options["memory"] = self.memory
         return _actor_class().options(**options).remote()
 
-    async def open_node(self, key: str, directory: str, files: Mapping[str, bytes]) -> None:
-        """Give child *key* its actor now and have it make the child's node *directory* with
-        *files* in it (its loadout), before the child is placed; :meth:`launch` then uses that
-        actor. Queues, like a launch, until a node has a free slot."""
+    async def open_node(self, key: str) -> str:
+        """Give child *key* its actor now and have it make the child's node directory in its
+        node's own temporary directory, before the child is placed; its path on that node
+        (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
+        Queues, like a launch, until a node has a free slot."""
         actor = await self._actor()
         ray = ray_module()
         try:
-            await trio.to_thread.run_sync(
-                ray.get, actor.make_node.remote(directory, dict(files)), abandon_on_cancel=True
+            directory = await trio.to_thread.run_sync(
+                ray.get, actor.make_node.remote(self.session, key), abandon_on_cancel=True
             )
         except BaseException:
             ray.kill(actor, no_restart=True)
             raise
         self._opened[key] = actor
+        return str(directory)
+
+    async def write_files(self, key: str, files: Mapping[str, bytes]) -> None:
+        """Have child *key*'s actor write *files* (its loadout) in its node directory."""
+        ray = ray_module()
+        await trio.to_thread.run_sync(
+            ray.get, self._opened[key].write_files.remote(dict(files)), abandon_on_cancel=True
+        )
+
+    def plan(self, key: str, plan: NodePlan) -> None:
+        """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
+        actor builds the command (the spec's argv and cwd are not used) and wraps it there."""
+        self._plans[key] = plan
 
     async def open_egress(
         self, key: str, path: str, allowed: Sequence[str], refused: Callable[[str, str], None]
@@ -236,6 +262,7 @@ class RayLauncher:
         """Child *key* will not be launched after all: its node directory and actor go."""
         actor = self._opened.pop(key, None)
         self._refused.pop(key, None)
+        self._plans.pop(key, None)
         if actor is None:
             return
         ray = ray_module()
@@ -272,25 +299,13 @@ class RayLauncher:
         if spec.inherit is not None:
             raise ValueError("ray launcher: a child on a node cannot inherit descriptors")
         actor = self._opened.pop(spec.key, None)
+        plan = self._plans.pop(spec.key, None)
         if actor is None:
             actor = await self._actor()
         ray = ray_module()
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
-            if spec.ship is not None:
-                await trio.to_thread.run_sync(
-                    ray.get,
-                    actor.receive.remote(
-                        spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only
-                    ),
-                    abandon_on_cancel=True,
-                )
-            files = await self._certificate(actor, spec)
-            info = await trio.to_thread.run_sync(
-                ray.get,
-                actor.start.remote(spec.argv, spec.cwd, dict(spec.env), files),
-                abandon_on_cancel=True,
-            )
+            info = await self._start(actor, spec, plan)
         except BaseException:
             # Cancelled while queued (or the start failed): the actor must not start later.
             ray.kill(actor, no_restart=True)
@@ -301,6 +316,8 @@ class RayLauncher:
             actor=actor,
             ships_back=spec.ship is not None and spec.ship.back,
             actor_pid=int(info.get("actor_pid") or 0),
+            sandboxed=bool(info.get("sandboxed")),
+            unsandboxed_reason=str(info.get("reason") or ""),
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
@@ -308,6 +325,27 @@ class RayLauncher:
         if refused is not None:
             nursery.start_soon(launched.poll_refusals, refused)
         return launched
+
+    async def _start(self, actor: Any, spec: LaunchSpec, plan: NodePlan | None) -> dict[str, Any]:
+        """Ship the workspace, certify the node's key, start the child: what the actor said."""
+        ray = ray_module()
+        if spec.ship is not None:
+            await trio.to_thread.run_sync(
+                ray.get,
+                actor.receive.remote(spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only),
+                abandon_on_cancel=True,
+            )
+        files = await self._certificate(actor, spec)
+        info: dict[str, Any] = await trio.to_thread.run_sync(
+            ray.get,
+            actor.start.remote(
+                spec.argv, spec.cwd, dict(spec.env), files, None if plan is None else plan.plain()
+            ),
+            abandon_on_cancel=True,
+        )
+        if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
+            raise PolicyError(str(info["refused"]))
+        return info
 
     async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
         """For a TLS child: the node makes its key and CSR, the session CA signs it; the files
@@ -319,7 +357,7 @@ class RayLauncher:
         ray = ray_module()
         csr = await trio.to_thread.run_sync(
             ray.get,
-            actor.request_certificate.remote(self.python, spec.tls, self.session, spec.key),
+            actor.request_certificate.remote(spec.tls, self.session, spec.key),
             abandon_on_cancel=True,
         )
         leaf, ca = self.certify(spec.key, csr)

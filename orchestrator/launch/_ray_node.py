@@ -1,17 +1,22 @@
 """The node's side of the ray launcher: the actor that owns one child (:mod:`._ray`).
 
-It runs on the child's node: it makes the child's node directory (0700, fresh) and writes its
-loadout there, checks the workspace bundle out into it, makes the child's TLS key there, serves
-the child's egress proxy from it (:class:`EgressProxy`, trio in a thread), starts and stops the
-child, brings a worker's changes back as a bundle, and removes the directory when the child ends.
+It runs on the child's node: it makes the child's node directory (0700, fresh, in the node's
+own temporary directory) and writes its loadout there, checks the workspace bundle out into it,
+makes the child's TLS key there, serves the child's egress proxy from it (:class:`EgressProxy`,
+trio in a thread), plans the child's sandbox on the node (:mod:`._nodeplan`) and starts and
+stops the child, brings a worker's changes back as a bundle, and removes the directory when the
+child ends.
 """
 
 import contextlib
 import ctypes
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -20,11 +25,15 @@ from typing import Any
 
 import trio
 
+from orchestrator._errors import PolicyError
 from orchestrator.launch._egress import EgressProxy, allowlist
+from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan, realise
 
 __all__ = ["ChildActor", "ray_module"]
 
 _PR_SET_PDEATHSIG = 1
+#: A session or child id, as it may appear in a node directory's name.
+_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def ray_module() -> Any:
@@ -198,13 +207,17 @@ class ChildActor:
         self.git_dir = ""
         return data
 
-    def make_node(self, directory: str, files: Mapping[str, bytes]) -> None:
-        """Make the child's node *directory* (0700, new: one that exists is refused, so no
-        symlink or planted directory is followed) with its scratch and (empty) checkout
-        inside, and write *files*
-        (its loadout) in it."""
-        if not os.path.isabs(directory) or os.path.dirname(directory) != tempfile.gettempdir():
-            raise RuntimeError(f"node directory {directory!r} is not in {tempfile.gettempdir()}")
+    def make_node(self, session: str, key: str) -> str:
+        """Make child *key*'s node directory in this node's own temporary directory: a fresh,
+        unpredictable name (``fleet-node-SESSION-KEY-<32 hex>``), 0700, new (one that exists
+        is refused, so nothing planted or linked there is followed), checked to be ours and
+        0700, with its scratch and (empty) checkout inside; its path (the supervisor puts its
+        paths in the child's loadout, which :meth:`write_files` then writes there)."""
+        for part in (session, key):
+            if not _NAME_PART.fullmatch(part):
+                raise RuntimeError(f"node directory: {part!r} is not a session or child id")
+        name = f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
+        directory = os.path.join(tempfile.gettempdir(), name)
         os.mkdir(directory, 0o700)  # FileExistsError for anything already there
         self.node_dir = directory
         info = os.lstat(directory)
@@ -212,7 +225,13 @@ class ChildActor:
             raise RuntimeError(f"node directory {directory!r}: not ours, or not 0700")
         for part in ("scratch", "checkout"):  # the checkout filled by receive
             os.mkdir(os.path.join(directory, part), 0o700)
-        _write_new(files, under=directory)
+        return directory
+
+    def write_files(self, files: Mapping[str, bytes]) -> None:
+        """Write *files* (the child's loadout) in its node directory: new 0600 files."""
+        if not self.node_dir:
+            raise RuntimeError("the child has no node directory")
+        _write_new(files, under=self.node_dir)
 
     def open_egress(self, path: str, allowed: Sequence[str]) -> None:
         """Serve the child's egress proxy (:class:`EgressProxy`, its *allowed* ``host:port``
@@ -245,10 +264,11 @@ class ChildActor:
             shutil.rmtree(self.node_dir, ignore_errors=True)
             self.node_dir = ""
 
-    def request_certificate(self, python: str, directory: str, session: str, owner: str) -> bytes:
-        """Make the child's TLS directory and key here on the node; the CSR (never the key)."""
+    def request_certificate(self, directory: str, session: str, owner: str) -> bytes:
+        """Make the child's TLS directory and key here on the node, with the node's own
+        interpreter; the CSR (never the key)."""
         done = subprocess.run(
-            [python, "-m", "child._tls", directory, session, owner],
+            [os.path.abspath(sys.executable), "-m", "child._tls", directory, session, owner],
             capture_output=True,
             check=False,
             timeout=60,
@@ -263,9 +283,24 @@ class ChildActor:
         cwd: str,
         env: Mapping[str, str],
         files: Mapping[str, bytes] | None = None,
+        plan: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
-        start the child."""
+        start the child: with a sandbox *plan* (:class:`NodePlan`), the command it makes here
+        (*argv* and *cwd* unused), or ``{"refused": one line}`` and nothing started; without
+        one, *argv* as it is."""
+        sandboxed, reason = False, ""
+        if plan is not None:
+            egress = "" if self.egress is None else str(self.egress.proxy.path)
+            try:
+                made = realise(
+                    NodePlan.from_plain(plan), node_dir=self.node_dir, egress=egress, env=env
+                )
+            except PolicyError as exc:
+                self.clean_up()  # nothing of a child that never runs stays on the node
+                return {"refused": " ".join(str(exc).split())}
+            argv, env, cwd = made.argv, made.env, made.cwd
+            sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
         ray = ray_module()
         self.proc = subprocess.Popen(
@@ -281,7 +316,13 @@ class ChildActor:
         if self.egress is not None:
             self.egress.admit(self.proc.pid)
         ctx = ray.get_runtime_context()
-        return {"pid": self.proc.pid, "node": ctx.get_node_id(), "actor_pid": os.getpid()}
+        return {
+            "pid": self.proc.pid,
+            "node": ctx.get_node_id(),
+            "actor_pid": os.getpid(),
+            "sandboxed": sandboxed,
+            "reason": reason,
+        }
 
     def wait(self) -> tuple[int, bytes]:
         """Block until the child ends; its status and its last 8 KiB of output."""

@@ -70,8 +70,15 @@ def unsandboxed_reason(config: Config) -> str | None:
     Raises :class:`PolicyError` when no sandbox works and the user did not allow running
     without one.
     """
-    if config.sandbox == "off":
-        if config.allow_unsandboxed:
+    return decide_unsandboxed(off=config.sandbox == "off", allowed=config.allow_unsandboxed)
+
+
+def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str | None:
+    """:func:`unsandboxed_reason` for a sandbox turned *off* or not, unsandboxed runs *allowed*
+    or not, probing the launcher of this machine (*where*: how a refusal names it; a Ray
+    child's node decides on the node, :mod:`._nodeplan`)."""
+    if off:
+        if allowed:
             return "sandbox turned off (--allow-unsandboxed)"
         raise PolicyError(
             "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed; "
@@ -81,9 +88,10 @@ def unsandboxed_reason(config: Config) -> str | None:
     result = sandbox.probe()
     if result.available:
         return None
-    if config.allow_unsandboxed:
-        return f"no working sandbox ({result.reason}); --allow-unsandboxed"
-    raise PolicyError(f"spawn: no OS sandbox works here: {result.reason} ({HOW_TO_SANDBOX})")
+    if allowed:
+        suffix = "" if where == "here" else f" {where}"
+        return f"no working sandbox{suffix} ({result.reason}); --allow-unsandboxed"
+    raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason} ({HOW_TO_SANDBOX})")
 
 
 def check_available(config: Config, agent: str) -> None:
@@ -168,6 +176,73 @@ def loadout_file_view(loadout_file: Path | None) -> tuple[Path, ...]:
     return () if loadout_file is None else (loadout_file,)
 
 
+def model_view(loadout: ipc.Loadout) -> tuple[Path, ...]:
+    """What a child reads of its model: a scripted model's directory (nothing otherwise)."""
+    return (Path(loadout.model.script).parent,) if loadout.model.script else ()
+
+
+def child_spec(
+    *,
+    policy: sandbox.Policy,
+    workspace: Path,
+    scratch: Path,
+    visible: Iterable[Path],
+    hidden: Iterable[Path],
+    sockets: Iterable[Path] = (),
+    egress: Path | None = None,
+) -> sandbox.SandboxSpec:
+    """The one place a child's :class:`sandbox.SandboxSpec` is built: by :func:`place` for a
+    local child, and on its node for a Ray child (:mod:`._nodeplan`), so both see the same view.
+
+    Its *workspace* (its cwd) is visible, or writable under the worker policy (the only path a
+    worker may write besides its *scratch*); this interpreter's source tree and prefixes are
+    visible; of *visible* and *sockets* only what exists *here* is named; *hidden* stays hidden.
+    """
+    source_root = Path(ipc.__file__).resolve().parents[1]
+    shown = {workspace, source_root, Path(sys.prefix), Path(sys.base_prefix), *visible}
+    if policy is sandbox.Policy.WORKER:
+        shown.discard(workspace)
+    return sandbox.SandboxSpec(
+        policy=policy,
+        scratch=scratch,
+        visible=tuple(sorted(p for p in shown if p.exists())),
+        writable=(workspace,) if policy is sandbox.Policy.WORKER else (),
+        sockets=tuple(p for p in sockets if p.exists()),
+        hidden=tuple(hidden),
+        cwd=workspace,
+        # Egress: never the host's network, at most the proxy socket.
+        network=False,
+        egress=egress,
+    )
+
+
+def wrap_child(argv: tuple[str, ...], spec: sandbox.SandboxSpec, owner: str) -> Placement:
+    """*argv* wrapped in *spec*'s sandbox (fail closed: :class:`PolicyError` when it cannot
+    be), with the environment the wrap adds; here or on a Ray child's node."""
+    try:
+        wrapped = sandbox.wrap(argv, spec)
+    except sandbox.SandboxError as exc:
+        raise PolicyError(f"spawn {owner}: sandbox refused: {exc}") from None
+    if not wrapped.wrapped:
+        raise PolicyError(f"spawn {owner}: no OS sandbox: {wrapped.reason} ({HOW_TO_SANDBOX})")
+    # With the loadout's policy, tells a CLI with a sandbox of its own (Codex, Claude Code) not
+    # to nest it in ours (child.backends._cli_env.inside_fleet_sandbox).
+    env = wrapped.env | {SANDBOXED_ENV: "1"}
+    if spec.egress is not None:
+        env[EGRESS_SOCKET_ENV] = str(spec.egress)
+    view = None
+    if wrapped.mounts:
+        view = {"ops": [list(op) for op in wrapped.mounts], "cwd": wrapped.chdir}
+    return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="", view=view)
+
+
+def unsandboxed(argv: tuple[str, ...], reason: str) -> Placement:
+    """*argv* run without a sandbox, as the user allowed (*reason* says why)."""
+    # "0", not absent: a FLEET_SANDBOXED=1 in the supervisor's own environment must not
+    # tell an unwrapped CLI (Codex, Claude Code) to drop its own sandbox.
+    return Placement(argv=argv, env={SANDBOXED_ENV: "0"}, sandboxed=False, reason=reason)
+
+
 def place(
     argv: tuple[str, ...],
     *,
@@ -186,48 +261,19 @@ def place(
     """
     reason = unsandboxed_reason(config)
     if reason is not None:
-        # "0", not absent: a FLEET_SANDBOXED=1 in the supervisor's own environment must not
-        # tell an unwrapped CLI (Codex, Claude Code) to drop its own sandbox.
-        return Placement(argv=argv, env={SANDBOXED_ENV: "0"}, sandboxed=False, reason=reason)
-    policy = POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY)
-    workspace = Path(loadout.workspace)
-    source_root = Path(ipc.__file__).resolve().parents[1]
+        return unsandboxed(argv, reason)
     # The session's repository stays readable (a worker's git finds its objects there).
-    visible = {workspace, config.workspace, source_root, Path(sys.prefix), Path(sys.base_prefix)}
-    visible.update(loadout_file_view(loadout_file))
-    if loadout.model.script:
-        visible.add(Path(loadout.model.script).parent)
-    if policy is sandbox.Policy.WORKER:
-        visible.discard(workspace)
-    spec = sandbox.SandboxSpec(
-        policy=policy,
+    visible = {config.workspace, *loadout_file_view(loadout_file), *model_view(loadout)}
+    spec = child_spec(
+        policy=POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY),
+        workspace=Path(loadout.workspace),
         scratch=scratch,
-        visible=tuple(sorted(p for p in visible if p.exists())),
-        writable=(workspace,) if policy is sandbox.Policy.WORKER else (),
-        sockets=tuple(p for p in ipc_endpoint(loadout) if p.exists()),
+        visible=visible,
+        sockets=ipc_endpoint(loadout),
         hidden=hidden_paths(config),
-        cwd=workspace,
-        # Egress: never the host's network, at most the proxy socket.
-        network=False,
         egress=egress,
     )
-    try:
-        wrapped = sandbox.wrap(argv, spec)
-    except sandbox.SandboxError as exc:
-        raise PolicyError(f"spawn {loadout.owner}: sandbox refused: {exc}") from None
-    if not wrapped.wrapped:
-        raise PolicyError(
-            f"spawn {loadout.owner}: no OS sandbox: {wrapped.reason} ({HOW_TO_SANDBOX})"
-        )
-    # With the loadout's policy, tells a CLI with a sandbox of its own (Codex, Claude Code) not
-    # to nest it in ours (child.backends._cli_env.inside_fleet_sandbox).
-    env = wrapped.env | {SANDBOXED_ENV: "1"}
-    if egress is not None:
-        env[EGRESS_SOCKET_ENV] = str(egress)
-    view = None
-    if wrapped.mounts:
-        view = {"ops": [list(op) for op in wrapped.mounts], "cwd": wrapped.chdir}
-    return Placement(argv=wrapped.argv, env=env, sandboxed=True, reason="", view=view)
+    return wrap_child(argv, spec, loadout.owner)
 
 
 def fork_server_wrapper(config: Config) -> tuple[str, ...] | None:

@@ -1,0 +1,238 @@
+"""A Ray child's sandbox, planned by the supervisor and made on its node (DESIGN §7, §11).
+
+The supervisor cannot place a remote child itself: whether a sandbox works, which paths exist,
+and which interpreter runs the child are facts of the child's node. So it sends the child's
+actor a :class:`NodePlan` — plain strings and flags, what it knows: the policy, whether the
+sandbox is off or unsandboxed runs are allowed, the child's argv after the interpreter, its
+paths in its node directory, the extra paths it should see and those to hide — and the actor
+realises it there (:func:`realise`): the node's own ``sys.executable``, the node's probe, the
+spec of :func:`._sandboxing.child_spec` with only the paths that exist on the node, the wrap of
+:func:`._sandboxing.wrap_child`, the environment the wrap adds merged on the node.
+
+The plan is checked before anything is bound: its paths must be the ones of the actor's own
+node directory (and its egress socket the one the actor serves), the child is always
+``python -I -m child``, the node's temporary directory (every other child's node directory)
+is always hidden, and no extra visible path may lie in a hidden one or another node directory.
+A plan can therefore make a child see less, never more.
+"""
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+import ipc
+from orchestrator._config import Config
+from orchestrator._errors import OperationFailed, PolicyError
+from orchestrator.launch._sandboxing import (
+    POLICIES,
+    child_spec,
+    decide_unsandboxed,
+    hidden_paths,
+    model_view,
+    unsandboxed,
+    wrap_child,
+)
+from sandbox._bwrap import HIDDEN_ROOTS
+
+__all__ = ["NODE_HEX", "NODE_PREFIX", "NodePlan", "node_directory_of", "plan_for", "realise"]
+
+#: The start of every node directory's name in its node's temporary directory.
+NODE_PREFIX: Final = "fleet-node-"
+#: The random part of a node directory's name (``secrets.token_hex(16)``).
+NODE_HEX: Final = 32
+#: The loadout file's name in a node directory (``core._remote.node_layout``).
+LOADOUT_NAME: Final = "loadout.json"
+#: What a child is on every node: its package, isolated from its cwd (``child_argv``).
+CHILD_MODULE: Final = ("-I", "-m", "child")
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"expected a sequence of strings, got {value!r}")
+    return tuple(value)
+
+
+_STR = attrs.validators.instance_of(str)
+_BOOL = attrs.validators.instance_of(bool)
+
+
+@attrs.frozen(kw_only=True)
+class NodePlan:
+    """What the supervisor asks of a remote child's sandbox; the node makes it
+    (:func:`realise`). Sent as :meth:`plain` and read back with :meth:`from_plain`."""
+
+    owner: str = attrs.field(validator=_STR)
+    #: The loadout's policy name (``read_only``, ``review``, ``worker``).
+    policy: str = attrs.field(validator=_STR)
+    sandbox_off: bool = attrs.field(validator=_BOOL)
+    allow_unsandboxed: bool = attrs.field(validator=_BOOL)
+    #: The child's argv after the interpreter (``-I -m child LOADOUT``).
+    argv_tail: tuple[str, ...] = attrs.field(converter=_strings)
+    #: In the node directory: the loadout file, the checkout (its cwd; a worker's one
+    #: writable path besides scratch), the scratch, and the egress socket (``""``: none).
+    loadout_file: str = attrs.field(validator=_STR)
+    workspace: str = attrs.field(validator=_STR)
+    scratch: str = attrs.field(validator=_STR)
+    egress: str = attrs.field(default="", validator=_STR)
+    #: Further paths the child reads, if they exist on the node (a scripted model's directory).
+    visible: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    #: Paths the child must not see (the supervisor's state directory).
+    hidden: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+
+    def plain(self) -> dict[str, Any]:
+        """Strings, flags and lists of strings only (JSON would carry it)."""
+        plain = attrs.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in plain.items()}
+
+    @classmethod
+    def from_plain(cls, plain: Mapping[str, Any]) -> "NodePlan":
+        return cls(**dict(plain))
+
+
+def node_directory_of(path: str, session: str, key: str) -> Path:
+    """*path*, the node directory child *key*'s actor made, once the supervisor has checked it
+    is one (absolute, plain, ``fleet-node-SESSION-KEY-<32 hex>``): the supervisor puts paths
+    below it in the loadout and, on its own machine, only ever unlinks the loadout there."""
+    node = Path(path)
+    prefix = f"{NODE_PREFIX}{session}-{key}-"
+    random = node.name.removeprefix(prefix)
+    if (
+        not node.is_absolute()
+        or os.path.normpath(path) != path
+        or not node.name.startswith(prefix)
+        or len(random) != NODE_HEX
+        or any(c not in "0123456789abcdef" for c in random)
+    ):
+        raise OperationFailed(f"spawn {key}: its node made no valid node directory ({path!r})")
+    return node
+
+
+def plan_for(
+    config: Config,
+    loadout: ipc.Loadout,
+    *,
+    argv_tail: tuple[str, ...],
+    loadout_file: str,
+    egress: str = "",
+) -> NodePlan:
+    """The supervisor's plan for remote child *loadout* (its paths already its node's)."""
+    return NodePlan(
+        owner=loadout.owner,
+        policy=loadout.sandbox,
+        sandbox_off=config.sandbox == "off",
+        allow_unsandboxed=config.allow_unsandboxed,
+        argv_tail=argv_tail,
+        loadout_file=loadout_file,
+        workspace=loadout.workspace,
+        scratch=loadout.scratch,
+        egress=egress,
+        visible=tuple(str(path) for path in model_view(loadout)),
+        hidden=tuple(str(path) for path in hidden_paths(config)),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class NodeStart:
+    """The child's command on its node, its cwd and environment, whether it is sandboxed."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    sandboxed: bool
+    reason: str
+
+
+def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str]) -> NodeStart:
+    """On the child's node: *plan* checked against the actor's own *node_dir* and the
+    *egress* socket it serves (``""``: none), the child's command under this node's sandbox
+    (unwrapped only when allowed), and *env* with what the wrap adds.
+
+    Raises :class:`PolicyError` (one line) for a plan the node refuses or a child it cannot
+    sandbox."""
+    node = Path(node_dir)
+    _check_paths(plan, node, egress)
+    argv = (os.path.abspath(sys.executable), *plan.argv_tail)
+    try:
+        reason = decide_unsandboxed(
+            off=plan.sandbox_off, allowed=plan.allow_unsandboxed, where="on its node"
+        )
+    except PolicyError as exc:
+        raise PolicyError(str(exc).replace("spawn:", f"spawn {plan.owner}:", 1)) from None
+    if reason is not None:
+        placed = unsandboxed(argv, reason)
+        # The supervisor's temporary directory names a place on its machine, not here.
+        temp = dict.fromkeys(("TMPDIR", "TMP", "TEMP"), tempfile.gettempdir())
+        return NodeStart(
+            argv=placed.argv,
+            cwd=plan.workspace,
+            env={**env, **temp, **placed.env},
+            sandboxed=False,
+            reason=reason,
+        )
+    hidden = (*(Path(path) for path in plan.hidden), Path(tempfile.gettempdir()))
+    visible = [*_checked_visible(plan, hidden), Path(plan.loadout_file)]
+    spec = child_spec(
+        policy=POLICIES.get(plan.policy, POLICIES["read_only"]),
+        workspace=Path(plan.workspace),
+        scratch=Path(plan.scratch),
+        visible=visible,
+        hidden=hidden,
+        egress=Path(plan.egress) if plan.egress else None,
+    )
+    placed = wrap_child(argv, spec, plan.owner)
+    return NodeStart(
+        argv=placed.argv, cwd=plan.workspace, env={**env, **placed.env}, sandboxed=True, reason=""
+    )
+
+
+def _refuse(plan: NodePlan, why: str) -> PolicyError:
+    return PolicyError(f"spawn {plan.owner}: its node refused the sandbox plan: {why}")
+
+
+def _check_paths(plan: NodePlan, node: Path, egress: str) -> None:
+    """The plan's own paths are the actor's node directory's, its command is the child."""
+    expected = {"workspace": node / "checkout", "scratch": node / "scratch"}
+    for field, path in expected.items():
+        if Path(getattr(plan, field)) != path:
+            raise _refuse(plan, f"{field} {getattr(plan, field)!r} is not {str(path)!r}")
+    loadout = node / LOADOUT_NAME
+    if Path(plan.loadout_file) != loadout or os.path.islink(loadout) or not loadout.is_file():
+        raise _refuse(plan, f"loadout {plan.loadout_file!r} is not the file {str(loadout)!r}")
+    if plan.egress != egress:
+        raise _refuse(plan, f"egress {plan.egress!r} is not the one served here ({egress!r})")
+    if plan.argv_tail[: len(CHILD_MODULE)] != CHILD_MODULE:
+        raise _refuse(plan, f"argv {list(plan.argv_tail)!r} is not the child's")
+
+
+def _checked_visible(plan: NodePlan, hidden: tuple[Path, ...]) -> list[Path]:
+    """The plan's extra visible paths that exist here, canonical. Refused if one would bring
+    back what is hidden: a path in a hidden one (below the temporary directory only a node
+    directory is refused), or one holding a tree the sandbox replaces (``/tmp``, ``/dev``,
+    ``/proc``: its bind would bring the host's back over the sandbox's)."""
+    temp = Path(os.path.realpath(tempfile.gettempdir()))
+    hidden_real = [Path(os.path.realpath(path)) for path in hidden]
+    replaced = [Path(os.path.realpath(root)) for root in HIDDEN_ROOTS]
+    kept = []
+    for name in plan.visible:
+        if not os.path.isabs(name):
+            raise _refuse(plan, f"visible path {name!r} is not absolute")
+        if not os.path.exists(name):
+            continue  # not on this node: nothing to show
+        path = Path(os.path.realpath(name))
+        for root in replaced:
+            if root == path or path in root.parents:
+                raise _refuse(plan, f"visible path {name!r} would show the host's {str(root)!r}")
+        for root in hidden_real:
+            if path != root and root not in path.parents:
+                continue
+            below = path.relative_to(root).parts
+            if root == temp and below and not below[0].startswith(NODE_PREFIX):
+                continue  # e.g. a model file in the node's /tmp, not a child's directory
+            raise _refuse(plan, f"visible path {name!r} would show hidden {str(root)!r}")
+        kept.append(path)
+    return kept

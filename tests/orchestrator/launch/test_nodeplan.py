@@ -1,0 +1,177 @@
+"""A Ray child's sandbox plan, realised on its node (``orchestrator.launch._nodeplan``).
+
+The node's side runs here in-process on a real node directory made by :class:`ChildActor`
+(no Ray needed for that), with the real sandbox probe: a plan may make a child see less,
+never more, and the supervisor takes only a node directory name it recognises.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+import sandbox
+from orchestrator._errors import OperationFailed, PolicyError
+from orchestrator.launch._nodeplan import NodePlan, node_directory_of, realise
+from orchestrator.launch._ray_node import ChildActor
+
+
+@pytest.fixture
+def actor() -> Iterator[ChildActor]:
+    a = ChildActor()
+    a.make_node("t", "a1")
+    a.write_files({os.path.join(a.node_dir, "loadout.json"): b"{}"})
+    yield a
+    a.clean_up()
+
+
+@pytest.fixture
+def sibling() -> Iterator[Path]:
+    other = ChildActor()
+    other.make_node("t", "a2")
+    yield Path(other.node_dir)
+    other.clean_up()
+
+
+def plan_in(node: str, **changes: Any) -> NodePlan:
+    plan = NodePlan(
+        owner="a1",
+        policy="read_only",
+        sandbox_off=False,
+        allow_unsandboxed=False,
+        argv_tail=("-I", "-m", "child", os.path.join(node, "loadout.json")),
+        loadout_file=os.path.join(node, "loadout.json"),
+        workspace=os.path.join(node, "checkout"),
+        scratch=os.path.join(node, "scratch"),
+        hidden=("/nonexistent-fleet-home",),
+    )
+    return attrs.evolve(plan, **changes)
+
+
+def test_the_node_directory_is_fresh_private_and_in_the_nodes_own_temp_dir(actor):
+    node = Path(actor.node_dir)
+    assert node.parent == Path(tempfile.gettempdir())
+    assert node.name.startswith("fleet-node-t-a1-")
+    assert (node.stat().st_mode & 0o777) == 0o700
+    assert sorted(p.name for p in node.iterdir()) == ["checkout", "loadout.json", "scratch"]
+    assert node_directory_of(str(node), "t", "a1") == node
+
+
+@pytest.mark.parametrize("bad", ["t/../x", "../../etc", ""])
+def test_a_node_directory_for_a_strange_id_is_refused(bad):
+    with pytest.raises(RuntimeError, match="not a session or child id"):
+        ChildActor().make_node("t", bad)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc",
+        "relative/fleet-node-t-a1-" + "0" * 32,
+        "/tmp/fleet-node-t-a2-" + "0" * 32,  # another child's
+        "/tmp/x/../fleet-node-t-a1-" + "0" * 32,
+        "/tmp/fleet-node-t-a1-" + "g" * 32,
+        "/tmp/fleet-node-t-a1-" + "0" * 8,
+    ],
+)
+def test_the_supervisor_takes_only_a_node_directory_it_recognises(path):
+    with pytest.raises(OperationFailed, match="no valid node directory"):
+        node_directory_of(path, "t", "a1")
+
+
+@pytest.mark.skipif(not sandbox.probe().available, reason="needs a working sandbox")
+def test_the_plan_is_wrapped_here_with_this_interpreter(actor):
+    made = realise(plan_in(actor.node_dir), node_dir=actor.node_dir, egress="", env={"A": "1"})
+    assert made.sandboxed
+    assert made.reason == ""
+    assert made.cwd == os.path.join(actor.node_dir, "checkout")
+    assert os.path.abspath(sys.executable) in made.argv
+    assert made.argv[-4:] == ("-I", "-m", "child", os.path.join(actor.node_dir, "loadout.json"))
+    assert made.env["A"] == "1"
+    assert made.env["FLEET_SANDBOXED"] == "1"
+    assert made.env["TMPDIR"] == os.path.join(actor.node_dir, "scratch")
+    # This node's temp dir (every other child's node directory) is hidden in the view.
+    assert ("--tmpfs", tempfile.gettempdir()) in zip(made.argv, made.argv[1:], strict=False)
+
+
+def test_unsandboxed_only_when_allowed_and_the_reason_says_so(actor):
+    plan = plan_in(actor.node_dir, sandbox_off=True)
+    with pytest.raises(PolicyError, match=r"^spawn a1: the sandbox is turned off"):
+        realise(plan, node_dir=actor.node_dir, egress="", env={})
+    made = realise(
+        attrs.evolve(plan, allow_unsandboxed=True),
+        node_dir=actor.node_dir,
+        egress="",
+        env={"TMPDIR": "/supervisors/own/tmp"},
+    )
+    assert not made.sandboxed
+    assert made.reason == "sandbox turned off (--allow-unsandboxed)"
+    assert made.env["FLEET_SANDBOXED"] == "0"
+    assert made.env["TMPDIR"] == tempfile.gettempdir()  # the node's, not the supervisor's
+    assert made.argv[0] == os.path.abspath(sys.executable)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"workspace": "/etc"}, "workspace '/etc' is not"),
+        ({"scratch": "/"}, "scratch '/' is not"),
+        ({"argv_tail": ("-c", "print(1)")}, "is not the child's"),
+        ({"egress": "/tmp/someone-elses.sock"}, "is not the one served here"),
+    ],
+)
+def test_a_plan_naming_other_paths_is_refused_in_one_line(actor, change, says):
+    with pytest.raises(PolicyError) as got:
+        realise(plan_in(actor.node_dir, **change), node_dir=actor.node_dir, egress="", env={})
+    assert says in str(got.value)
+    assert "\n" not in str(got.value)
+    assert str(got.value).startswith("spawn a1: its node refused the sandbox plan: ")
+
+
+def test_a_plan_cannot_show_the_actors_git_dir_as_its_loadout(actor):
+    git = os.path.join(actor.node_dir, "git")
+    os.mkdir(git, 0o700)
+    with pytest.raises(PolicyError, match="is not the file"):
+        realise(
+            plan_in(actor.node_dir, loadout_file=git), node_dir=actor.node_dir, egress="", env={}
+        )
+
+
+@pytest.mark.skipif(not sandbox.probe().available, reason="needs a working sandbox")
+def test_no_visible_path_may_bring_back_what_is_hidden(actor, sibling, tmp_path):
+    home = tmp_path / "home"
+    (home / "sessions").mkdir(parents=True)
+    node = actor.node_dir
+    hostile = [
+        "/",  # its bind would bring back the host's /tmp and /proc over the sandbox's
+        "/tmp",
+        tempfile.gettempdir(),
+        str(sibling),  # another child's node directory
+        str(sibling / "scratch"),
+        os.path.join(node, "scratch"),  # a node directory even if its own
+        str(home / "sessions"),  # inside the hidden state directory
+    ]
+    for path in hostile:
+        plan = plan_in(node, visible=(path,), hidden=(str(home),))
+        with pytest.raises(PolicyError, match="would show"):
+            realise(plan, node_dir=node, egress="", env={})
+    # A symlink to a sibling's directory is judged by where it leads.
+    link = tmp_path / "innocent"
+    link.symlink_to(sibling)
+    with pytest.raises(PolicyError, match="would show hidden"):
+        realise(plan_in(node, visible=(str(link),)), node_dir=node, egress="", env={})
+    # A model's directory in the temp dir (not a node directory) is fine; one not on this
+    # node is left out.
+    models = tmp_path / "models"
+    models.mkdir()
+    plan = plan_in(node, visible=(str(models), "/not/on/this/node"), hidden=(str(home),))
+    made = realise(plan, node_dir=node, egress="", env={})
+    assert str(models) in made.argv
+    assert "/not/on/this/node" not in made.argv
+    shutil.rmtree(models)
