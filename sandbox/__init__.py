@@ -9,12 +9,14 @@ caller fails closed. :class:`SandboxError` is raised only for a spec or command 
 be sandboxed safely. See ``docs/sandbox.md``.
 """
 
+from sandbox._bwrap import HIDDEN_ROOTS
 from sandbox._errors import SandboxError
 from sandbox._probe import ProbeResult, probe
 from sandbox._spec import Policy, SandboxSpec, Wrapped
 from sandbox._wrap import exec_argv, wrap, wrap_fork_server
 
 __all__ = [
+    "HIDDEN_ROOTS",
     "Policy",
     "ProbeResult",
     "SandboxError",

@@ -30,6 +30,7 @@ from orchestrator._config import Config
 from orchestrator._errors import OperationFailed, PolicyError
 from orchestrator.launch._sandboxing import (
     POLICIES,
+    checked_visible,
     child_spec,
     decide_unsandboxed,
     hidden_paths,
@@ -37,7 +38,6 @@ from orchestrator.launch._sandboxing import (
     unsandboxed,
     wrap_child,
 )
-from sandbox._bwrap import HIDDEN_ROOTS
 
 __all__ = ["NODE_HEX", "NODE_PREFIX", "NodePlan", "node_directory_of", "plan_for", "realise"]
 
@@ -175,7 +175,11 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
             reason=reason,
         )
     hidden = (*(Path(path) for path in plan.hidden), Path(tempfile.gettempdir()))
-    visible = [*_checked_visible(plan, hidden), Path(plan.loadout_file)]
+    try:
+        shown = checked_visible(plan.visible, hidden, nodes=NODE_PREFIX)
+    except PolicyError as exc:
+        raise _refuse(plan, str(exc)) from None
+    visible = [*shown, Path(plan.loadout_file)]
     spec = child_spec(
         policy=POLICIES.get(plan.policy, POLICIES["read_only"]),
         workspace=Path(plan.workspace),
@@ -207,32 +211,3 @@ def _check_paths(plan: NodePlan, node: Path, egress: str) -> None:
         raise _refuse(plan, f"egress {plan.egress!r} is not the one served here ({egress!r})")
     if plan.argv_tail[: len(CHILD_MODULE)] != CHILD_MODULE:
         raise _refuse(plan, f"argv {list(plan.argv_tail)!r} is not the child's")
-
-
-def _checked_visible(plan: NodePlan, hidden: tuple[Path, ...]) -> list[Path]:
-    """The plan's extra visible paths that exist here, canonical. Refused if one would bring
-    back what is hidden: a path in a hidden one (below the temporary directory only a node
-    directory is refused), or one holding a tree the sandbox replaces (``/tmp``, ``/dev``,
-    ``/proc``: its bind would bring the host's back over the sandbox's)."""
-    temp = Path(os.path.realpath(tempfile.gettempdir()))
-    hidden_real = [Path(os.path.realpath(path)) for path in hidden]
-    replaced = [Path(os.path.realpath(root)) for root in HIDDEN_ROOTS]
-    kept = []
-    for name in plan.visible:
-        if not os.path.isabs(name):
-            raise _refuse(plan, f"visible path {name!r} is not absolute")
-        if not os.path.exists(name):
-            continue  # not on this node: nothing to show
-        path = Path(os.path.realpath(name))
-        for root in replaced:
-            if root == path or path in root.parents:
-                raise _refuse(plan, f"visible path {name!r} would show the host's {str(root)!r}")
-        for root in hidden_real:
-            if path != root and root not in path.parents:
-                continue
-            below = path.relative_to(root).parts
-            if root == temp and below and not below[0].startswith(NODE_PREFIX):
-                continue  # e.g. a model file in the node's /tmp, not a child's directory
-            raise _refuse(plan, f"visible path {name!r} would show hidden {str(root)!r}")
-        kept.append(path)
-    return kept

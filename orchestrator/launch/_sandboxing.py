@@ -14,7 +14,9 @@ get one, unless the user passed ``--allow-unsandboxed``; then the child runs unw
 ``peek`` and its handoff say so (``sandboxed: false`` and the reason).
 """
 
+import os
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -181,6 +183,40 @@ def model_view(loadout: ipc.Loadout) -> tuple[Path, ...]:
     return (Path(loadout.model.script).parent,) if loadout.model.script else ()
 
 
+def checked_visible(
+    names: Iterable[str | Path], hidden: Iterable[Path], *, nodes: str = ""
+) -> list[Path]:
+    """The extra paths a child should read (its repository, a scripted model's directory)
+    that exist here, canonical. Raises :class:`PolicyError` for one that would bring back what
+    the sandbox hides: one in a *hidden* path, or one that is or holds a tree the sandbox
+    replaces (``/tmp``, ``/dev``, ``/proc``: bound, it would show the host's over the
+    sandbox's). With *nodes* (the node directories' name prefix), below a hidden temporary
+    directory only those directories are refused: a model file in a node's ``/tmp`` is fine.
+    """
+    temp = Path(os.path.realpath(tempfile.gettempdir()))
+    hidden_real = [Path(os.path.realpath(path)) for path in hidden]
+    replaced = [Path(os.path.realpath(root)) for root in sandbox.HIDDEN_ROOTS]
+    kept = []
+    for name in names:
+        if not os.path.isabs(name):
+            raise PolicyError(f"visible path {str(name)!r} is not absolute")
+        if not os.path.exists(name):
+            continue  # not here: nothing to show
+        path = Path(os.path.realpath(name))
+        for root in replaced:
+            if root == path or path in root.parents:
+                raise PolicyError(f"visible path {str(name)!r} would show the host's {str(root)!r}")
+        for root in hidden_real:
+            if path != root and root not in path.parents:
+                continue
+            below = path.relative_to(root).parts
+            if nodes and root == temp and below and not below[0].startswith(nodes):
+                continue  # e.g. a model file in the node's /tmp, not a child's directory
+            raise PolicyError(f"visible path {str(name)!r} would show hidden {str(root)!r}")
+        kept.append(path)
+    return kept
+
+
 def child_spec(
     *,
     policy: sandbox.Policy,
@@ -263,14 +299,19 @@ def place(
     if reason is not None:
         return unsandboxed(argv, reason)
     # The session's repository stays readable (a worker's git finds its objects there).
-    visible = {config.workspace, *loadout_file_view(loadout_file), *model_view(loadout)}
+    hidden = hidden_paths(config)
+    try:
+        extra = checked_visible([config.workspace, *model_view(loadout)], hidden)
+    except PolicyError as exc:
+        raise PolicyError(f"spawn {loadout.owner}: sandbox refused: {exc}") from None
+    visible = {*extra, *loadout_file_view(loadout_file)}
     spec = child_spec(
         policy=POLICIES.get(loadout.sandbox, sandbox.Policy.READ_ONLY),
         workspace=Path(loadout.workspace),
         scratch=scratch,
         visible=visible,
         sockets=ipc_endpoint(loadout),
-        hidden=hidden_paths(config),
+        hidden=hidden,
         egress=egress,
     )
     return wrap_child(argv, spec, loadout.owner)
