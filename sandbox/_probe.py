@@ -32,7 +32,7 @@ PROBE_TIMEOUT = 10.0
 # sandbox let us create a directory in / (removed again before exiting).
 _SELF_TEST = (
     'if mkdir "$1" 2>/dev/null; then rmdir "$1"; exit 3; fi; '
-    ': > "$2/probe-ok"; : > "$3" 2>/dev/null; exit 0'
+    ': > "$2/probe-ok"; ( : > "$3" ) 2>/dev/null; exit 0'
 )
 _ROOT_WRITABLE = 3
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -29,6 +31,19 @@ def test_probe_finds_working_bubblewrap(bwrap_works):
     assert result.launcher == "bwrap"
     assert result.reason == ""
     assert re.fullmatch(r"\d+\.\d+(\.\d+)?", result.version)
+
+
+def test_probe_works_with_a_temporary_directory_outside_tmp(bwrap_works, monkeypatch):
+    # Outside /tmp the probe's host file lies on the sandbox's read-only root: the write the
+    # self-test expects to fail must not end the shell (a node with TMPDIR=/var/tmp/... would
+    # refuse every sandboxed child).
+    directory = tempfile.mkdtemp(prefix="fleet-probe-test-", dir="/var/tmp")
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", directory)
+        result = probe_platform("linux")
+        assert result.available, result.reason
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_probe_is_cached_until_refreshed(bwrap_works):
