@@ -96,10 +96,16 @@ def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str 
     raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason} ({HOW_TO_SANDBOX})")
 
 
-def check_available(config: Config, agent: str) -> None:
-    """Refuse, before anything is reserved, a child that cannot be sandboxed here."""
+def check_available(config: Config, agent: str, *, remote: bool = False) -> None:
+    """Refuse, before anything is reserved, a child that cannot be sandboxed here. A *remote*
+    child's sandbox is its node's (:mod:`._nodeplan` probes it there): only a sandbox turned
+    off without leave to run unsandboxed refuses it here."""
     try:
-        unsandboxed_reason(config)
+        if remote:
+            if config.sandbox == "off":
+                decide_unsandboxed(off=True, allowed=config.allow_unsandboxed)
+        else:
+            unsandboxed_reason(config)
     except PolicyError as exc:
         raise PolicyError(str(exc).replace("spawn:", f"spawn {agent}:", 1)) from None
 

@@ -1,8 +1,7 @@
 """A Ray child's sandbox is planned on its node (real ``ray.cluster_utils.Cluster``, real bwrap).
 
-Two nodes unlike the supervisor's machine: ``odd_tmp`` has its own temporary directory (below
-``/tmp``: bwrap's probe fails for a ``TMPDIR`` outside it, see docs/scale-out.md), ``no_bwrap``
-has no bwrap on its PATH. Each node's environment is its raylet's, so its actors (and their
+Two nodes unlike the supervisor's machine: ``odd_tmp`` has its own temporary directory (in
+``/var/tmp``), ``no_bwrap`` has no bwrap on its PATH. Each node's environment is its raylet's, so its actors (and their
 children) see it.
 """
 
@@ -69,7 +68,8 @@ def bin_without_bwrap(where: Path) -> str:
 @pytest.fixture(scope="module")
 def odd() -> Iterator[dict[str, Any]]:
     base = Path(tempfile.mkdtemp(prefix="fln-odd-", dir="/tmp"))
-    node_tmp = Path(tempfile.mkdtemp(prefix="fln-nodetmp-", dir="/tmp"))
+    # Outside /tmp: the node's sandbox hides it although bwrap does not replace it.
+    node_tmp = Path(tempfile.mkdtemp(prefix="fln-nodetmp-", dir="/var/tmp"))
     path = bin_without_bwrap(base / "bin")
     c = Cluster()
     c.add_node(num_cpus=0)  # the head: no agent_slot, no child lands there
@@ -153,7 +153,8 @@ def supervisor_without_a_sandbox(odd, monkeypatch) -> Iterator[None]:
 @pytest.mark.usefixtures("supervisor_without_a_sandbox")
 async def test_a_node_with_its_own_temp_dir_plans_and_runs_the_sandbox(home, odd):
     node_tmp = odd["node_tmp"]
-    config = config_in(home, odd, allow=True)  # the supervisor could only run it unsandboxed
+    # Not allowed to run unsandboxed, and the supervisor has no sandbox: the node's decides.
+    config = config_in(home, odd, allow=False)
     async with open_supervisor(config) as sup:
         pin(sup, "odd_tmp")
         key, note = await look(sup, node_tmp)
