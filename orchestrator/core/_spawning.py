@@ -97,9 +97,7 @@ class Spawning:
                 for plan, request in zip(plans, requests, strict=True)
             ]
             for plan in plans:
-                check_available(
-                    sup.config, plan.agent, remote=plan.surface in REMOTE_SURFACES
-                )
+                check_available(sup.config, plan.agent, remote=plan.surface in REMOTE_SURFACES)
                 sup.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front
             names = [p.name for p in plans if p.name]
             live = {r.name for r in sup.registry.live()}

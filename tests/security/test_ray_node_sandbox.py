@@ -1,8 +1,8 @@
 """A Ray child's sandbox is planned on its node (real ``ray.cluster_utils.Cluster``, real bwrap).
 
 Two nodes unlike the supervisor's machine: ``odd_tmp`` has its own temporary directory (in
-``/var/tmp``), ``no_bwrap`` has no bwrap on its PATH. Each node's environment is its raylet's, so its actors (and their
-children) see it.
+``/var/tmp``), ``no_bwrap`` has no bwrap on its PATH. Each node's environment is its raylet's,
+so its actors (and their children) see it.
 """
 
 import contextlib
