@@ -48,6 +48,7 @@ from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan
 from orchestrator.launch._ray_node import ChildActor, ray_module
+from orchestrator.launch._ray_sweep import sweep_on_node
 
 log = logging.getLogger("orchestrator")
 
@@ -96,6 +97,11 @@ class LaunchedRay:
     #: Whether its node sandboxed the child (:mod:`._nodeplan`), and if not, why not.
     sandboxed: bool = False
     unsandboxed_reason: str = ""
+    #: The child's node directory on its node; removed by its actor when the child ends, or
+    #: by a task pinned to its node when the actor was lost (:mod:`._ray_sweep`).
+    node_dir: str = ""
+    _nursery: trio.Nursery | None = None
+    _swept: bool = False
 
     async def _watch(self, sink: OutputSink) -> None:
         ray = ray_module()
@@ -111,8 +117,27 @@ class LaunchedRay:
             else:
                 log.warning("ray child %s: actor lost: %s", self.pid, exc)
                 self.returncode = -int(signal.SIGKILL)
+                self._sweep_soon()
         finally:
             self.exited.set()
+
+    def _sweep_soon(self) -> None:
+        """The actor is gone and cannot remove the child's node directory: have a task on
+        its node do it, in the background (a node that is gone too cannot)."""
+        if self._swept or not self.node_dir or self._nursery is None:
+            return
+        self._swept = True
+
+        async def sweep() -> None:
+            why = await trio.to_thread.run_sync(
+                sweep_on_node, self.node, self.node_dir, abandon_on_cancel=True
+            )
+            if why:
+                log.warning(
+                    "ray child %s: node directory %s left: %s", self.pid, self.node_dir, why
+                )
+
+        self._nursery.start_soon(sweep)
 
     async def wait(self) -> int:
         await self.exited.wait()
@@ -122,7 +147,7 @@ class LaunchedRay:
     async def terminate(self, grace: float) -> None:
         ray = ray_module()
 
-        def stop(child_running: bool) -> None:
+        def stop(child_running: bool) -> bool:
             try:
                 if child_running:
                     self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
@@ -133,12 +158,20 @@ class LaunchedRay:
                 log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
                 if self.ships_back:
                     self.lost = f"the node's changes never came back ({type(exc).__name__})"
+                orphaned = True
+            else:
+                orphaned = False
             # Always: an actor left alive would hold its node's agent_slot.
             ray.kill(self.actor, no_restart=True)
+            return orphaned
 
         if not self._killed:
             self._killed = True
-            await trio.to_thread.run_sync(stop, not self.exited.is_set(), abandon_on_cancel=True)
+            orphaned = await trio.to_thread.run_sync(
+                stop, not self.exited.is_set(), abandon_on_cancel=True
+            )
+            if orphaned:
+                self._sweep_soon()
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
 
@@ -203,6 +236,8 @@ class RayLauncher:
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
     #: Per child whose sandbox its node makes (:meth:`plan`).
     _plans: dict[str, NodePlan] = attrs.field(factory=dict, init=False)
+    #: Each opened child's node directory, for its :class:`LaunchedRay`.
+    _dirs: dict[str, str] = attrs.field(factory=dict, init=False)
     #: Per child with a node-side egress proxy: where its refusals go.
     _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
 
@@ -231,6 +266,7 @@ class RayLauncher:
             ray.kill(actor, no_restart=True)
             raise
         self._opened[key] = actor
+        self._dirs[key] = str(directory)
         return str(directory)
 
     async def write_files(self, key: str, files: Mapping[str, bytes]) -> None:
@@ -263,6 +299,7 @@ class RayLauncher:
         actor = self._opened.pop(key, None)
         self._refused.pop(key, None)
         self._plans.pop(key, None)
+        self._dirs.pop(key, None)
         if actor is None:
             return
         ray = ray_module()
@@ -318,6 +355,8 @@ class RayLauncher:
             actor_pid=int(info.get("actor_pid") or 0),
             sandboxed=bool(info.get("sandboxed")),
             unsandboxed_reason=str(info.get("reason") or ""),
+            node_dir=self._dirs.pop(spec.key, ""),
+            nursery=nursery,
         )
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from orchestrator._errors import PolicyError
+from orchestrator._trees import remove_tree
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan, realise
 
@@ -261,7 +262,7 @@ class ChildActor:
         if self.egress is not None:
             self.egress.close()
         if self.node_dir:
-            shutil.rmtree(self.node_dir, ignore_errors=True)
+            remove_tree(self.node_dir)  # also what the child made unwritable
             self.node_dir = ""
 
     def request_certificate(self, directory: str, session: str, owner: str) -> bytes:

@@ -14,12 +14,10 @@ import tempfile
 from typing import Any
 
 from orchestrator._trees import remove_tree
+from orchestrator.launch._nodeplan import NODE_PREFIX
 from orchestrator.launch._ray_node import ray_module
 
-__all__ = ["NODE_PREFIX", "remove_node_directory", "sweep_on_node"]
-
-#: Every node directory's name starts so (``fleet-node-SESSION-KEY-…``).
-NODE_PREFIX = "fleet-node-"
+__all__ = ["remove_node_directory", "sweep_on_node"]
 
 _task: Any = None
 

@@ -3,7 +3,9 @@
 import os
 import sys
 import time
+from pathlib import Path
 
+import attrs
 import pytest
 import ray  # the [ray] extra is part of [test]: absent, this fails (never skips)
 import trio
@@ -126,20 +128,32 @@ async def test_stop_kills_the_whole_group_through_the_actor(cluster, tmp_path):
     await gone(r.pid)
 
 
-async def test_killed_actor_takes_its_child_with_it(cluster, tmp_path):
-    launcher = RayLauncher()
+async def test_killed_actor_takes_its_child_with_it_and_its_node_directory_goes(cluster, tmp_path):
+    launcher = RayLauncher(session="t")
+    node = Path(await launcher.open_node("c1"))
+    # What the child leaves there: a directory it made unwritable, with a file in it.
+    code = (
+        "import os, sys, time; d = sys.argv[1] + '/scratch/kept'; os.makedirs(d); "
+        "open(d + '/f', 'w').write('x'); os.chmod(d, 0o500); print('ready', flush=True); "
+        "time.sleep(600)"
+    )
+    child = attrs.evolve(spec(tmp_path, code), argv=(sys.executable, "-c", code, str(node)))
     async with trio.open_nursery() as nursery:
-        r = await launcher.launch(
-            spec(tmp_path, "import time; time.sleep(600)"), lambda *_: None, nursery
-        )
+        r = await launcher.launch(child, lambda *_: None, nursery)
+        assert r.node_dir == str(node)
         assert alive(r.pid)
-        # Behind the launcher's back (as an OOM kill would): PR_SET_PDEATHSIG reaps the child.
+        with trio.fail_after(30):
+            while not await trio.Path(node / "scratch" / "kept" / "f").exists():  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        # Behind the launcher's back (as an OOM kill would): PR_SET_PDEATHSIG reaps the child,
+        # and with the actor gone a task on its node removes the node directory.
         ray.kill(r.actor, no_restart=True)
         with trio.fail_after(60):
             await r.wait()
     assert r.returncode is not None
     assert r.returncode < 0
     await gone(r.pid)
+    assert not await trio.Path(node).exists()
 
 
 async def test_a_dead_node_fails_its_child_once_and_leaves_no_process(cluster, tmp_path):
