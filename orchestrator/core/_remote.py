@@ -2,7 +2,7 @@
 
 A child on another node (the ``ray`` surface) dials back to ``tls://HOST:PORT`` instead of the
 session's Unix socket. Its loadout names that address, its paths in its node directory
-(:func:`node_directory`: made on its node by its actor, nothing here) and, for its egress
+(made on its node by its actor, nothing here) and, for its egress
 relay, the door's ``host:port`` — a sandboxed child has no network but its proxy (run by its
 actor on its node), which lets only its allowlist through. The CA's key stays in this process;
 the door closes with the last remote child.
@@ -57,12 +57,10 @@ class NodeLayout:
 
 
 def node_directory(session: str, key: str) -> Path:
-    """A fresh, unpredictable node directory for child *key*: its actor makes it (0700, and
-    refuses one that exists) in the node's temporary directory.
-
-    The name is chosen here, before the child has an actor, so it is the temporary directory
-    as this process sees it (``TMPDIR``, else ``/tmp``): nodes are expected to share that
-    convention."""
+    """A stand-in for child *key*'s node directory, in its loadout from the spawn until its
+    launch: nothing is made at this path. At launch its actor makes the real one in its own
+    node's temporary directory and names it (``ChildActor.make_node``), and the loadout's
+    paths are moved there before the loadout is written on the node (``core._launching``)."""
     name = f"fleet-node-{session}-{key}-{secrets.token_hex(16)}"
     return Path(tempfile.gettempdir()) / name
 
