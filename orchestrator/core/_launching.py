@@ -34,7 +34,8 @@ from orchestrator.launch._launcher import (
     inherited_child_argv,
 )
 from orchestrator.launch._nodeplan import node_directory_of, plan_for
-from orchestrator.launch._ray import LaunchedRay, RayLauncher
+from orchestrator.launch._ray import RayLauncher
+from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._sandboxing import Placement, place
 from orchestrator.launch._tmux import TmuxLauncher
 from orchestrator.workspace._bundle import ship_workspace

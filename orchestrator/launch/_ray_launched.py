@@ -1,0 +1,163 @@
+"""A child launched under its Ray actor, as the supervisor holds it (:mod:`._ray`): its exit
+watched through the actor, its stop through the actor to its process group, a shipped worker's
+changes fetched back before the actor goes, its egress refusals polled back from its node, and
+its node directory swept from its node when the actor itself was lost (:mod:`._ray_sweep`).
+"""
+
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from orchestrator.launch._launcher import OutputSink
+from orchestrator.launch._ray_node import ray_module
+from orchestrator.launch._ray_sweep import sweep_on_node
+
+__all__ = ["LaunchedRay"]
+
+log = logging.getLogger("orchestrator")
+
+
+@attrs.define(eq=False)
+class LaunchedRay:
+    """A child under its actor."""
+
+    pid: int
+    node: str
+    actor: Any
+    exited: trio.Event = attrs.Factory(trio.Event)
+    returncode: int | None = None
+    _done: Any = None
+    #: A shipped worktree comes back: at terminate, before the actor goes, its bundle is
+    #: fetched into :attr:`returned` (or the reason it could not be, in :attr:`lost`).
+    ships_back: bool = False
+    returned: bytes | None = None
+    lost: str = ""
+    _killed: bool = False
+    #: The child's exit status as the actor's ``stop`` returned it.
+    _stopped: int | None = None
+    #: The actor reported the child's exit; False while it runs, or when the actor or its node
+    #: was lost (the child may still be writing until its lease runs out).
+    confirmed_exit: bool = False
+    #: The actor's worker process (on its node), for memory accounting.
+    actor_pid: int = 0
+    #: Whether its node sandboxed the child (:mod:`._nodeplan`), and if not, why not.
+    sandboxed: bool = False
+    unsandboxed_reason: str = ""
+    #: The child's node directory on its node; removed by its actor when the child ends, or
+    #: by a task pinned to its node when the actor was lost (:mod:`._ray_sweep`).
+    node_dir: str = ""
+    _nursery: trio.Nursery | None = None
+    _swept: bool = False
+
+    async def _watch(self, sink: OutputSink) -> None:
+        ray = ray_module()
+        try:
+            code, out = await trio.to_thread.run_sync(ray.get, self._done, abandon_on_cancel=True)
+            if out:
+                sink("stdout", out)
+            self.returncode = code
+            self.confirmed_exit = True  # its actor saw the child's exit status
+        except Exception as exc:  # the actor or its node died, or we killed it after a stop
+            if self._stopped is not None:  # the actor told us how the child ended first
+                self.returncode, self.confirmed_exit = self._stopped, True
+            else:
+                log.warning("ray child %s: actor lost: %s", self.pid, exc)
+                self.returncode = -int(signal.SIGKILL)
+                self._sweep_soon()
+        finally:
+            self.exited.set()
+
+    def _sweep_soon(self) -> None:
+        """The actor is gone and cannot remove the child's node directory: have a task on
+        its node do it, in the background (a node that is gone too cannot)."""
+        if self._swept or not self.node_dir or self._nursery is None:
+            return
+        self._swept = True
+
+        async def sweep() -> None:
+            why = await trio.to_thread.run_sync(
+                sweep_on_node, self.node, self.node_dir, abandon_on_cancel=True
+            )
+            if why:
+                log.warning(
+                    "ray child %s: node directory %s left: %s", self.pid, self.node_dir, why
+                )
+
+        self._nursery.start_soon(sweep)
+
+    async def wait(self) -> int:
+        await self.exited.wait()
+        assert self.returncode is not None  # noqa: S101 - set before exited
+        return self.returncode
+
+    async def terminate(self, grace: float) -> None:
+        ray = ray_module()
+
+        def stop(child_running: bool) -> bool:
+            try:
+                if child_running:
+                    self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
+                if self.ships_back:
+                    self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
+                ray.get(self.actor.clean_up.remote(), timeout=60)
+            except Exception as exc:  # actor gone: PDEATHSIG took the child
+                log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
+                if self.ships_back:
+                    self.lost = f"the node's changes never came back ({type(exc).__name__})"
+                orphaned = True
+            else:
+                orphaned = False
+            # Always: an actor left alive would hold its node's agent_slot.
+            ray.kill(self.actor, no_restart=True)
+            return orphaned
+
+        if not self._killed:
+            self._killed = True
+            orphaned = await trio.to_thread.run_sync(
+                stop, not self.exited.is_set(), abandon_on_cancel=True
+            )
+            if orphaned:
+                self._sweep_soon()
+        with trio.move_on_after(grace + 15):
+            await self.exited.wait()
+
+    async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
+        """Hand each egress refusal of the child's node-side proxy to *refused* (the
+        supervisor's reject and run log) until the child has ended and the actor is gone."""
+        ray = ray_module()
+        while True:
+            try:
+                got = await trio.to_thread.run_sync(
+                    lambda: ray.get(self.actor.refusals.remote(5.0), timeout=30),
+                    abandon_on_cancel=True,
+                )
+            except Exception:  # the actor is gone, and its proxy with it
+                return
+            for target, reason in got:
+                refused(target, reason)
+            if self.exited.is_set() and not got:
+                return
+
+    async def forget(self, path: str) -> None:
+        """Have the actor delete the child's loadout file *path* on its node (after hello)."""
+        ray = ray_module()
+        try:
+            gone = await trio.to_thread.run_sync(
+                lambda: ray.get(self.actor.forget.remote(path), timeout=60),
+                abandon_on_cancel=True,
+            )
+        except Exception as exc:  # the actor is gone: its node directory goes with the child
+            log.info("ray child %s: loadout not deleted on its node: %s", self.pid, exc)
+            return
+        if not gone:
+            log.warning("ray child %s: loadout %s still on its node", self.pid, path)
+
+    async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - the Launched protocol
+        await trio.lowlevel.checkpoint()
+
+    def describe(self) -> str:
+        return f"ray actor on node {self.node[:12]} pid {self.pid}"
