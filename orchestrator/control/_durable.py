@@ -17,7 +17,6 @@ import attrs
 import trio
 
 from orchestrator._errors import FleetError, Refused, UsageError
-from orchestrator._trees import remove_tree
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._server import OPS, Op
 from orchestrator.control._stale import take_stale
@@ -84,7 +83,7 @@ class Durability:
                 self.unrevivable.pop(key, None)
                 fields = {k: v for k, v in handoff.items() if k not in ENVELOPE}
                 self.journal.append("handoff", key, durable=True, **fields)
-                await _forget_scratch(sup, key)
+                await sup.drop_scratch(key)
                 for entry in sup.stale:
                     if entry["key"] == key:
                         entry.update(state="stopped", revivable=False, revive="")
@@ -114,7 +113,7 @@ class Durability:
             sup.stale = [entry for entry in sup.stale if entry["key"] != ref]
             handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
             self.journal.append("handoff", ref, durable=True, **handoff)
-            await _forget_scratch(sup, ref)
+            await sup.drop_scratch(ref)
             self.note_resolved()
             return {"key": ref, "discarded": True}
         key = await sup.discard(ref)
@@ -157,11 +156,6 @@ class Durability:
             self.session.observe(self.sup.registry.live(), self.sup.locks.snapshot())
             self.note_resolved()
             await trio.sleep(OBSERVE_INTERVAL)
-
-
-async def _forget_scratch(sup: Supervisor, key: str) -> None:
-    """A lost child that ended for good leaves no backend session store behind."""
-    await trio.to_thread.run_sync(remove_tree, sup.paths.scratch / key)
 
 
 def _live(sup: Supervisor, ref: str) -> bool:

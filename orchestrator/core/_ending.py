@@ -12,7 +12,6 @@ import trio
 
 import ipc
 from orchestrator._records import ChildRecord, State
-from orchestrator._trees import remove_tree
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._requests import Turn
@@ -131,6 +130,5 @@ class Ending:
                 self.host.notify(record, report=record.report, error=error, failure=True)
             # Its backend's session store goes last: a thread hop before the failure note
             # would let a waiter see the child ended with no note of why.
-            scratch = self.host.config.paths.scratch / self.key
-            await trio.to_thread.run_sync(remove_tree, scratch)
+            await self.host.drop_scratch(self.key)
         self.done.set()

@@ -25,7 +25,6 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, Refused, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
-from orchestrator._trees import remove_tree
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._remote import REMOTE_SURFACES
 from orchestrator.core._revive import REVIVABLE, Revival, launch_again, why_not
@@ -326,7 +325,7 @@ class Hibernation:
         self.sup.capacity.reclaim()  # the release below gives it back
         await self.sup.release(run)
         # Handed off: nothing can resume it now, so its backend's session store goes.
-        await trio.to_thread.run_sync(remove_tree, self.sup.config.paths.scratch / key)
+        await self.sup.drop_scratch(key)
         return record.handoff()
 
     def forget(self, key: str) -> None:

@@ -24,6 +24,7 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._trees import remove_tree
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
@@ -397,6 +398,11 @@ class Supervisor(FleetViews):
         self.registry.retire(run.key, pinned=self.worktrees.unresolved())
         self.runs.pop(run.key, None)
         self.notes.changed()
+
+    async def drop_scratch(self, key: str) -> None:
+        """Delete child *key*'s scratch once nothing can run it again (stopped, failed, a
+        hibernated or lost child finalized or discarded): its backend's session store goes."""
+        await trio.to_thread.run_sync(remove_tree, self.config.paths.scratch / key)
 
     # -- connections ----------------------------------------------------------------------
 
