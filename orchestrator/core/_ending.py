@@ -79,8 +79,7 @@ class Ending:
         self.record.incomplete = reason
         self.record.touch(f"incomplete: {reason}")
         self.log.write(f"fleet: stopped incomplete: {reason}")
-        await self.stop()
-        self.host.notify(self.record, report=self.record.report, error=f"incomplete: {reason}")
+        await self.stop()  # its note is sent as it ends (finish), before a waiter can see it
 
     async def _quiet_request(self, message: ipc.Message) -> None:
         if self.channel is not None:
@@ -128,6 +127,9 @@ class Ending:
             await self.host.release(self)
             if state is State.FAILED:
                 self.host.notify(record, report=record.report, error=error, failure=True)
+            elif record.incomplete:
+                error = f"incomplete: {record.incomplete}"
+                self.host.notify(record, report=record.report, error=error)
             # Its backend's session store goes last: a thread hop before the failure note
             # would let a waiter see the child ended with no note of why.
             await self.host.drop_scratch(self.key)
