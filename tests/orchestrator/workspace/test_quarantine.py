@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from orchestrator._config import Config, hold_globs
+from orchestrator._config import Config, hold_globs, load_config
 from orchestrator._errors import UsageError
 from orchestrator.workspace._quarantine import BUILTIN, HoldRules, matches
 
 FILE, EXE, LINK = 0o100644, 0o100755, 0o120000
 
 
-def why(path, old=FILE, new=FILE, before=b"", after=b"", rules=None):
+def why(path, old=FILE, new=FILE, before=b"", after=b"", *, rules=None):
     return (rules or HoldRules()).why(path, old, new, lambda: before, lambda: after)
 
 
@@ -260,8 +260,6 @@ def test_copyback_hold_must_be_a_list_of_globs(bad):
 
 def test_config_reads_copyback_hold_from_config_yaml(tmp_path):
     (tmp_path / "config.yaml").write_text("copyback:\n  hold: ['deploy/', '*.sh']\n")
-    from orchestrator._config import load_config
-
     config = load_config(home=tmp_path, cwd=tmp_path)
     assert config.copyback_hold == ("deploy/", "*.sh")
     (tmp_path / "config.yaml").write_text("copyback:\n  unhold: ['.envrc']\n")
