@@ -55,7 +55,8 @@ class _Targets:
 
     @property
     def selector(self) -> list[str]:
-        return [*self.keys, *self.paths]
+        """The review store's selector: paths narrow a named child to those paths."""
+        return self.paths or self.keys
 
     @property
     def empty(self) -> bool:
@@ -116,6 +117,7 @@ async def review_diff(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any
     files = [
         {"path": d.path, "owner": d.owner, "status": d.status, "diff": d.diff, "pending": False}
         for d in diffs
+        if not (targets.keys and targets.paths) or d.owner in targets.keys
     ]
     files += await _worktree_files(sup, targets)
     _unmatched(targets, files, "diff")
