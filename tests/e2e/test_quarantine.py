@@ -124,8 +124,8 @@ def test_the_five_classic_files_are_held_and_land_only_by_name(fleet, tmp_path):
     [last] = fleet.json("apply", "a1", *rest)["handoffs"]
     assert last["held"] == []
     assert last["remaining"] == []
-    for rel in CLASSIC:
-        assert (fleet.repo / rel).read_text() == CLASSIC[rel]
+    for rel, text in CLASSIC.items():
+        assert (fleet.repo / rel).read_text() == text
     assert not (fleet.home / "sessions" / "t" / "worktrees" / "a1").exists()
 
 
