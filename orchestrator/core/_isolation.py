@@ -103,6 +103,9 @@ class Worktrees:
                 return {"remaining": [keep_note], "error": f"copy-back failed: {exc}"}
         if key in self.holding:
             found = await trio.to_thread.run_sync(survey, snapshot, self.rules)
+            if all(p.landed for p in found):  # nothing to review: nothing to keep
+                await self.discard(key)
+                return {"changed": [p.path for p in found], "remaining": [], "error": ""}
             note = (
                 f"worktree kept at {snapshot.worktree}: held for review by stop --hold "
                 f"(fleet diff {key} shows it, fleet apply {key} lands it, fleet discard {key} "
@@ -173,6 +176,7 @@ class Worktrees:
         return await trio.to_thread.run_sync(work)
 
     async def discard(self, key: str) -> None:
+        self.holding.discard(key)
         snapshot = self.snapshots.pop(key, None)
         if snapshot is not None:
             await trio.to_thread.run_sync(remove_worktree, snapshot)
