@@ -6,19 +6,22 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from orchestrator._errors import UsageError
 from orchestrator.workspace import _copyback
-from orchestrator.workspace._changes import changed_paths
+from orchestrator.workspace._changes import changed_paths, list_deltas
 from orchestrator.workspace._copyback import finalize, survey
 from orchestrator.workspace._patch import patches
 from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import create_worktree
 from tests.orchestrator.workspace._gitutil import git, write
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PACKAGE = {"name": "app", "version": "1.0.0", "scripts": {"test": "node test.js"}}
 
@@ -143,7 +146,7 @@ def test_naming_lands_exactly_the_named_paths_and_an_unknown_name_is_refused(
     write(snap.worktree / "src" / "app.py", "x = 2\n")
     write(snap.worktree / "src" / "b.py", "y = 1\n")
     write(snap.worktree / ".envrc", "pwn\n")
-    with pytest.raises(UsageError, match="'nope.py' is not a change"):
+    with pytest.raises(UsageError, match=r"'nope\.py' is not a change"):
         finalize(snap, review, "a1", names=["nope.py"])
     assert (repo / "src" / "app.py").read_text() == "x = 1\n"
 
@@ -172,10 +175,9 @@ def test_a_child_swapping_a_manifest_after_it_was_listed_gets_it_held(
     snap = create_worktree(repo, tmp_path / "wt")
     hostile = json.dumps(PACKAGE | {"scripts": {"postinstall": "pwn"}})
     write(snap.worktree / "package.json", hostile)
-    real = _copyback.list_deltas
 
     def listed_then_swapped(snapshot):
-        out = real(snapshot)
+        out = list_deltas(snapshot)
         write(snap.worktree / "package.json", json.dumps(PACKAGE | {"version": "9"}))
         return out
 
@@ -234,7 +236,7 @@ def test_the_patch_of_a_kept_change_applies_to_a_copy_of_the_parent(repo, tmp_pa
     (snap.worktree / "link").symlink_to("src/app.py")
     write(snap.worktree / "sp ace" / "ü.txt", "unicode\n")
 
-    _, deltas = _copyback.list_deltas(snap)
+    _, deltas = list_deltas(snap)
     texts = patches(snap, deltas)
 
     assert set(texts) == {c.path for c in changed_paths(snap)}
