@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from orchestrator._config import hold_globs
+from orchestrator.workspace._pathguard import fold_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -94,7 +95,14 @@ BUILTIN: Final[tuple[tuple[str, str], ...]] = (
     ),
     *(
         (pattern, _INSTRUCT)
-        for pattern in ("AGENTS.md", "AGENT.md", "CLAUDE.md", "CLAUDE.local.md", "GEMINI.md")
+        for pattern in (
+            "AGENTS.md",
+            "AGENTS.override.md",
+            "AGENT.md",
+            "CLAUDE.md",
+            "CLAUDE.local.md",
+            "GEMINI.md",
+        )
     ),
     *(
         (pattern, _GIT)
@@ -264,12 +272,17 @@ def _match_parts(pattern: list[str], parts: list[str]) -> bool:
 
 
 def matches(pattern: str, path: str) -> bool:
-    """Whether the hold ``pattern`` covers ``path`` (the grammar is in the module doc)."""
-    pattern, path = pattern.casefold(), path.casefold()
+    """Whether the hold ``pattern`` covers ``path`` (the grammar is in the module doc).
+
+    Each component of ``path`` is folded as the most forgiving file system would compare it
+    (case, Unicode normalization, HFS+ ignorable code points, NTFS trailing dots and spaces),
+    so ``.Claude\u200c/`` or ``.envrc.`` is held where a Mac or Windows reads it as the real one.
+    """
+    pattern = pattern.casefold()
     anchored = pattern.startswith("/")
     directory = pattern.endswith("/")
     wanted = [part for part in pattern.strip("/").split("/") if part]
-    parts = path.split("/")
+    parts = [fold_name(part) for part in path.split("/")]
     starts = [0] if anchored else range(len(parts))
     # A directory pattern must leave the file itself below it; a file pattern may match the
     # path or one of its directories.
@@ -360,7 +373,7 @@ class HoldRules:
         for pattern, why in self.patterns():
             if matches(pattern, path):
                 return why
-        manifest = _MANIFESTS.get(path.rsplit("/", 1)[-1].casefold())
+        manifest = _MANIFESTS.get(fold_name(path.rsplit("/", 1)[-1]))
         if manifest is not None:
             reason = manifest(
                 old_bytes() if old_mode not in (None, _SYMLINK) else None,

@@ -40,6 +40,7 @@ HELD = [
     ("CLAUDE.md", "agent instructions"),
     ("pkg/claude.md", "agent instructions"),  # case-folding file systems read it too
     ("GEMINI.md", "agent instructions"),
+    ("AGENTS.override.md", "agent instructions"),
     # Git attributes, modules, hooks managers
     (".gitattributes", "Git configuration"),
     ("src/.gitattributes", "Git configuration"),
@@ -165,6 +166,11 @@ def test_package_json_is_held_when_scripts_or_dependencies_change(change, held):
     assert why("packages/web/package.json", FILE, FILE, before, after) == reason
 
 
+def test_a_manifest_is_judged_under_a_folded_spelling_of_its_name():
+    after = json.dumps(PACKAGE | {"scripts": {"postinstall": "pwn"}}).encode()
+    assert "scripts" in why("Package.JSON", FILE, FILE, json.dumps(PACKAGE).encode(), after)
+
+
 def test_package_json_created_deleted_or_unparsable():
     assert why("package.json", None, FILE, after=b'{"name": "x"}') is None
     assert "scripts" in why("package.json", None, FILE, after=json.dumps(PACKAGE).encode())
@@ -247,6 +253,12 @@ def test_user_globs_extend_the_built_in_list_and_never_shorten_it():
         ("*.mk", "x.MK", True),
         (".env.*", ".env.local", True),
         (".env.*", ".environment", False),
+        # spellings a Mac or Windows file system reads as the real name
+        (".claude/", ".Claude\u200c/settings.json", True),
+        (".envrc", ".envrc.", True),
+        (".envrc", ".envrc ", True),
+        (".mcp.json", ".mcp.json:stream", True),
+        ("AGENTS.md", "a/AGENTS.md\ufeff", True),
     ],
 )
 def test_glob_matching(pattern, path, expected):
