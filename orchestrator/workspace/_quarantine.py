@@ -144,6 +144,14 @@ BUILTIN: Final[tuple[tuple[str, str], ...]] = (
             ".exrc",
             ".nvimrc",
             ".nvim.lua",
+            # editor extensions load these JavaScript configs on open
+            "eslint.config.*",
+            ".eslintrc.js",
+            ".eslintrc.cjs",
+            "prettier.config.*",
+            ".prettierrc.js",
+            ".prettierrc.cjs",
+            ".prettierrc.mjs",
         )
     ),
     *(
@@ -189,6 +197,21 @@ BUILTIN: Final[tuple[tuple[str, str], ...]] = (
             "sitecustomize.py",
             "usercustomize.py",
             "*.pth",
+            "build.gradle",
+            "build.gradle.kts",
+            "settings.gradle",
+            "settings.gradle.kts",
+            "gradle-wrapper.properties",
+            "pom.xml",
+            ".mvn/",
+            ".bazelrc",
+            "WORKSPACE",
+            "WORKSPACE.bazel",
+            "MODULE.bazel",
+            "docker-compose*.yml",
+            "docker-compose*.yaml",
+            "compose.yml",
+            "compose.yaml",
         )
     ),
     *(
@@ -216,6 +239,10 @@ BUILTIN: Final[tuple[tuple[str, str], ...]] = (
             "Gemfile.lock",
             "Cargo.toml",
             ".cargo/",
+            "rust-toolchain",
+            "rust-toolchain.toml",
+            "go.mod",
+            "go.work",
         )
     ),
 )

@@ -63,6 +63,8 @@ HELD = [
     (".devcontainer/devcontainer.json", "editor settings"),
     ("team.code-workspace", "editor settings"),
     (".exrc", "editor settings"),
+    ("web/eslint.config.mjs", "editor settings"),
+    (".prettierrc.cjs", "editor settings"),
     # CI
     (".github/workflows/ci.yml", "CI configuration"),
     (".github/actions/setup/action.yml", "CI configuration"),
@@ -82,6 +84,11 @@ HELD = [
     ("sitecustomize.py", "build file"),
     ("CMakeLists.txt", "build file"),
     ("build.rs", "build file"),
+    ("gradle/wrapper/gradle-wrapper.properties", "build file"),
+    ("pom.xml", "build file"),
+    ("docker-compose.override.yml", "build file"),
+    ("rust-toolchain.toml", "package manager"),
+    ("go.mod", "package manager"),
     # package manager configuration and lock files
     (".npmrc", "package manager"),
     (".yarnrc.yml", "package manager"),
