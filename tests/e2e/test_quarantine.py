@@ -162,3 +162,15 @@ def test_stop_hold_keeps_the_change_and_apply_lands_it_later(fleet):
     [done] = fleet.json("apply", "a1", ".mcp.json")["handoffs"]
     assert done["held"] == []
     assert (fleet.repo / ".mcp.json").read_text() == "{}"
+    # accept and revert read paths as the user sees them from where they stand.
+    src = fleet.repo / "src"
+    reverted = _fleet_in(fleet, src, "revert", "../NOTES.md", "--yes", "--json")
+    assert reverted.returncode == 0, reverted.stderr
+    assert json.loads(reverted.stdout)["files"] == [
+        {"path": str(fleet.repo / "NOTES.md"), "status": "reverted"}
+    ]
+    assert not (fleet.repo / "NOTES.md").exists()
+    accepted = _fleet_in(fleet, src, "accept", "app.py", "--json")
+    assert accepted.returncode == 0, accepted.stderr
+    assert [f["path"] for f in json.loads(accepted.stdout)["files"]] == [str(src / "app.py")]
+    assert _fleet_in(fleet, src, "revert", "app.py", "--yes").returncode == 2
