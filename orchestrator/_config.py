@@ -144,6 +144,21 @@ def _notify(value: object) -> NotifyConfig:
         raise UsageError(f"subagents.notify: {exc} (fix config.yaml)") from None
 
 
+def hold_globs(value: object) -> tuple[str, ...]:
+    """``copyback.hold``: path globs held at copy-back on top of the built-in list (which no
+    setting shortens; ``orchestrator.workspace._quarantine``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(item, str) and item.strip("/ ") for item in value
+    ):
+        raise UsageError(
+            f"copyback.hold {value!r} must be a list of path globs (they add to the built-in "
+            "list; fix config.yaml)"
+        )
+    return tuple(item.strip() for item in value)
+
+
 def default_home() -> Path:
     """``$FLEET_HOME``, else the platform's user state directory."""
     env = os.environ.get("FLEET_HOME")
@@ -208,6 +223,9 @@ class Config:
     #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
     budget: object = None
     prices: object = None
+    #: ``copyback.hold``: globs of paths a worker's copy-back holds for a person's say, added
+    #: to the built-in list (docs/worktrees.md "Held files").
+    copyback_hold: tuple[str, ...] = attrs.field(default=(), converter=hold_globs)
 
     @property
     def paths(self) -> "SessionPaths":
@@ -342,6 +360,11 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
     ):
         if key in sub:
             settings[target] = sub[key]
+    copyback = data.get("copyback")
+    if copyback is not None:
+        if not isinstance(copyback, dict) or set(copyback) - {"hold"}:
+            raise UsageError("config.yaml: copyback must be a mapping with one key, hold")
+        settings["copyback_hold"] = copyback.get("hold")
     env = os.environ
     for name, target, convert in (
         ("FLEET_MAX_SUBAGENTS", "max_subagents", int),

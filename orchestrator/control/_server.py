@@ -23,7 +23,7 @@ from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
-from orchestrator.control._review import review_accept, review_diff, review_revert
+from orchestrator.control._review import review_accept, review_apply, review_diff, review_revert
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
 from orchestrator.coordination._paper import PARENT
 from orchestrator.core._supervisor import Supervisor
@@ -105,12 +105,15 @@ async def _answer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _stop(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    hold = args.get("hold", False)
+    if not isinstance(hold, bool):
+        raise UsageError("stop: hold must be true or false")
     if args.get("all"):
-        return {"handoffs": await sup.stop_all()}
+        return {"handoffs": await sup.stop_all(hold=hold)}
     refs = strs_arg(args, "agents")
     if not refs:
         raise UsageError("stop: name at least one agent, or pass --all")
-    return {"handoffs": await sup.stop(refs)}
+    return {"handoffs": await sup.stop(refs, hold=hold)}
 
 
 async def _discard(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,6 +275,7 @@ OPS: Final[dict[str, Op]] = {
     "diff": review_diff,
     "accept": review_accept,
     "revert": review_revert,
+    "apply": review_apply,
 }
 
 

@@ -52,6 +52,7 @@ from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv
 from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
+from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
@@ -119,7 +120,10 @@ class Supervisor(FleetViews):
         self.paper = Paper(self.config.paths.paper)
         self.review = ReviewStore(self.config.paths.review)
         self.worktrees = Worktrees(
-            root=self.config.paths.worktrees, repo=self.config.workspace, review=self.review
+            root=self.config.paths.worktrees,
+            repo=self.config.workspace,
+            review=self.review,
+            rules=HoldRules(extra=self.config.copyback_hold),
         )
         self.democracy = Democracy(fleet=self)
         self.services = Services(
@@ -279,10 +283,13 @@ class Supervisor(FleetViews):
         self.journal.answered(question.key, question.id, text)
         return question
 
-    async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
-        """Stop each child (final) and return its handoff."""
+    async def stop(self, refs: Sequence[str], *, hold: bool = False) -> list[dict[str, Any]]:
+        """Stop each child (final) and return its handoff; with *hold*, a worker's change is
+        kept for review (``fleet apply``) instead of copied back."""
         records = [self.registry.find(ref) for ref in refs]
         handoffs = [record.handoff() for record in records]
+        if hold:
+            self.worktrees.holding.update(r.key for r in records if r.mode == "worktree")
 
         async def stop_one(index: int, run: ChildRun) -> None:
             handoffs[index] = await run.stop()
@@ -313,8 +320,8 @@ class Supervisor(FleetViews):
         run = self.runs.get(key)
         return self.hibernation.ended(key) if run is None else run.done
 
-    async def stop_all(self) -> list[dict[str, Any]]:
-        return await self.stop([r.key for r in self.registry.live()])
+    async def stop_all(self, *, hold: bool = False) -> list[dict[str, Any]]:
+        return await self.stop([r.key for r in self.registry.live()], hold=hold)
 
     async def discard(self, ref: str) -> str:
         """Forget a child: stop it if live and drop its record and unresolved state."""
