@@ -232,7 +232,9 @@ class Spawning:
             ipc.ensure_private_dir(scratch)
         if record.mode == "worktree":
             record.workspace = str(sup.worktrees.path_for(record.key))
-        token = ipc.derive_token(sup.session_key, record.key)
+        # Fresh for every launch: a child woken from hibernation or revived gets a new token,
+        # and whatever held its old one (a leaked loadout, a log) is refused at hello.
+        token = ipc.derive_token(sup.session_key, record.key, ipc.new_launch())
         sup.secrets.add(token)  # before it is written anywhere: every log redacts it from now
         loadout = ipc.Loadout(
             session=sup.config.session,

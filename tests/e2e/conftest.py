@@ -17,6 +17,8 @@ import attrs
 import psutil
 import pytest
 
+from orchestrator._config import SessionPaths
+
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
     "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -60,6 +62,11 @@ class Fleet:
     home: Path
     scripts: Path
     env: dict[str, str]
+
+    @property
+    def paths(self) -> SessionPaths:
+        """The session's state directory, and its sockets and secrets in the runtime root."""
+        return SessionPaths(self.home / "sessions" / self.env["FLEET_SESSION"])
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -81,7 +81,7 @@ def test_a_verb_waits_for_a_supervisor_that_still_holds_the_session(tmp_path):
 def test_a_request_that_finds_the_supervisor_gone_goes_to_a_fresh_one(tmp_path, monkeypatch):
     with running_fleet(tmp_path) as fleet:
         assert fleet.run("peek").returncode == 0
-        token = (fleet.home / "sessions" / "t" / "control.token").read_text().strip()
+        token = fleet.paths.control_token.read_text().strip()
         # It ends (its idle exit) just after it answered this command's ping.
         assert fleet.run("serve", "--stop").returncode == 0
         for name, value in fleet.env.items():
