@@ -250,7 +250,7 @@ class SessionPaths:
 
     @property
     def egress(self) -> Path:
-        """Every child's egress proxy socket (``<key>.sock``)."""
+        """Every child's egress proxy socket (``<key>.sock``); ``_runtime`` removes it."""
         return self.runtime / "egress"
 
     @property

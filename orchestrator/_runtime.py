@@ -114,9 +114,11 @@ def ensure_session_runtime(runtime: Path) -> Path:
 
 
 def remove_session_runtime(runtime: Path) -> None:
-    """Remove the session's runtime directory once empty (its sockets and token are gone)."""
-    with contextlib.suppress(OSError):
-        runtime.rmdir()
+    """Remove the session's runtime directory and its egress directory once they are empty
+    (every socket and the token gone); anything still in them stays."""
+    for directory in (runtime / "egress", runtime):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def _home_file(root: Path, home: str) -> Path:

@@ -24,7 +24,7 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
-from orchestrator._runtime import ensure_session_runtime, register_home
+from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
@@ -456,4 +456,5 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
                 for forks in (sup.fork_server, sup.boxed_fork_server):
                     if forks is not None:
                         await forks.aclose()
+                remove_session_runtime(config.paths.runtime)  # a daemon's token keeps it
             nursery.cancel_scope.cancel()
