@@ -258,6 +258,12 @@ class SessionPaths:
         return self.root / "supervisor.lock"
 
     @property
+    def runtime_note(self) -> Path:
+        """Where a running daemon says which runtime directory it serves from (a command run
+        with another ``XDG_RUNTIME_DIR`` looks elsewhere, and is told so)."""
+        return self.root / "runtime.path"
+
+    @property
     def loadouts(self) -> Path:
         return self.root / "loadouts"
 

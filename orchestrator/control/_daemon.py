@@ -64,6 +64,7 @@ async def serve(
     ipc.ensure_private_dir(paths.root)
     with session_lock(paths.lock):
         ensure_session_runtime(paths.runtime)
+        ipc.write_private(paths.runtime_note, os.fsencode(paths.runtime))
         token = secrets.token_hex(32)
         ipc.write_private(paths.control_token, token.encode())
         listener = ipc.Listener(paths.control_socket)
@@ -92,6 +93,8 @@ async def serve(
             with contextlib.suppress(OSError):
                 paths.control_token.unlink()
             remove_session_runtime(paths.runtime)
+            with contextlib.suppress(OSError):
+                paths.runtime_note.unlink()
 
 
 async def exit_when_idle(server: ControlServer, idle_s: float) -> None:
