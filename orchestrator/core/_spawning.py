@@ -25,6 +25,7 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._runtime import fenced_paths
 from orchestrator.core._launching import inherits
 from orchestrator.core._plan import plan_spawn, resume_id
 from orchestrator.core._remote import REMOTE_SURFACES, node_directory, node_layout
@@ -250,6 +251,7 @@ class Spawning:
             paper=str(paths.paper),
             scratch=str(scratch),
             state_dir=str(sup.config.home),
+            fenced=[str(path) for path in fenced_paths()],
             surface=record.surface,
             request_timeout=sup.config.request_timeout,
             **fields,
