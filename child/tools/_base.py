@@ -58,6 +58,10 @@ def _realpaths(paths: Iterable[Path | str]) -> tuple[Path, ...]:
     return tuple(map(_realpath, paths))
 
 
+def _paths(paths: Iterable[Path | str]) -> tuple[Path, ...]:
+    return tuple(Path(path) for path in paths)
+
+
 @attrs.define(eq=False)
 class ToolContext:
     """What the child runtime lends its tools for one session.
@@ -79,7 +83,7 @@ class ToolContext:
     state_dir: Path | None = None
     #: Every other fleet's state directory and the per-user runtime root (every fleet's control
     #: token and sockets): refused like ``state_dir``.
-    fenced: tuple[Path, ...] = attrs.field(default=(), converter=tuple)
+    fenced: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     own: tuple[Path, ...] = attrs.field(default=(), converter=_realpaths)
     # Paths ``may_write`` already allowed: it is asked before the *first* write only.
     _allowed: set[Path] = attrs.field(factory=set, init=False)
@@ -117,7 +121,7 @@ class ToolContext:
     def forbidden_root(self, path: Path) -> Path | None:
         """The state directory (or fenced one) ``path`` lies in outside the child's own
         workspace and scratch, or ``None``."""
-        dirs = (*((self.state_dir,) if self.state_dir is not None else ()), *self.fenced)
+        dirs: tuple[Path, ...] = (*((self.state_dir,) if self.state_dir else ()), *self.fenced)
         own = (self.workspace, *self.own)
         for named in dirs:
             roots = {Path(os.path.normpath(named)), _realpath(named)}
