@@ -285,8 +285,11 @@ def other_namespace(pid: int) -> str | None:
     process of any fleet), or ``None`` when it shares both. Unreadable counts as other."""
     for kind in NAMESPACES:
         try:
-            theirs = os.stat(f"/proc/{pid}/ns/{kind}")
             ours = os.stat(f"/proc/self/ns/{kind}")
+        except OSError:
+            continue  # a kernel without this namespace: nothing can be in another one
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{kind}")
         except OSError as exc:
             return f"pid {pid}'s {kind} namespace is unreadable ({exc.strerror})"
         if (theirs.st_ino, theirs.st_dev) != (ours.st_ino, ours.st_dev):
