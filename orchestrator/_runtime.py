@@ -192,7 +192,13 @@ def default_state_dir() -> Path:
 
 
 def fenced_paths(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
-    """What every sandbox hides besides its own home, as it is here now: the runtime root,
-    the platform's default state directory and every registered home (those that exist)."""
-    found = [runtime_root(env), default_state_dir(), *registered_homes(env)]
+    """What every sandbox hides besides its own home, as it is here now: the runtime root (the
+    whole ``$XDG_RUNTIME_DIR`` when that is where it is: the user's session bus, agents and
+    every other socket of the login there), the platform's default state directory and every
+    registered home (those that exist)."""
+    root = runtime_root(env)
+    xdg = (os.environ if env is None else env).get("XDG_RUNTIME_DIR", "")
+    if xdg and root == Path(xdg) / "fleet":
+        root = Path(xdg)
+    found = [root, default_state_dir(), *registered_homes(env)]
     return tuple(dict.fromkeys(Path(os.path.realpath(p)) for p in found if os.path.lexists(p)))

@@ -151,5 +151,8 @@ def test_every_sandbox_hides_the_runtime_root_and_every_registered_home(
     home.mkdir()
     register_home(home)
     fenced = fenced_paths()
-    assert xdg / "fleet" in fenced
+    # The whole XDG runtime directory: every fleet's sockets, and the login's session bus,
+    # agents and other sockets beside them.
+    assert xdg in fenced
     assert home in fenced
+    assert fenced_paths({})[0] == Path(f"/tmp/fleet-{os.geteuid()}")

@@ -114,7 +114,7 @@ def test_the_node_hides_its_own_fence_whatever_the_plan_says(actor, tmp_path, mo
     made = realise(plan_in(actor.node_dir), node_dir=actor.node_dir, egress="", env={})
     pairs = set(zip(made.argv, made.argv[1:], strict=False))
     assert ("--tmpfs", str(other)) in pairs
-    assert ("--tmpfs", str(xdg / "fleet")) in pairs
+    assert ("--tmpfs", str(xdg)) in pairs
 
 
 def test_unsandboxed_only_when_allowed_and_the_reason_says_so(actor):

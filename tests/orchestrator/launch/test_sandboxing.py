@@ -122,7 +122,7 @@ def test_every_child_hides_its_home_the_runtime_root_and_every_other_fleets_home
     config, world = _fenced_world(tmp_path, monkeypatch)
     hidden = hidden_paths(config)
     assert hidden[0] == tmp_path / "h"
-    assert world["xdg"] / "fleet" in hidden
+    assert world["xdg"] in hidden  # the whole XDG runtime directory
     assert world["other"] in hidden
     # A fleet home holding this workspace: its state hidden, the repository still shown.
     assert world["holder"] / "sessions" in hidden
@@ -149,9 +149,9 @@ def test_the_seatbelt_profile_denies_every_fleets_home_and_sockets_but_the_child
     profile = wrapped.argv[2]
     params = dict(arg[2:].split("=", 1) for arg in wrapped.argv if arg.startswith("-D"))
     hidden = {value for name, value in params.items() if name.startswith("HIDDEN_")}
-    for path in (tmp_path / "h", world["xdg"] / "fleet", world["other"]):
+    for path in (tmp_path / "h", world["xdg"], world["other"]):
         assert str(path) in hidden, (path, hidden)
-    names = [name for name, value in params.items() if value == str(world["xdg"] / "fleet")]
+    names = [name for name, value in params.items() if value == str(world["xdg"])]
     for name in names:
         # Unreadable, unwritable and no socket below it reachable...
         assert f'(subpath (param "{name}"))' in profile.split("(deny file-read*")[1]
