@@ -19,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from orchestrator._errors import UsageError
+from orchestrator._runtime import session_runtime
 from orchestrator._yamlfile import read_yaml_file
 
 CAPS: Final = (2, 4, 6, 8, 16)
@@ -232,27 +233,53 @@ class Config:
         return SessionPaths(root=self.home / "sessions" / self.session)
 
 
+def _runtime_of(paths: "SessionPaths") -> Path:
+    return session_runtime(paths.root)
+
+
 @attrs.frozen
 class SessionPaths:
-    """Where one session keeps its state (``$FLEET_HOME/sessions/<id>/``)."""
+    """Where one session keeps its state (``$FLEET_HOME/sessions/<id>/``), and its sockets and
+    secrets: in its directory under the per-user runtime root (:mod:`orchestrator._runtime`),
+    never under ``$FLEET_HOME``, so no sandbox of any fleet can see them."""
 
     root: Path
+    #: ``<runtime root>/<digest of root>``: the control socket and token, the IPC listener,
+    #: the private tmux server's socket and the egress proxies' sockets.
+    runtime: Path = attrs.field(
+        default=attrs.Factory(_runtime_of, takes_self=True), eq=False, repr=False
+    )
 
     @property
     def ipc_socket(self) -> Path:
-        return self.root / "ipc.sock"
+        return self.runtime / "ipc.sock"
 
     @property
     def control_socket(self) -> Path:
-        return self.root / "control.sock"
+        return self.runtime / "control.sock"
 
     @property
     def control_token(self) -> Path:
-        return self.root / "control.token"
+        return self.runtime / "control.token"
+
+    @property
+    def tmux_socket(self) -> Path:
+        return self.runtime / "tmux.sock"
+
+    @property
+    def egress(self) -> Path:
+        """Every child's egress proxy socket (``<key>.sock``); ``_runtime`` removes it."""
+        return self.runtime / "egress"
 
     @property
     def lock(self) -> Path:
         return self.root / "supervisor.lock"
+
+    @property
+    def runtime_note(self) -> Path:
+        """Where a running daemon says which runtime directory it serves from (a command run
+        with another ``XDG_RUNTIME_DIR`` looks elsewhere, and is told so)."""
+        return self.root / "runtime.path"
 
     @property
     def loadouts(self) -> Path:

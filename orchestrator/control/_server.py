@@ -279,6 +279,28 @@ OPS: Final[dict[str, Op]] = {
 }
 
 
+#: The namespaces a control peer must share with the supervisor: every sandbox of every fleet
+#: (bwrap's ``--unshare-user --unshare-pid``) has its own of both.
+NAMESPACES: Final = ("user", "pid")
+
+
+def other_namespace(pid: int) -> str | None:
+    """Why the process *pid* lives in another user or pid namespace than ours (a sandboxed
+    process of any fleet), or ``None`` when it shares both. Unreadable counts as other."""
+    for kind in NAMESPACES:
+        try:
+            ours = os.stat(f"/proc/self/ns/{kind}")
+        except OSError:
+            continue  # a kernel without this namespace: nothing can be in another one
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{kind}")
+        except OSError as exc:
+            return f"pid {pid}'s {kind} namespace is unreadable ({exc.strerror})"
+        if (theirs.st_ino, theirs.st_dev) != (ours.st_ino, ours.st_dev):
+            return f"pid {pid} is in another {kind} namespace (a sandboxed process)"
+    return None
+
+
 @attrs.define(eq=False)
 class ControlServer:
     """Serves control connections for one supervisor."""
@@ -300,10 +322,12 @@ class ControlServer:
         return self.token if owner == CONTROL_OWNER else None
 
     async def _from_a_child(self, stream: trio.SocketStream) -> str | None:
-        """Why the peer of *stream* is one of our children (or inside one's tree), or None.
+        """Why the peer of *stream* is one of our children (or inside one's tree), or a
+        sandboxed process of any fleet (another user or pid namespace), or None.
 
         The socket serves the parent only: a child holding the control token (read from
-        disk by an unsandboxed child, or leaked) must not spawn, stop or shut down anything.
+        disk by an unsandboxed child, or leaked) must not spawn, stop or shut down anything,
+        nor may any sandboxed process of another fleet of the user, token or not.
         """
         so_peercred = getattr(socket, "SO_PEERCRED", None)
         if so_peercred is None:
@@ -315,6 +339,9 @@ class ControlServer:
         pid = struct.unpack("3i", creds)[0]
         if pid <= 0:
             return "its peer has no pid in our pid namespace"
+        foreign = other_namespace(pid)
+        if foreign is not None:
+            return foreign
         children = {run.launched.pid for run in self.sup.runs.values() if run.launched}
         children.update(r.pid for r in self.sup.registry.live() if r.pid)
         children.discard(None)

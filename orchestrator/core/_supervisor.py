@@ -24,6 +24,7 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
@@ -424,6 +425,10 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
+    # Sockets and secrets go to the per-user runtime root; the home joins the registry every
+    # sandbox of every fleet of this user hides (orchestrator._runtime).
+    ensure_session_runtime(config.paths.runtime)
+    register_home(config.home)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
@@ -458,4 +463,5 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
                 for forks in (sup.fork_server, sup.boxed_fork_server):
                     if forks is not None:
                         await forks.aclose()
+                remove_session_runtime(config.paths.runtime)  # a daemon's token keeps it
             nursery.cancel_scope.cancel()
