@@ -267,7 +267,7 @@ class RayLauncher:
             abandon_on_cancel=True,
         )
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
-            raise PolicyError(str(info["refused"]))
+            raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))
         return info
 
     async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:

@@ -338,7 +338,8 @@ class ChildActor:
                 )
             except PolicyError as exc:
                 self.clean_up()  # nothing of a child that never runs stays on the node
-                return {"refused": " ".join(str(exc).split())}
+                # The hint (the way past) travels apart: the parent sees it, a child never.
+                return {"refused": " ".join(exc.for_child.split()), "hint": exc.hint}
             argv, env, cwd = made.argv, made.env, made.cwd
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})

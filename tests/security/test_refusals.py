@@ -23,6 +23,8 @@ import trio
 from orchestrator._config import Config
 from orchestrator._errors import CapacityError, PolicyError
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
+from orchestrator.launch._ray_node import ChildActor
+from tests.orchestrator.launch.test_nodeplan import plan_in
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -119,3 +121,24 @@ async def test_a_child_refused_by_the_cap_is_not_told_to_raise_it(world) -> None
             with pytest.raises(CapacityError, match="or raise the cap"):
                 await sup.spawn([SpawnRequest(task="one more")])
             await sup.stop([held.key])
+
+
+def test_a_nodes_sandbox_refusal_keeps_its_way_past_for_the_parent() -> None:
+    # A child on a Ray node whose node cannot (or may not) sandbox it: the node's answer
+    # carries the refusal and the hint apart; the parent's error has both, a child's neither.
+    actor = ChildActor()
+    actor.make_node("t", "a1")
+    actor.write_files({os.path.join(actor.node_dir, "loadout.json"): b"{}"})
+    try:
+        plan = plan_in(actor.node_dir, sandbox_off=True)
+        answer = actor.start((), "/", {}, None, plan.plain())
+    finally:
+        actor.clean_up()
+    assert answer["refused"] == (
+        "spawn a1: the sandbox is turned off (sandbox: off) and every child must be sandboxed"
+    )
+    assert_no_hatch(answer["refused"])
+    assert "--allow-unsandboxed" in answer["hint"]
+    error = PolicyError(answer["refused"], hint=answer["hint"])
+    assert "--allow-unsandboxed" in str(error)  # what the parent is told
+    assert error.for_child == answer["refused"]  # what a nested caller is told
