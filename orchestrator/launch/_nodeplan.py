@@ -165,7 +165,8 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
             off=plan.sandbox_off, allowed=plan.allow_unsandboxed, where="on its node"
         )
     except PolicyError as exc:
-        raise PolicyError(str(exc).replace("spawn:", f"spawn {plan.owner}:", 1)) from None
+        named = exc.for_child.replace("spawn:", f"spawn {plan.owner}:", 1)
+        raise PolicyError(named, hint=exc.hint) from None
     if reason is not None:
         placed = unsandboxed(argv, reason)
         # The supervisor's temporary directory names a place on its machine, not here.

@@ -83,9 +83,9 @@ def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str 
         if allowed:
             return "sandbox turned off (--allow-unsandboxed)"
         raise PolicyError(
-            "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed; "
-            "turn it back on, or pass --allow-unsandboxed (either read when the supervisor "
-            "starts: fleet serve --stop first)"
+            "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed",
+            hint="turn it back on, or pass --allow-unsandboxed (either read when the supervisor "
+            "starts: fleet serve --stop first)",
         )
     result = sandbox.probe()
     if result.available:
@@ -93,7 +93,7 @@ def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str 
     if allowed:
         suffix = "" if where == "here" else f" {where}"
         return f"no working sandbox{suffix} ({result.reason}); --allow-unsandboxed"
-    raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason} ({HOW_TO_SANDBOX})")
+    raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason}", hint=HOW_TO_SANDBOX)
 
 
 def check_available(config: Config, agent: str, *, remote: bool = False) -> None:
