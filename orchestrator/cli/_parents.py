@@ -23,6 +23,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def _changed(lines: list[str]) -> list[dict[str, str]]:
     rows = []
     for line in lines:
+        if line.startswith("note: "):
+            continue
         if line.endswith(" already up to date"):
             rows.append({"path": line.removesuffix(" already up to date"), "action": "unchanged"})
         elif line.endswith(" not installed"):
@@ -34,7 +36,7 @@ def _changed(lines: list[str]) -> list[dict[str, str]]:
 
 
 def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
-    from orchestrator.parents._install import INSTALLERS  # noqa: PLC0415
+    from orchestrator.parents._install import INSTALLERS, trust_note  # noqa: PLC0415
 
     installer = INSTALLERS.get(args.parent)
     if installer is None:
@@ -43,7 +45,11 @@ def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
     home, project = Path.home(), Path.cwd()
     action = installer.uninstall if remove else installer.install
     lines = action(scope, home=home, project=project)
-    out(args, {"parent": args.parent, "changed": _changed(lines)}, lambda _: "\n".join(lines))
+    note = None if remove else trust_note(args.parent, scope, project)
+    if note:
+        lines.append(note)
+    data = {"parent": args.parent, "changed": _changed(lines), "notes": [note] if note else []}
+    out(args, data, lambda _: "\n".join(lines))
     return 0
 
 
