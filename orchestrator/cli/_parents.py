@@ -5,6 +5,7 @@ MCP SDK is heavy and every other verb starts without it.
 """
 
 import argparse
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -13,8 +14,12 @@ from orchestrator.cli._common import config_of, out
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from orchestrator.control._daemon import PARENT_EXIT_S, PARENT_EXIT_VARIABLE  # noqa: PLC0415
     from orchestrator.parents._mcp import run  # noqa: PLC0415
 
+    # The supervisor this server starts on demand (it inherits our environment) ends a short
+    # grace after the parent went away, once it holds no child.
+    os.environ.setdefault(PARENT_EXIT_VARIABLE, str(PARENT_EXIT_S))
     settings = {"max_subagents": args.max_subagents, "lane": args.lane}
     run(config_of(args), settings=settings)
     return 0

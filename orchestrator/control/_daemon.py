@@ -15,11 +15,13 @@ clean stop ends the journal with a ``shutdown`` record; a daemon that died has n
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import secrets
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -74,8 +76,9 @@ async def serve(
                     server.extra_ops.update(durability.ops())
                     await nursery.start(listener.serve, server.handle_connection)
                     nursery.start_soon(_on_signals, server.shutdown)
-                    if config.idle_exit_s > 0:
-                        nursery.start_soon(exit_when_idle, server, config.idle_exit_s)
+                    idle_s = idle_exit_after(config.idle_exit_s, os.environ)
+                    if idle_s > 0:
+                        nursery.start_soon(exit_when_idle, server, idle_s)
                     task_status.started()
                     await server.shutdown.wait()
                     nursery.cancel_scope.cancel()
@@ -87,6 +90,30 @@ async def serve(
                 await listener.aclose()
             with contextlib.suppress(OSError):
                 paths.control_token.unlink()
+
+
+#: Set by a parent's fleet (``fleet mcp``, the Pi extension) for the supervisor it starts on
+#: demand: the seconds it outlives its last request once it holds nothing. Not a start
+#: setting: a parent's supervisor serves the user's commands like any other.
+PARENT_EXIT_VARIABLE: Final = "FLEET_PARENT_EXIT_S"
+PARENT_EXIT_S: Final = 10.0
+
+
+def idle_exit_after(idle_exit_s: float, environ: Mapping[str, str]) -> float:
+    """Seconds of holding nothing and serving nothing after which the supervisor exits (0:
+    never). A supervisor started for a parent uses the parent's short grace: the parent polls
+    it while it runs, so once the parent is gone and no child is left, nobody needs it; the
+    next command starts one again. ``idle_exit_s`` 0 (never) stays never."""
+    raw = environ.get(PARENT_EXIT_VARIABLE, "")
+    if idle_exit_s <= 0 or not raw:
+        return idle_exit_s
+    try:
+        grace = float(raw)
+    except ValueError:
+        return idle_exit_s
+    if not math.isfinite(grace) or grace <= 0:
+        return idle_exit_s
+    return min(idle_exit_s, grace)
 
 
 async def exit_when_idle(server: ControlServer, idle_s: float) -> None:

@@ -114,6 +114,7 @@ def read(place: Place, path: Path) -> str | None:
 def write(place: Place, path: Path, text: str) -> list[Path]:
     """Replace *path* with *text* atomically; the directories it had to create."""
     made: list[Path] = []
+    parts: tuple[str, ...]
     if not place.confined and path.is_symlink():
         path = path.resolve()  # the user's linked dotfile stays a link: its target changes
     if not place.confined:

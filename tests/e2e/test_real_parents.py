@@ -1,0 +1,269 @@
+"""Five real parents delegate real work through what ``fleet install <parent>`` wrote.
+
+For Claude Code, Codex, Gemini CLI, opencode and Pi: a git repository with a failing test; the
+parent CLI runs against a loopback *parent model* (:class:`tests.fakes.parent_model.ParentModel`)
+that reads the tools the CLI offers and calls fleet's by name. Two scripted scouts map the code
+in parallel, a scripted worker fixes the bug and runs the test with its shell inside its
+sandbox, the parent stops it (the change lands in its checkout) and reads the diff, and then the
+test passes in the parent's checkout; nothing fleet started is left running once the parent
+exits (the supervisor its MCP server started ends after a short grace). Each parent runs once
+with a model that fills every field and once with the minimal call.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.e2e.conftest import GIT_ENV, Fleet, fleet_processes, running_fleet
+from tests.fakes._agent_clis import (
+    NPM_BIN,
+    CliCommand,
+    claude_command,
+    codex_command,
+    gemini_command,
+    open_cli,
+    opencode_command,
+    pi_command,
+)
+from tests.fakes.model_server import ModelServer
+from tests.fakes.parent_model import ParentModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
+
+CEILING = 300
+#: How long the supervisor may outlive its parent when it holds no child (generous: 2 cores).
+GRACE = 60
+PROMPT = "test_calc.py fails: map the code with two scouts, have a worker fix it, land the fix"
+
+CALC = "def add(a, b):\n    return a - b\n"
+TEST = (
+    "import sys\n\nsys.path.insert(0, 'src')\nfrom calc import add\n\n"
+    "assert add(2, 3) == 5, add(2, 3)\nprint('TESTS OK')\n"
+)
+SCOUT_SRC = """
+turns:
+  - steps:
+      - tool: read
+        args: {path: src/calc.py}
+      - reply: "## Summary\\nadd() lives in src/calc.py and subtracts"
+"""
+SCOUT_TESTS = """
+turns:
+  - steps:
+      - tool: read
+        args: {path: test_calc.py}
+      - reply: "## Summary\\ntest_calc.py asserts add(2, 3) == 5"
+"""
+WORKER = """
+turns:
+  - steps:
+      - tool: bash
+        args: {command: "python3 -B test_calc.py; echo rc=$?"}
+      - tool: edit
+        args: {path: src/calc.py, old_text: "a - b", new_text: "a + b"}
+      - tool: bash
+        args: {command: "python3 -B test_calc.py && echo rc=$?"}
+      - reply: "## Summary\\nfixed add\\n## Verification\\n{{tool:bash}}"
+"""
+
+
+def _repo(fleet: Fleet) -> None:
+    (fleet.repo / "src" / "calc.py").write_text(CALC)
+    (fleet.repo / "test_calc.py").write_text(TEST)
+    env = {**os.environ, **GIT_ENV}
+    for argv in (["git", "add", "-A"], ["git", "commit", "-qm", "calc"]):
+        subprocess.run(argv, cwd=fleet.repo, env=env, check=True, capture_output=True)
+    failing = _run_test(fleet.repo)
+    assert failing.returncode != 0, failing.stdout
+
+
+def _run_test(repo: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-B", "test_calc.py"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _parent_model(fleet: Fleet, *, full: bool) -> ParentModel:
+    scouts = [
+        {
+            "task": "map src/: where is add() and what does it do?",
+            "agent": "scout",
+            "name": "src-map",
+            "model": fleet.script("scout-src", SCOUT_SRC),
+        },
+        {
+            "task": "map the tests: what does test_calc.py expect?",
+            "agent": "scout",
+            "name": "test-map",
+            "model": fleet.script("scout-tests", SCOUT_TESTS),
+        },
+    ]
+    worker = {
+        "task": "fix add() in src/calc.py so test_calc.py passes; run python3 test_calc.py",
+        "agent": "worker",
+        "name": "fixer",
+        "model": fleet.script("worker", WORKER),
+    }
+    return ParentModel(scouts=scouts, worker=worker, full=full)
+
+
+def _install(fleet: Fleet, parent: str, env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "install", parent, "--project"],
+        cwd=fleet.repo,
+        env={**fleet.env, "HOME": env["HOME"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _fleet_env(fleet: Fleet) -> dict[str, str]:
+    env = {k: v for k, v in fleet.env.items() if k.startswith(("FLEET_", "GIT_"))}
+    env.pop("FLEET_IDLE_EXIT_S", None)
+    return env
+
+
+def _run(command: CliCommand, fleet: Fleet, log: Path) -> None:
+    env = {**command.env, **_fleet_env(fleet)}
+    with log.open("wb") as err:
+        result = subprocess.run(
+            list(command.argv),
+            cwd=command.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            timeout=CEILING,
+            check=False,
+        )
+    log.with_suffix(".out").write_bytes(result.stdout)
+    assert result.returncode == 0, (result.stdout[-3000:], log.read_text()[-3000:])
+
+
+def _claude(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
+    base = claude_command(base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state)
+    _install(fleet, "claude", dict(base.env))
+    argv = [str(NPM_BIN / "claude"), "-p", "--output-format", "json"]
+    argv += ["--no-session-persistence", PROMPT]
+    return CliCommand(argv=tuple(argv), env=base.env, cwd=fleet.repo)
+
+
+def _codex(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
+    command = codex_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    )
+    _install(fleet, "codex", dict(command.env))
+    # What the install's note says: codex reads a project's .codex/ only once it is trusted.
+    config = Path(command.env["CODEX_HOME"]) / "config.toml"
+    config.write_text(
+        config.read_text() + f'\n[projects."{fleet.repo}"]\ntrust_level = "trusted"\n'
+    )
+    return command
+
+
+def _gemini(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
+    # gemini_command runs with --skip-trust: the install's note for a headless run.
+    command = gemini_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    )
+    _install(fleet, "gemini", dict(command.env))
+    return command
+
+
+def _opencode(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
+    command = opencode_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    )
+    _install(fleet, "opencode", dict(command.env))
+    return command
+
+
+PARENTS = {"claude": _claude, "codex": _codex, "gemini": _gemini, "opencode": _opencode}
+
+
+def _check(fleet: Fleet, model: ParentModel, srv: ModelServer) -> None:
+    """The work was done, reviewed and landed; nothing is left running."""
+    assert model.result("spawn"), model.results
+    stopped = model.result("stop")
+    assert stopped, model.results
+    [handoff] = stopped[0]["handoffs"]
+    assert handoff["state"] == "stopped", handoff
+    assert "src/calc.py" in " ".join(map(str, handoff.get("applied", []))), handoff
+    reports = {s["key"]: s.get("report", "") for w in model.result("wait") for s in w["settled"]}
+    assert len(reports) == 3, model.results  # both scouts and the worker
+    worker_report = reports[handoff["key"]]
+    assert "TESTS OK" in worker_report  # the worker ran the test in its sandbox, after the fix
+    assert "a + b" in str(model.result("diff")[0])
+    assert [r for r in srv.requests("parent") if r.api is not None]
+    passing = _run_test(fleet.repo)
+    assert passing.returncode == 0, passing.stderr
+    assert "TESTS OK" in passing.stdout
+    _nothing_left(fleet)
+
+
+def _nothing_left(fleet: Fleet) -> None:
+    """The parent's MCP server, every child and the supervisor it started are gone."""
+    deadline = time.monotonic() + GRACE
+    while fleet_processes(fleet.home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [" ".join(p.cmdline()) for p in fleet_processes(fleet.home)]
+    assert not left, left
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
+@pytest.mark.parametrize("parent", sorted(PARENTS))
+def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
+    tmp_path: Path, parent: str, full: bool, request: pytest.FixtureRequest
+) -> None:
+    request.applymarker(pytest.mark.needs(parent))
+    with running_fleet(tmp_path, prefix=f"frp{parent[:2]}-") as fleet, ModelServer() as srv:
+        _repo(fleet)
+        model = _parent_model(fleet, full=full)
+        srv.play("parent", model)
+        command = PARENTS[parent](fleet, srv, tmp_path / parent)
+        _run(command, fleet, tmp_path / f"{parent}.err")
+        assert model.calls, "the parent model was never asked"
+        _check(fleet, model, srv)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
+async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
+    tmp_path: Path, full: bool
+) -> None:
+    with running_fleet(tmp_path, prefix="frppi-") as fleet:
+        _repo(fleet)
+        async with ModelServer() as srv:
+            model = _parent_model(fleet, full=full)
+            srv.play("parent", model)
+            base = pi_command(
+                base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=tmp_path / "pi"
+            )
+            _install(fleet, "pi", dict(base.env))
+            # Discovery on (no --no-extensions): Pi finds .pi/extensions/fleet by itself.
+            argv = [a for a in base.argv if a != "--no-extensions"]
+            at = argv.index("--tools") + 1
+            argv[at] = "read," + ",".join(
+                f"subagent_{v}" for v in ("spawn", "wait", "stop", "diff")
+            )
+            env = {**base.env, **_fleet_env(fleet)}
+            command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
+            with trio.fail_after(CEILING):
+                async with open_cli(command, tmp_path / "pi.stderr") as pi:
+                    await pi.send({"type": "prompt", "id": "p1", "message": PROMPT})
+                    while not model.answered:
+                        await pi.until(lambda e: e.get("type") == "agent_end")
+                    assert await pi.finish() == 0
+            _check(fleet, model, srv)
