@@ -49,12 +49,13 @@ TRUST: Final = {
         'trust_level = "trusted" to ~/.codex/config.toml (or install with --user)'
     ),
     ("gemini", "project"): (
-        "note: gemini reads {project}/.gemini/settings.json and starts MCP servers only in a "
-        "trusted folder: run `gemini` there and trust it (headless runs: --skip-trust)"
+        "note: gemini reads {project}/.gemini/settings.json only in a trusted folder: run "
+        "`gemini` there and trust it (headless: GEMINI_CLI_TRUST_WORKSPACE=true; --skip-trust "
+        "does not load it)"
     ),
     ("gemini", "user"): (
         "note: gemini starts MCP servers only in a trusted folder: run `gemini` in each "
-        "project once and trust it (headless runs: --skip-trust)"
+        "project once and trust it (headless: --skip-trust or GEMINI_CLI_TRUST_WORKSPACE=true)"
     ),
     ("pi", "project"): (
         "note: pi 1.x loads {project}/.pi/extensions only once the project is trusted: "

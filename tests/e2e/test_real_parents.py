@@ -10,6 +10,7 @@ exits (the supervisor its MCP server started ends after a short grace). Each par
 with a model that fills every field and once with the minimal call.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -175,11 +176,14 @@ def _codex(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
 
 
 def _gemini(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
-    # gemini_command runs with --skip-trust: the install's note for a headless run.
     command = gemini_command(
         base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
     )
     _install(fleet, "gemini", dict(command.env))
+    # What the install's note says: trust the folder (what gemini's trust dialog writes);
+    # --skip-trust alone runs headless but does not load the project's settings.
+    trusted = Path(command.env["HOME"]) / ".gemini" / "trustedFolders.json"
+    trusted.write_text(json.dumps({str(fleet.repo): "TRUST_FOLDER"}))
     return command
 
 

@@ -115,6 +115,7 @@ class ParentModel:
     _settled: set[str] = attrs.field(factory=set)
     _pending: str = ""  # the verb whose result the next request carries
     _seen: int = 0  # tool results already read
+    _schemas: dict[str, Any] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def __call__(self, request: Request) -> Mapping[str, Any]:
@@ -126,6 +127,7 @@ class ParentModel:
             if len(results) > self._seen and self._pending:
                 self._read(self._pending, payload(results[-1]), results[-1])
             self._seen = len(results)
+            self._schemas = request.tool_schemas()
             return self._next(names)
 
     def _read(self, verb: str, data: Any, raw: str) -> None:
@@ -145,6 +147,11 @@ class ParentModel:
         name = fleet_tool(names, verb)
         if name is None:
             raise AssertionError(f"parent model: no fleet tool for {verb} in {names}")
+        # The full call fills what the offered schema has: a field this parent's tool does not
+        # declare is left out (Pi's diff has no context), never sent to be refused.
+        declared = (self._schemas.get(name) or {}).get("properties")
+        if self.full and isinstance(declared, dict):
+            arguments = {k: v for k, v in arguments.items() if k in declared}
         self._pending = verb
         self.calls.append((name, arguments))
         return {"tool_calls": [{"name": name, "arguments": arguments}]}
