@@ -239,7 +239,8 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
         srv.play("parent", model)
         command = PARENTS[parent](fleet, srv, tmp_path / parent)
         _run(command, fleet, tmp_path / f"{parent}.err")
-        assert model.calls, "the parent model was never asked"
+        offered = [r.tool_names() for r in srv.requests("parent") if r.api is not None]
+        assert model.calls, f"the parent model was never offered fleet's tools: {offered}"
         _check(fleet, model, srv)
 
 

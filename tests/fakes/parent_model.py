@@ -42,6 +42,10 @@ VERBS: dict[str, str] = {
 }
 
 
+#: The parent CLI's own tool that waits for its MCP servers to connect (Claude Code).
+WAIT_FOR_SERVERS = "WaitForMcpServers"
+
+
 def _spawn_batch(full: bool, tasks: list[dict[str, Any]]) -> dict[str, Any]:
     if full:
         return {"tasks": [{**t, "mode": "scout", "backend": "builtin"} for t in tasks]}
@@ -122,6 +126,9 @@ class ParentModel:
         with self._lock:
             names = request.tool_names()
             if fleet_tool(names, "spawn") is None:
+                # Claude Code offers WaitForMcpServers while a server is still connecting.
+                if WAIT_FOR_SERVERS in names and self._step == "spawn_scouts":
+                    return {"tool_calls": [{"name": WAIT_FOR_SERVERS, "arguments": {}}]}
                 return {"text": "fleet parent"}
             results = request.tool_results()
             if len(results) > self._seen and self._pending:
