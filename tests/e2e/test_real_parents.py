@@ -118,9 +118,18 @@ def _parent_model(fleet: Fleet, *, full: bool) -> ParentModel:
     return ParentModel(scouts=scouts, worker=worker, full=full)
 
 
-def _install(fleet: Fleet, parent: str, env: dict[str, str]) -> None:
+def _tree(repo: Path) -> dict[str, bytes]:
+    """Every file of the checkout but git's own and the landed fix, with its bytes."""
+    return {
+        str(p.relative_to(repo)): p.read_bytes()
+        for p in sorted(repo.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(repo).parts and p.name != "calc.py"
+    }
+
+
+def _install(fleet: Fleet, parent: str, env: dict[str, str], verb: str = "install") -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "install", parent, "--project"],
+        [sys.executable, "-m", "orchestrator", verb, parent, "--project"],
         cwd=fleet.repo,
         env={**fleet.env, "HOME": env["HOME"]},
         capture_output=True,
@@ -235,10 +244,14 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
     request.applymarker(pytest.mark.needs(parent))
     with running_fleet(tmp_path, prefix=f"frp{parent[:2]}-") as fleet, ModelServer() as srv:
         _repo(fleet)
+        before = _tree(fleet.repo)
         model = _parent_model(fleet, full=full)
         srv.play("parent", model)
         command = PARENTS[parent](fleet, srv, tmp_path / parent)
         _run(command, fleet, tmp_path / f"{parent}.err")
+        # Uninstall restores every byte, also after the parent ran on what install wrote.
+        _install(fleet, parent, dict(command.env), "uninstall")
+        assert _tree(fleet.repo) == before
         offered = [r.tool_names() for r in srv.requests("parent") if r.api is not None]
         assert model.calls, f"the parent model was never offered fleet's tools: {offered}"
         _check(fleet, model, srv)
