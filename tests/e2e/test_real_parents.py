@@ -237,11 +237,12 @@ def _nothing_left(fleet: Fleet) -> None:
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
-@pytest.mark.parametrize("parent", sorted(PARENTS))
+@pytest.mark.parametrize(
+    "parent", [pytest.param(p, marks=pytest.mark.needs(p)) for p in sorted(PARENTS)]
+)
 def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
-    tmp_path: Path, parent: str, full: bool, request: pytest.FixtureRequest
+    tmp_path: Path, parent: str, full: bool
 ) -> None:
-    request.applymarker(pytest.mark.needs(parent))
     with running_fleet(tmp_path, prefix=f"frp{parent[:2]}-") as fleet, ModelServer() as srv:
         _repo(fleet)
         before = _tree(fleet.repo)
@@ -257,6 +258,7 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
         _check(fleet, model, srv)
 
 
+@pytest.mark.needs("pi")
 @pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
 async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
     tmp_path: Path, full: bool
