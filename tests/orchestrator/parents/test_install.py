@@ -234,7 +234,7 @@ def test_nothing_an_install_writes_is_group_or_other_writable_or_holds_a_secret(
         existing.chmod(0o666)
     old = os.umask(0)
     try:
-        INSTALLERS[parent].install(scope, home=home, project=project)  # type: ignore[arg-type]
+        INSTALLERS[parent].install(scope, home=home, project=project)
     finally:
         os.umask(old)
     written = [p for p in root.rglob("*") if not p.is_symlink()]
