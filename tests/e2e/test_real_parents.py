@@ -341,3 +341,66 @@ def test_every_real_parent_reads_fleets_errors_and_an_unknown_argument_is_refuse
         assert "budjet" in unknown
         assert fleet.json("peek")["agents"] == []  # refused before anything launched
         assert "a99" in missing
+
+
+def _install_user(fleet: Fleet, parent: str, env: dict[str, str]) -> None:
+    keep = {k: env[k] for k in ("HOME", "CODEX_HOME", "PI_CODING_AGENT_DIR") if k in env}
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "install", parent, "--user"],
+        cwd=fleet.repo,
+        env={**fleet.env, **keep},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+USER_COMMANDS = {
+    "claude": lambda srv, fleet, state: CliCommand(
+        argv=(str(NPM_BIN / "claude"), "-p", "--no-session-persistence", PROMPT),
+        env=claude_command(
+            base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state
+        ).env,
+        cwd=fleet.repo,
+    ),
+    "codex": lambda srv, fleet, state: codex_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    ),
+    "gemini": lambda srv, fleet, state: gemini_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    ),
+    "opencode": lambda srv, fleet, state: opencode_command(
+        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "parent", [pytest.param(p, marks=pytest.mark.needs(p)) for p in sorted(USER_COMMANDS)]
+)
+def test_a_user_install_gives_the_real_parent_fleets_tools_in_any_project(
+    tmp_path: Path, parent: str
+) -> None:
+    """``--user`` writes the parent's own configuration (a private HOME here); the parent
+    then offers fleet's tools in a project that has no fleet file (gemini: --skip-trust)."""
+    with running_fleet(tmp_path, prefix=f"fru{parent[:2]}-") as fleet, ModelServer() as srv:
+        offered: list[list[str]] = []
+
+        def player(request: Any) -> dict[str, Any]:
+            names = request.tool_names()
+            waiting = fleet_tool(names, "spawn") is None and WAIT_FOR_SERVERS in names
+            if waiting and len(offered) < 5:  # a loaded machine: the server is still starting
+                offered.append(names)
+                return {"tool_calls": [{"name": WAIT_FOR_SERVERS, "arguments": {}}]}
+            offered.append(names)
+            return {"text": "nothing to delegate"}
+
+        srv.play("parent", player)
+        command = USER_COMMANDS[parent](srv, fleet, tmp_path / parent)
+        _install_user(fleet, parent, dict(command.env))
+        _run(command, fleet, tmp_path / f"{parent}.err")
+        assert any(fleet_tool(names, "spawn") for names in offered), offered
+        assert not [p for p in fleet.repo.iterdir() if p.name not in {".git", "README.md", "src"}]
+        _nothing_left(fleet)
