@@ -404,3 +404,38 @@ def test_a_user_install_gives_the_real_parent_fleets_tools_in_any_project(
         assert any(fleet_tool(names, "spawn") for names in offered), offered
         assert not [p for p in fleet.repo.iterdir() if p.name not in {".git", "README.md", "src"}]
         _nothing_left(fleet)
+
+
+@pytest.mark.needs("pi")
+async def test_a_user_install_gives_a_real_pi_parent_fleets_tools_in_any_project(
+    tmp_path: Path,
+) -> None:
+    """``fleet install pi --user`` writes into Pi's agent directory (``PI_CODING_AGENT_DIR``);
+    Pi discovers the extension in a project without any fleet file."""
+    with running_fleet(tmp_path, prefix="frupi-") as fleet:
+        async with ModelServer() as srv:
+            offered: list[list[str]] = []
+
+            def player(request: Any) -> dict[str, Any]:
+                offered.append(request.tool_names())
+                return {"text": "nothing to delegate"}
+
+            srv.play("parent", player)
+            base = pi_command(
+                base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=tmp_path / "pi"
+            )
+            _install_user(fleet, "pi", dict(base.env))
+            argv = [a for a in base.argv if a != "--no-extensions"]
+            argv[argv.index("--tools") + 1] = "read,subagent_spawn,subagent_wait"
+            env = {**base.env, **_fleet_env(fleet)}
+            command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
+            with trio.fail_after(CEILING):
+                async with open_cli(command, tmp_path / "pi.stderr") as pi:
+                    await pi.send({"type": "prompt", "id": "p1", "message": PROMPT})
+                    await pi.until(lambda e: e.get("type") == "agent_end")
+                    assert await pi.finish() == 0
+        assert offered
+        assert fleet_tool(offered[0], "spawn") == "subagent_spawn", offered
+        assert not (fleet.repo / ".pi").exists()
+        extension = Path(base.env["PI_CODING_AGENT_DIR"]) / "extensions" / "fleet" / "index.js"
+        assert extension.is_file()
