@@ -14,7 +14,10 @@ from orchestrator.cli._common import config_of, out
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from orchestrator.control._daemon import PARENT_EXIT_S, PARENT_EXIT_VARIABLE  # noqa: PLC0415
+    from orchestrator.control._daemon_client import (  # noqa: PLC0415
+        PARENT_EXIT_S,
+        PARENT_EXIT_VARIABLE,
+    )
     from orchestrator.parents._mcp import run  # noqa: PLC0415
 
     # The supervisor this server starts on demand (it inherits our environment) ends a short

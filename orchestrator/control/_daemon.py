@@ -21,13 +21,13 @@ import secrets
 import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Final
 
 import trio
 
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import Refused
+from orchestrator.control._daemon_client import PARENT_EXIT_VARIABLE
 from orchestrator.control._durable import Durability, close_durability, open_durability
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import open_supervisor
@@ -90,13 +90,6 @@ async def serve(
                 await listener.aclose()
             with contextlib.suppress(OSError):
                 paths.control_token.unlink()
-
-
-#: Set by a parent's fleet (``fleet mcp``, the Pi extension) for the supervisor it starts on
-#: demand: the seconds it outlives its last request once it holds nothing. Not a start
-#: setting: a parent's supervisor serves the user's commands like any other.
-PARENT_EXIT_VARIABLE: Final = "FLEET_PARENT_EXIT_S"
-PARENT_EXIT_S: Final = 10.0
 
 
 def idle_exit_after(idle_exit_s: float, environ: Mapping[str, str]) -> float:

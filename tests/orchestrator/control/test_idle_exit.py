@@ -14,12 +14,8 @@ import trio
 
 from orchestrator._config import Config, load_config
 from orchestrator._errors import UsageError
-from orchestrator.control._daemon import (
-    PARENT_EXIT_S,
-    PARENT_EXIT_VARIABLE,
-    exit_when_idle,
-    idle_exit_after,
-)
+from orchestrator.control._daemon import exit_when_idle, idle_exit_after
+from orchestrator.control._daemon_client import PARENT_EXIT_S, PARENT_EXIT_VARIABLE
 from orchestrator.control._server import ControlServer
 from orchestrator.core._requests import Question
 from orchestrator.core._supervisor import open_supervisor
