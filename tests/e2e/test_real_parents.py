@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -344,11 +345,13 @@ def test_every_real_parent_reads_fleets_errors_and_an_unknown_argument_is_refuse
 
 
 def _install_user(fleet: Fleet, parent: str, env: dict[str, str]) -> None:
-    keep = {k: env[k] for k in ("HOME", "CODEX_HOME", "PI_CODING_AGENT_DIR") if k in env}
+    names = ("HOME", "CODEX_HOME", "PI_CODING_AGENT_DIR")
+    merged: dict[str, str] = dict(fleet.env)
+    merged.update({k: env[k] for k in names if k in env})
     result = subprocess.run(
         [sys.executable, "-m", "orchestrator", "install", parent, "--user"],
         cwd=fleet.repo,
-        env={**fleet.env, **keep},
+        env=merged,
         capture_output=True,
         text=True,
         timeout=60,
@@ -357,23 +360,32 @@ def _install_user(fleet: Fleet, parent: str, env: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
-USER_COMMANDS = {
-    "claude": lambda srv, fleet, state: CliCommand(
-        argv=(str(NPM_BIN / "claude"), "-p", "--no-session-persistence", PROMPT),
-        env=claude_command(
-            base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state
-        ).env,
-        cwd=fleet.repo,
-    ),
-    "codex": lambda srv, fleet, state: codex_command(
-        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
-    ),
-    "gemini": lambda srv, fleet, state: gemini_command(
-        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
-    ),
-    "opencode": lambda srv, fleet, state: opencode_command(
-        base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state, prompt=PROMPT
-    ),
+def _user_claude(srv: ModelServer, fleet: Fleet, state: Path) -> CliCommand:
+    base = claude_command(base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state)
+    argv = (str(NPM_BIN / "claude"), "-p", "--no-session-persistence", PROMPT)
+    return CliCommand(argv=argv, env=base.env, cwd=fleet.repo)
+
+
+def _user_codex(srv: ModelServer, fleet: Fleet, state: Path) -> CliCommand:
+    url = srv.base_url("parent")
+    return codex_command(base_url=url, workspace=fleet.repo, state_dir=state, prompt=PROMPT)
+
+
+def _user_gemini(srv: ModelServer, fleet: Fleet, state: Path) -> CliCommand:
+    url = srv.base_url("parent")
+    return gemini_command(base_url=url, workspace=fleet.repo, state_dir=state, prompt=PROMPT)
+
+
+def _user_opencode(srv: ModelServer, fleet: Fleet, state: Path) -> CliCommand:
+    url = srv.base_url("parent")
+    return opencode_command(base_url=url, workspace=fleet.repo, state_dir=state, prompt=PROMPT)
+
+
+USER_COMMANDS: dict[str, Callable[[ModelServer, Fleet, Path], CliCommand]] = {
+    "claude": _user_claude,
+    "codex": _user_codex,
+    "gemini": _user_gemini,
+    "opencode": _user_opencode,
 }
 
 
