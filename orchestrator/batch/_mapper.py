@@ -1,0 +1,476 @@
+"""Maps against a live fleet: one fresh child per row, as many at once as the lane allows.
+
+A map
+
+1. selects its rows (:mod:`._worklist`: every row filled and checked before anything runs),
+   writes its ledger's first record (the spec and the rows) and returns its id;
+2. runs ``width`` workers (``min(lane capacity, max_subagents)``, never more than the lane):
+   each takes the next row, spawns one fresh child for it (capacity reserved by the spawn,
+   atomically; a full fleet makes the row wait, never fail), and waits for its settle note,
+   which the supervisor hands to :meth:`Maps.collect` instead of the parent's notes;
+3. stops a row's child at ``max_runtime`` (its handoff goes into the row's error), retries a
+   failed row up to ``retries`` more times in a fresh child, then records the row's one final
+   outcome: the ledger first (fsynced), then the out file, then the counts;
+4. discards every row's child once its row is recorded, so a 4,096-row map holds at most
+   ``width`` children and the parent's notes never see a row.
+
+A fresh child per row keeps one row's context out of the next row's answer; a resumed map
+(:meth:`Maps.resume`) runs exactly the rows its ledger has no outcome for.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import attrs
+import orjson
+import trio
+
+from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
+from orchestrator._records import ChildRecord, SpawnRequest, clip
+from orchestrator._sync import wait_first
+from orchestrator.batch._worklist import Row, select_rows
+from orchestrator.durability import MapBook, MapState
+from orchestrator.governance._checked import check_schema
+
+__all__ = ["CAPACITY_RETRY", "Map", "MapFleet", "MapSpec", "Maps"]
+
+log = logging.getLogger(__name__)
+
+#: How long a row waits before it tries again for a slot of a full fleet (seconds).
+CAPACITY_RETRY: Final = 0.2
+#: The longest error kept for a row.
+ERROR_CLIP: Final = 2000
+MAX_RETRIES: Final = 10
+
+
+class MapFleet(Protocol):
+    """What a map needs of the supervisor."""
+
+    nursery: trio.Nursery
+
+    @property
+    def capacity(self) -> Any: ...
+    @property
+    def lane(self) -> Any: ...
+
+    async def spawn(self, requests: Sequence[SpawnRequest]) -> list[ChildRecord]: ...
+    async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]: ...
+    async def discard(self, ref: str) -> str: ...
+    def run_done(self, key: str) -> trio.Event | None: ...
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and (isinstance(value, bool) or not value > 0 or math.isinf(value)):
+        raise UsageError(f"map: {name} {value!r} must be a positive number")
+
+
+@attrs.frozen(kw_only=True)
+class MapSpec:
+    """What to run for each row (``fleet map``'s options)."""
+
+    template: str
+    agent: str = "scout"
+    mode: str | None = None
+    model: str | None = None
+    role: str | None = None
+    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
+    dedupe_key: str | None = None
+    max_items: int | None = None
+    max_runtime: float | None = None
+    retries: int = 0
+    #: Where results and failures go as JSONL (absolute; ``None``: the ledger only).
+    out: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _positive("--max-runtime", self.max_runtime)
+        if isinstance(self.retries, bool) or not 0 <= self.retries <= MAX_RETRIES:
+            raise UsageError(f"map: --retries {self.retries!r} must be 0..{MAX_RETRIES}")
+        if self.out is not None and not Path(self.out).is_absolute():
+            raise UsageError(f"map: --out {self.out!r} must be an absolute path")
+        if self.mode == "worktree":
+            raise UsageError("map: rows run as scouts or forks, not worktree writers")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "MapSpec":
+        """From a control request or a ledger; unknown keys are an error."""
+        fields = {a.name for a in attrs.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise UsageError(f"map: unknown option {min(unknown)!r}")
+        template = data.get("template")
+        if not isinstance(template, str):
+            raise UsageError("map: the task template must be a string")
+        for name in ("agent", "mode", "model", "role", "dedupe_key", "out"):
+            value = data.get(name)
+            if value is not None and not isinstance(value, str):
+                raise UsageError(f"map: {name} must be a string")
+        for name in ("max_items", "retries"):
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UsageError(f"map: {name} must be a whole number")
+        runtime = data.get("max_runtime")
+        if runtime is not None and (
+            isinstance(runtime, bool) or not isinstance(runtime, int | float)
+        ):
+            raise UsageError("map: max_runtime must be a number of seconds")
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise UsageError("map: schema must be a JSON Schema object")
+        return cls(
+            template=template,
+            agent=data.get("agent") or "scout",
+            mode=data.get("mode"),
+            model=data.get("model"),
+            role=data.get("role"),
+            schema=schema,
+            dedupe_key=data.get("dedupe_key"),
+            max_items=data.get("max_items"),
+            max_runtime=None if runtime is None else float(runtime),
+            retries=data.get("retries") or 0,
+            out=data.get("out"),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """One attempt's wait for its child's settle note."""
+
+    key: str | None = None
+    note: dict[str, Any] | None = None
+    settled: trio.Event = attrs.Factory(trio.Event)
+
+
+@attrs.define(eq=False)
+class Map:
+    """One map: its rows, counts and (once ``finished`` is set) its end."""
+
+    id: str
+    spec: MapSpec
+    rows: list[Row]
+    width: int
+    dropped: int = 0
+    #: Rows a previous supervisor finished (a resumed map does not run them).
+    skipped: int = 0
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    state: str = "running"
+    error: str = ""
+    started: float = attrs.Factory(time.monotonic)
+    ended: float | None = None
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    finished: trio.Event = attrs.Factory(trio.Event)
+
+    def status(self) -> dict[str, Any]:
+        """The ``map`` op's shape: counts, rate (rows/s) and elapsed seconds."""
+        elapsed = (self.ended or time.monotonic()) - self.started
+        finished = self.done + self.failed
+        total = len(self.rows)
+        return {
+            "map": self.id,
+            "state": self.state,
+            "total": total,
+            "done": self.done + self.skipped,
+            "failed": self.failed,
+            "running": self.running,
+            "queued": max(0, total - self.skipped - finished - self.running),
+            "dropped": self.dropped,
+            "resumed": self.skipped,
+            "width": self.width,
+            "elapsed_s": round(elapsed, 3),
+            "rate": round(finished / elapsed, 3) if elapsed > 0 else 0.0,
+            "out": self.spec.out,
+            "error": self.error,
+        }
+
+
+def _usage(record: ChildRecord) -> dict[str, Any]:
+    return {**record.usage, "tokens": record.tokens, "cost_usd": record.cost_usd}
+
+
+@attrs.define(eq=False)
+class Maps:
+    """The supervisor's map runner (``Supervisor.maps``)."""
+
+    fleet: MapFleet
+    book: MapBook
+    maps: dict[str, Map] = attrs.Factory(dict)
+    #: Child name -> the attempt waiting for its note (named before the spawn: a child may
+    #: settle before its spawn call returns).
+    _waiting: dict[str, _Slot] = attrs.Factory(dict)
+
+    @classmethod
+    def open(cls, fleet: MapFleet, root: Path) -> "Maps":
+        """The map runner of *fleet*, its ledgers under *root* (made on the first map)."""
+        return cls(fleet=fleet, book=MapBook(root))
+
+    def running(self) -> bool:
+        return any(not m.finished.is_set() for m in self.maps.values())
+
+    def _width(self) -> int:
+        width: int = min(self.fleet.lane.capacity, self.fleet.capacity.cap)
+        return max(1, width)
+
+    async def start(self, spec: MapSpec, rows: Sequence[Mapping[str, Any]]) -> Map:
+        """Check every row, write the ledger, start the map; returns at once."""
+        selected, dropped = select_rows(
+            rows, spec.template, dedupe_key=spec.dedupe_key, max_items=spec.max_items
+        )
+        if not selected:
+            raise UsageError("map: the work list has no rows")
+        if spec.schema is not None:
+            check_schema(spec.schema, source="map --schema")
+        map_id = self.book.new_id()
+        head = {
+            "spec": spec.as_json(),
+            "rows": [attrs.asdict(row) for row in selected],
+            "dropped": dropped,
+        }
+        await trio.to_thread.run_sync(self.book.begin, map_id, head)
+        running = Map(id=map_id, spec=spec, rows=selected, width=self._width(), dropped=dropped)
+        self.maps[map_id] = running
+        self.fleet.nursery.start_soon(self._run, running, frozenset[int]())
+        return running
+
+    async def resume(self, map_id: str) -> Map:
+        """Run the rows of *map_id* that its ledger has no outcome for."""
+        current = self.maps.get(map_id)
+        if current is not None and not current.finished.is_set():
+            raise UsageError(f"map: {map_id} is still running (fleet map --wait {map_id})")
+        state = await trio.to_thread.run_sync(self.book.read, map_id)
+        spec = MapSpec.from_mapping(state.spec["spec"])
+        rows = [Row(**row) for row in state.spec["rows"]]
+        finished = frozenset(state.outcomes)
+        running = Map(
+            id=map_id,
+            spec=spec,
+            rows=rows,
+            width=self._width(),
+            dropped=int(state.spec.get("dropped", 0)),
+            skipped=sum(1 for o in state.outcomes.values() if o.get("status") == "done"),
+            failed=sum(1 for o in state.outcomes.values() if o.get("status") != "done"),
+        )
+        if spec.out is not None:
+            await trio.to_thread.run_sync(_reconcile_out, Path(spec.out), state)
+        self.maps[map_id] = running
+        self.fleet.nursery.start_soon(self._run, running, finished)
+        return running
+
+    def find(self, map_id: str) -> Map:
+        found = self.maps.get(map_id)
+        if found is None:
+            raise NotFound(f"map: no map {map_id!r} runs in this supervisor (fleet map --resume)")
+        return found
+
+    async def wait(self, map_id: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """The map's status once it ends, or after *timeout* seconds."""
+        found = self.find(map_id)
+        with trio.move_on_after(timeout):
+            await found.finished.wait()
+        return found.status()
+
+    async def cancel(self, map_id: str) -> dict[str, Any]:
+        """Stop a running map (its rows' children are stopped; it can be resumed)."""
+        found = self.find(map_id)
+        found.scope.cancel()
+        await found.finished.wait()
+        return found.status()
+
+    def collect(self, record: ChildRecord, *, report: str, error: str, failure: bool) -> bool:
+        """Take a settle note if a map's row is waiting for it; ``True``: the parent never
+        sees it."""
+        slot = self._waiting.get(record.name)
+        if slot is None or (slot.key is not None and slot.key != record.key):
+            return False
+        if slot.note is None:
+            slot.key = record.key
+            slot.note = {
+                "report": report,
+                "error": error or record.error,
+                "failure": failure,
+                "result": record.result,
+                "usage": _usage(record),
+            }
+            slot.settled.set()
+        return True
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _run(self, running: Map, finished: frozenset[int]) -> None:
+        send, receive = trio.open_memory_channel[Row](math.inf)
+        for row in running.rows:
+            if row.id not in finished:
+                send.send_nowait(row)
+        send.close()
+        try:
+            with running.scope:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(running.width):
+                        nursery.start_soon(self._worker, running, receive.clone())
+            receive.close()
+            running.state = "cancelled" if running.scope.cancelled_caught else "done"
+        except Exception as exc:
+            # A map's bug must not end the supervisor: the map ends, resumable, and says why.
+            log.exception("map %s failed", running.id)
+            running.state = "failed"
+            running.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            running.ended = time.monotonic()
+            if running.state == "running":
+                running.state = "cancelled"
+            running.finished.set()
+
+    async def _worker(self, running: Map, rows: trio.MemoryReceiveChannel[Row]) -> None:
+        async with rows:
+            async for row in rows:
+                running.running += 1
+                try:
+                    outcome = await self._row(running, row)
+                finally:
+                    running.running -= 1
+                await self._record(running, row, outcome)
+
+    async def _row(self, running: Map, row: Row) -> dict[str, Any]:
+        spec = running.spec
+        outcome: dict[str, Any] = {}
+        for attempt in range(1, spec.retries + 2):
+            outcome = await self._attempt(running, row, attempt)
+            outcome["attempts"] = attempt
+            if outcome["status"] == "done":
+                break
+        return outcome
+
+    async def _attempt(self, running: Map, row: Row, attempt: int) -> dict[str, Any]:
+        spec = running.spec
+        name = f"{running.id}-row{row.id}-{attempt}"
+        slot = _Slot()
+        self._waiting[name] = slot
+        request = SpawnRequest(
+            task=row.task,
+            agent=spec.agent,
+            mode=spec.mode,
+            name=name,
+            model=spec.model,
+            role=spec.role,
+            schema=spec.schema,
+        )
+        try:
+            while True:
+                try:
+                    [record] = await self.fleet.spawn([request])
+                    break
+                except CapacityError:
+                    await trio.sleep(CAPACITY_RETRY)  # the fleet is full: the row waits
+                except FleetError as exc:
+                    return {"status": "failed", "error": clip(str(exc), ERROR_CLIP), "child": None}
+            slot.key = record.key
+            return await self._settle(record, slot, spec.max_runtime)
+        finally:
+            del self._waiting[name]
+            if slot.key is not None:
+                with trio.CancelScope(shield=True):
+                    await self._drop(slot.key)
+
+    async def _settle(self, record: ChildRecord, slot: _Slot, cap: float | None) -> dict[str, Any]:
+        base: dict[str, Any] = {"child": record.key}
+        done = self.fleet.run_done(record.key)
+        if done is None:
+            done = trio.Event()
+        with trio.move_on_after(math.inf if cap is None else cap) as timer:
+            await wait_first(slot.settled, done)
+        if timer.cancelled_caught and slot.note is None:
+            with trio.CancelScope(shield=True):
+                [handoff] = await self.fleet.stop([record.key])
+            return base | {
+                "status": "failed",
+                "error": f"stopped at its runtime cap of {cap:g} s",
+                "handoff": handoff,
+                "usage": _usage(record),
+            }
+        note = slot.note
+        if note is None:
+            error = record.error or f"its child ended {record.state} without a result"
+            return base | {
+                "status": "failed",
+                "error": clip(error, ERROR_CLIP),
+                "usage": _usage(record),
+            }
+        if note["failure"] or note["error"]:
+            error = note["error"] or "its child failed"
+            return base | {
+                "status": "failed",
+                "error": clip(error, ERROR_CLIP),
+                "usage": note["usage"],
+            }
+        result = note["result"] if record.schema is not None else note["report"]
+        return base | {"status": "done", "result": result, "usage": note["usage"]}
+
+    async def _drop(self, key: str) -> None:
+        try:
+            await self.fleet.discard(key)
+        except FleetError:
+            return  # already gone
+
+    async def _record(self, running: Map, row: Row, outcome: dict[str, Any]) -> None:
+        """The row's one final outcome: ledger (fsynced), then out file, then counts."""
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.book.finished, running.id, row.id, outcome)
+            if running.spec.out is not None:
+                line = _out_line(running.id, row.id, row.key, outcome)
+                await trio.to_thread.run_sync(_append, Path(running.spec.out), line)
+        if outcome["status"] == "done":
+            running.done += 1
+        else:
+            running.failed += 1
+
+
+def _out_line(map_id: str, row: int, key: str, outcome: Mapping[str, Any]) -> bytes:
+    shown = {"map": map_id, "row": row, "key": key}
+    shown |= {k: v for k, v in outcome.items() if k not in {"row", "v", "seq", "at", "kind"}}
+    return orjson.dumps(shown) + b"\n"
+
+
+def _append(path: Path, line: bytes) -> None:
+    with path.open("ab") as handle:
+        handle.write(line)
+
+
+def _reconcile_out(path: Path, state: MapState) -> None:
+    """Append to the out file every ledger outcome it lacks (a crash between the two writes)."""
+    present: set[int] = set()
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        text = b""
+    lines = text.split(b"\n")
+    if lines and lines[-1]:
+        # A torn last line: cut it, its row is written again below if the ledger has it.
+        with path.open("r+b") as handle:
+            handle.truncate(len(text) - len(lines[-1]))
+        lines.pop()
+    for line in lines:
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if (
+            isinstance(entry, dict)
+            and entry.get("map") == state.id
+            and isinstance(entry.get("row"), int)
+        ):
+            present.add(entry["row"])
+    keys = {row["id"]: row["key"] for row in state.spec["rows"]}
+    missing = [
+        _out_line(state.id, row, keys.get(row, str(row)), outcome)
+        for row, outcome in sorted(state.outcomes.items())
+        if row not in present
+    ]
+    if missing:
+        _append(path, b"".join(missing))
