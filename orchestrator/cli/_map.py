@@ -13,7 +13,6 @@ from typing import Any
 
 from orchestrator._errors import UsageError
 from orchestrator._schemafile import read_schema_file
-from orchestrator.batch import parse_rows
 from orchestrator.cli._common import call, out
 from orchestrator.control._client import WAIT_SLICE
 
@@ -22,6 +21,9 @@ PROGRESS_SLICE = 1.0
 
 
 def _read_list(source: str, fmt: str | None) -> list[dict[str, Any]]:
+    # Here, not at the top: the batch package brings trio, which a warm verb never loads.
+    from orchestrator.batch import parse_rows  # noqa: PLC0415
+
     if source == "-":
         text = sys.stdin.read()
         where = "stdin"
