@@ -18,6 +18,7 @@ A fresh child per row keeps one row's context out of the next row's answer; a re
 (:meth:`Maps.resume`) runs exactly the rows its ledger has no outcome for.
 """
 
+import contextlib
 import logging
 import math
 import time
@@ -29,19 +30,18 @@ import attrs
 import orjson
 import trio
 
-from orchestrator._errors import CapacityError, FleetError, NotFound, UsageError
+from orchestrator._errors import FleetError, NotFound, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest, clip
 from orchestrator._sync import wait_first
+from orchestrator.batch._spawner import Spawner
 from orchestrator.batch._worklist import Row, select_rows
 from orchestrator.durability import MapBook, MapState
 from orchestrator.governance._checked import check_schema
 
-__all__ = ["CAPACITY_RETRY", "Map", "MapFleet", "MapSpec", "Maps"]
+__all__ = ["Map", "MapFleet", "MapSpec", "Maps"]
 
 log = logging.getLogger(__name__)
 
-#: How long a row waits before it tries again for a slot of a full fleet (seconds).
-CAPACITY_RETRY: Final = 0.2
 #: The longest error kept for a row.
 ERROR_CLIP: Final = 2000
 MAX_RETRIES: Final = 10
@@ -166,6 +166,9 @@ class Map:
     started: float = attrs.Factory(time.monotonic)
     ended: float | None = None
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    spawner: Spawner = attrs.field(kw_only=True)
+    #: Where finished rows' children are discarded (set while the map runs).
+    drops: trio.Nursery = attrs.field(init=False)
     finished: trio.Event = attrs.Factory(trio.Event)
 
     def status(self) -> dict[str, Any]:
@@ -234,7 +237,14 @@ class Maps:
             "dropped": dropped,
         }
         await trio.to_thread.run_sync(self.book.begin, map_id, head)
-        running = Map(id=map_id, spec=spec, rows=selected, width=self._width(), dropped=dropped)
+        running = Map(
+            id=map_id,
+            spec=spec,
+            rows=selected,
+            width=self._width(),
+            dropped=dropped,
+            spawner=Spawner(fleet=self.fleet),
+        )
         self.maps[map_id] = running
         self.fleet.nursery.start_soon(self._run, running, frozenset[int]())
         return running
@@ -256,6 +266,7 @@ class Maps:
             dropped=int(state.spec.get("dropped", 0)),
             skipped=sum(1 for o in state.outcomes.values() if o.get("status") == "done"),
             failed=sum(1 for o in state.outcomes.values() if o.get("status") != "done"),
+            spawner=Spawner(fleet=self.fleet),
         )
         if spec.out is not None:
             await trio.to_thread.run_sync(_reconcile_out, Path(spec.out), state)
@@ -311,9 +322,14 @@ class Maps:
         send.close()
         try:
             with running.scope:
-                async with trio.open_nursery() as nursery:
-                    for _ in range(running.width):
-                        nursery.start_soon(self._worker, running, receive.clone())
+                async with trio.open_nursery() as drops:
+                    running.drops = drops
+                    async with trio.open_nursery() as spawning:
+                        spawning.start_soon(running.spawner.serve)
+                        async with trio.open_nursery() as workers:
+                            for _ in range(running.width):
+                                workers.start_soon(self._worker, running, receive.clone())
+                        spawning.cancel_scope.cancel()
             receive.close()
             running.state = "cancelled" if running.scope.cancelled_caught else "done"
         except Exception as exc:
@@ -322,6 +338,9 @@ class Maps:
             running.state = "failed"
             running.error = f"{type(exc).__name__}: {exc}"
         finally:
+            with trio.CancelScope(shield=True):
+                for key in running.spawner.orphans:
+                    await self._drop(running, key)
             running.ended = time.monotonic()
             if running.state == "running":
                 running.state = "cancelled"
@@ -362,21 +381,18 @@ class Maps:
             schema=spec.schema,
         )
         try:
-            while True:
-                try:
-                    [record] = await self.fleet.spawn([request])
-                    break
-                except CapacityError:
-                    await trio.sleep(CAPACITY_RETRY)  # the fleet is full: the row waits
-                except FleetError as exc:
-                    return {"status": "failed", "error": clip(str(exc), ERROR_CLIP), "child": None}
+            try:
+                record = await running.spawner.spawn(request)
+            except FleetError as exc:
+                return {"status": "failed", "error": clip(str(exc), ERROR_CLIP), "child": None}
             slot.key = record.key
-            return await self._settle(record, slot, spec.max_runtime)
+            try:
+                return await self._settle(record, slot, spec.max_runtime)
+            finally:
+                # Off the row's path: the next row starts while this child goes.
+                running.drops.start_soon(self._drop, running, record.key)
         finally:
             del self._waiting[name]
-            if slot.key is not None:
-                with trio.CancelScope(shield=True):
-                    await self._drop(slot.key)
 
     async def _settle(self, record: ChildRecord, slot: _Slot, cap: float | None) -> dict[str, Any]:
         base: dict[str, Any] = {"child": record.key}
@@ -412,11 +428,10 @@ class Maps:
         result = note["result"] if record.schema is not None else note["report"]
         return base | {"status": "done", "result": result, "usage": note["usage"]}
 
-    async def _drop(self, key: str) -> None:
-        try:
+    async def _drop(self, running: Map, key: str) -> None:
+        with trio.CancelScope(shield=True), contextlib.suppress(FleetError):  # already gone
             await self.fleet.discard(key)
-        except FleetError:
-            return  # already gone
+        running.spawner.given_back()
 
     async def _record(self, running: Map, row: Row, outcome: dict[str, Any]) -> None:
         """The row's one final outcome: ledger (fsynced), then out file, then counts."""
