@@ -188,7 +188,13 @@ ROOMS: dict[str, set[str]] = {
     # The journal is written for core through a protocol; control wires it in.
     "orchestrator.durability": {FOUNDATION, "ipc"},
     # Maps reach the supervisor through a protocol and keep their ledger in durability.
-    "orchestrator.batch": {FOUNDATION, "orchestrator.durability", "orchestrator.governance"},
+    "orchestrator.batch": {
+        FOUNDATION,
+        "orchestrator.durability",
+        "orchestrator.governance",
+        "orchestrator.workspace",
+        "sandbox",
+    },
     "orchestrator.core": {
         FOUNDATION,
         "orchestrator.batch",
@@ -243,7 +249,7 @@ SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.co
 SUPERVISOR_IMPORTERS |= {"orchestrator.control._review", "orchestrator.control._durable"}
 # _stale is the part of _durable that reads what a previous supervisor left (split off for size).
 SUPERVISOR_IMPORTERS |= {"orchestrator.control._stale"}
-SUPERVISOR_IMPORTERS |= {"orchestrator.control._map"}
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._map", "orchestrator.control._land"}
 
 
 def product_modules(root: Path = ROOT) -> dict[str, Path]:

@@ -28,6 +28,7 @@ from orchestrator.cli._drive import (
     cmd_wait,
 )
 from orchestrator.cli._durable import cmd_events, cmd_revive
+from orchestrator.cli._land import add_verbs as add_land_verbs
 from orchestrator.cli._map import add_verb as add_map_verb
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
@@ -335,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parent_verbs(verb)
     add_map_verb(verb)
+    add_land_verbs(verb)
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
     p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
     p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")

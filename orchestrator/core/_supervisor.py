@@ -25,7 +25,7 @@ from orchestrator._errors import (
 )
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._trees import remove_tree
-from orchestrator.batch import Map, Maps, MapSpec
+from orchestrator.batch import IntegrationQueue, Map, Maps, MapSpec
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
@@ -112,6 +112,8 @@ class Supervisor(FleetViews):
     hibernation: Hibernation = attrs.field(init=False)
     #: ``fleet map`` runs (one fresh child per row; docs/map.md).
     maps: Maps = attrs.field(init=False)
+    #: Held worker changes landed one at a time behind a test gate (``fleet land``).
+    queue: IntegrationQueue = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(
@@ -130,6 +132,14 @@ class Supervisor(FleetViews):
         )
         self.democracy = Democracy(fleet=self)
         self.maps = Maps.open(self, self.config.paths.root / "maps")
+        self.queue = IntegrationQueue(
+            worktrees=self.worktrees,
+            gate=self.config.integration_gate,
+            root=self.config.paths.root,
+            hidden=(self.config.home,),
+            allow_unsandboxed=self.config.allow_unsandboxed,
+        )
+        self.queue.restore()
         self.services = Services(
             fleet=self,
             config=self.config,
