@@ -104,3 +104,30 @@ def test_land_without_a_gate_is_refused_in_one_line(fleet: Fleet):
     result = fleet.run("land")
     assert result.returncode == 2
     assert result.stderr.strip().startswith("fleet land: no integration.gate is configured")
+
+
+def test_the_gate_runs_sandboxed_it_cannot_write_the_parent_or_reach_the_state_dir(
+    tmp_path: Path,
+):
+    # A worker's change is the code the gate runs: a hostile one rewrites check.sh.
+    with running_fleet(tmp_path) as fleet:
+        escape = fleet.repo / "escaped"
+        probe = (
+            f"echo x > {escape} 2>/dev/null && echo WROTE-PARENT; "
+            f"ls {fleet.home} >/dev/null 2>&1 && ls {fleet.home}/sessions/t | grep -q control "
+            "&& echo SAW-STATE; exit 1\n"
+        )
+        (fleet.home / "config.yaml").write_text("integration:\n  gate: sh check.sh\n")
+        (fleet.repo / "check.sh").write_text("exit 0\n")
+        for argv in (["git", "add", "-A"], ["git", "commit", "-qm", "gate"]):
+            subprocess.run(argv, cwd=fleet.repo, env=fleet.env, check=True, capture_output=True)
+        model = fleet.script("w", _worker([_write("check.sh", probe)]))
+        fleet.json("spawn", "--agent", "worker", "--model", model, "rewrite the check")
+        fleet.json("wait", "a1", "--timeout", "90", timeout=120)
+        fleet.json("stop", "a1", "--hold")
+        entry = fleet.json("land", code=1, timeout=120)["entry"]
+        assert entry["status"] == "held"
+        assert "WROTE-PARENT" not in entry["gate"]
+        assert "SAW-STATE" not in entry["gate"]
+        assert not escape.exists()
+        assert (fleet.repo / "check.sh").read_text() == "exit 0\n"
