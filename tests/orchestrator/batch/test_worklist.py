@@ -1,9 +1,13 @@
 """The work list: rows from JSONL and CSV, the template filled per row, dedupe and max-items."""
 
+import json
+
 import pytest
 
 from orchestrator._errors import UsageError
 from orchestrator.batch import fill, parse_rows, placeholders, select_rows
+from orchestrator.batch._mapper import _reconcile_out
+from orchestrator.durability import MapBook
 
 
 def test_jsonl_and_csv_give_the_same_rows():
@@ -85,3 +89,19 @@ def test_without_a_dedupe_key_a_row_is_keyed_by_its_position():
 def test_a_row_without_the_dedupe_column_is_refused():
     with pytest.raises(UsageError, match="row 2 has no column 'f' \\(--dedupe-key\\)"):
         select_rows([{"f": 1}, {"g": 2}], "x", dedupe_key="f")
+
+
+def test_a_resume_appends_to_the_out_file_only_the_outcomes_it_lacks(tmp_path):
+    book = MapBook(tmp_path / "maps")
+    book.begin(
+        "m1", {"rows": [{"id": 1, "key": "a"}, {"id": 2, "key": "b"}, {"id": 3, "key": "c"}]}
+    )
+    book.finished("m1", 1, {"status": "done", "result": "r1"})
+    book.finished("m1", 2, {"status": "done", "result": "r2"})
+    out = tmp_path / "out.jsonl"
+    # Row 1 reached the out file; the crash came after row 2's ledger record, mid-line.
+    out.write_text(json.dumps({"map": "m1", "row": 1, "key": "a"}) + '\n{"map": "m1", "ro')
+    _reconcile_out(out, book.read("m1"))
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(e["row"], e["key"]) for e in lines] == [(1, "a"), (2, "b")]
+    assert lines[1]["result"] == "r2"
