@@ -98,6 +98,9 @@ def test_good_changes_land_in_order_and_the_others_stay_held_with_why(gated: Fle
     journal = fleet.home / "sessions" / "t" / "queue.jsonl"
     kinds = [json.loads(line)["kind"] for line in journal.read_text().splitlines()]
     assert set(kinds) == {"queue"}
+    events = [json.loads(line) for line in fleet.run("events", "--json").stdout.splitlines()]
+    landed = [(e["key"], e["status"]) for e in events if e["kind"] == "queue"]
+    assert landed == [("a1", "landed"), ("a2", "held"), ("a3", "held"), ("a4", "landed")]
 
 
 def test_land_without_a_gate_is_refused_in_one_line(fleet: Fleet):

@@ -111,6 +111,9 @@ def test_a_sigkilled_supervisor_resumes_exactly_the_missing_rows(fleet: Fleet, t
     assert sorted(counts) == list(range(1, ROWS + 1))
     assert set(counts.values()) == {1}, "a row completed twice"
     ledger = fleet.home / "sessions" / "t" / "maps" / "m1.jsonl"
+    events = [json.loads(line) for line in fleet.run("events", "--json").stdout.splitlines()]
+    maps = [(e["key"], e["action"], e["ledger"]) for e in events if e["kind"] == "map"]
+    assert maps == [("m1", "start", str(ledger)), ("m1", "resume", str(ledger))]
     finished = collections.Counter(
         r["row"] for r in map(json.loads, ledger.read_text().splitlines()) if r["kind"] == "row"
     )
