@@ -27,15 +27,16 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import attrs
-import orjson
 import trio
 
 from orchestrator._errors import FleetError, NotFound, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest, clip
 from orchestrator._sync import wait_first
+from orchestrator.batch._outfile import append_out, out_line, reconcile_out
 from orchestrator.batch._spawner import Spawner
+from orchestrator.batch._spec import MapSpec
 from orchestrator.batch._worklist import Row, select_rows
-from orchestrator.durability import MapBook, MapState
+from orchestrator.durability import MapBook
 from orchestrator.governance._checked import check_schema
 
 __all__ = ["Map", "MapFleet", "MapSpec", "Maps"]
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 #: The longest error kept for a row.
 ERROR_CLIP: Final = 2000
-MAX_RETRIES: Final = 10
 
 
 class MapFleet(Protocol):
@@ -61,81 +61,6 @@ class MapFleet(Protocol):
     async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]: ...
     async def discard(self, ref: str) -> str: ...
     def run_done(self, key: str) -> trio.Event | None: ...
-
-
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0 or math.isinf(value)):
-        raise UsageError(f"map: {name} {value!r} must be a positive number")
-
-
-@attrs.frozen(kw_only=True)
-class MapSpec:
-    """What to run for each row (``fleet map``'s options)."""
-
-    template: str
-    agent: str = "scout"
-    mode: str | None = None
-    model: str | None = None
-    role: str | None = None
-    schema: dict[str, Any] | None = attrs.field(default=None, eq=False)
-    dedupe_key: str | None = None
-    max_items: int | None = None
-    max_runtime: float | None = None
-    retries: int = 0
-    #: Where results and failures go as JSONL (absolute; ``None``: the ledger only).
-    out: str | None = None
-
-    def __attrs_post_init__(self) -> None:
-        _positive("--max-runtime", self.max_runtime)
-        if isinstance(self.retries, bool) or not 0 <= self.retries <= MAX_RETRIES:
-            raise UsageError(f"map: --retries {self.retries!r} must be 0..{MAX_RETRIES}")
-        if self.out is not None and not Path(self.out).is_absolute():
-            raise UsageError(f"map: --out {self.out!r} must be an absolute path")
-        if self.mode == "worktree":
-            raise UsageError("map: rows run as scouts or forks, not worktree writers")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "MapSpec":
-        """From a control request or a ledger; unknown keys are an error."""
-        fields = {a.name for a in attrs.fields(cls)}
-        unknown = set(data) - fields
-        if unknown:
-            raise UsageError(f"map: unknown option {min(unknown)!r}")
-        template = data.get("template")
-        if not isinstance(template, str):
-            raise UsageError("map: the task template must be a string")
-        for name in ("agent", "mode", "model", "role", "dedupe_key", "out"):
-            value = data.get(name)
-            if value is not None and not isinstance(value, str):
-                raise UsageError(f"map: {name} must be a string")
-        for name in ("max_items", "retries"):
-            value = data.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise UsageError(f"map: {name} must be a whole number")
-        runtime = data.get("max_runtime")
-        if runtime is not None and (
-            isinstance(runtime, bool) or not isinstance(runtime, int | float)
-        ):
-            raise UsageError("map: max_runtime must be a number of seconds")
-        schema = data.get("schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise UsageError("map: schema must be a JSON Schema object")
-        return cls(
-            template=template,
-            agent=data.get("agent") or "scout",
-            mode=data.get("mode"),
-            model=data.get("model"),
-            role=data.get("role"),
-            schema=schema,
-            dedupe_key=data.get("dedupe_key"),
-            max_items=data.get("max_items"),
-            max_runtime=None if runtime is None else float(runtime),
-            retries=data.get("retries") or 0,
-            out=data.get("out"),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
 
 
 @attrs.define(eq=False)
@@ -269,7 +194,7 @@ class Maps:
             spawner=Spawner(fleet=self.fleet),
         )
         if spec.out is not None:
-            await trio.to_thread.run_sync(_reconcile_out, Path(spec.out), state)
+            await trio.to_thread.run_sync(reconcile_out, Path(spec.out), state)
         self.maps[map_id] = running
         self.fleet.nursery.start_soon(self._run, running, finished)
         return running
@@ -438,54 +363,9 @@ class Maps:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self.book.finished, running.id, row.id, outcome)
             if running.spec.out is not None:
-                line = _out_line(running.id, row.id, row.key, outcome)
-                await trio.to_thread.run_sync(_append, Path(running.spec.out), line)
+                line = out_line(running.id, row.id, row.key, outcome)
+                await trio.to_thread.run_sync(append_out, Path(running.spec.out), line)
         if outcome["status"] == "done":
             running.done += 1
         else:
             running.failed += 1
-
-
-def _out_line(map_id: str, row: int, key: str, outcome: Mapping[str, Any]) -> bytes:
-    shown = {"map": map_id, "row": row, "key": key}
-    shown |= {k: v for k, v in outcome.items() if k not in {"row", "v", "seq", "at", "kind"}}
-    return orjson.dumps(shown) + b"\n"
-
-
-def _append(path: Path, line: bytes) -> None:
-    with path.open("ab") as handle:
-        handle.write(line)
-
-
-def _reconcile_out(path: Path, state: MapState) -> None:
-    """Append to the out file every ledger outcome it lacks (a crash between the two writes)."""
-    present: set[int] = set()
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        text = b""
-    lines = text.split(b"\n")
-    if lines and lines[-1]:
-        # A torn last line: cut it, its row is written again below if the ledger has it.
-        with path.open("r+b") as handle:
-            handle.truncate(len(text) - len(lines[-1]))
-        lines.pop()
-    for line in lines:
-        try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if (
-            isinstance(entry, dict)
-            and entry.get("map") == state.id
-            and isinstance(entry.get("row"), int)
-        ):
-            present.add(entry["row"])
-    keys = {row["id"]: row["key"] for row in state.spec["rows"]}
-    missing = [
-        _out_line(state.id, row, keys.get(row, str(row)), outcome)
-        for row, outcome in sorted(state.outcomes.items())
-        if row not in present
-    ]
-    if missing:
-        _append(path, b"".join(missing))

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator._errors import UsageError
 from orchestrator.batch import fill, parse_rows, placeholders, select_rows
-from orchestrator.batch._mapper import _reconcile_out
+from orchestrator.batch._outfile import reconcile_out
 from orchestrator.durability import MapBook
 
 
@@ -101,7 +101,7 @@ def test_a_resume_appends_to_the_out_file_only_the_outcomes_it_lacks(tmp_path):
     out = tmp_path / "out.jsonl"
     # Row 1 reached the out file; the crash came after row 2's ledger record, mid-line.
     out.write_text(json.dumps({"map": "m1", "row": 1, "key": "a"}) + '\n{"map": "m1", "ro')
-    _reconcile_out(out, book.read("m1"))
+    reconcile_out(out, book.read("m1"))
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(e["row"], e["key"]) for e in lines] == [(1, "a"), (2, "b")]
     assert lines[1]["result"] == "r2"
