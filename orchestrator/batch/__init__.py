@@ -12,7 +12,8 @@ the supervisor's worktrees through :class:`QueueWorktrees` and runs its gate und
 Import rule: the foundation (``orchestrator._errors``, ``_config``, ``_records``, ``_sync``),
 ``orchestrator.durability`` (the ledger), ``orchestrator.governance`` (the result schema
 check), ``orchestrator.workspace`` (git, worktrees, patches), ``sandbox`` (the gate), the
-standard library, trio, attrs and orjson; never ``core``, which creates :class:`Maps` with itself as the fleet, nor ``control`` or ``cli``.
+standard library, trio, attrs and orjson; never ``core``, which creates :class:`Maps` with
+itself as the fleet, nor ``control`` or ``cli``.
 """
 
 from orchestrator.batch._mapper import Map, MapFleet, Maps
