@@ -28,6 +28,8 @@ from orchestrator.cli._drive import (
     cmd_wait,
 )
 from orchestrator.cli._durable import cmd_events, cmd_revive
+from orchestrator.cli._land import add_verbs as add_land_verbs
+from orchestrator.cli._map import add_verb as add_map_verb
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_apply, cmd_diff, cmd_revert
@@ -333,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
 
     add_parent_verbs(verb)
+    add_map_verb(verb)
+    add_land_verbs(verb)
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
     p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
     p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")

@@ -59,7 +59,34 @@ class Durability:
         ops["apply"] = self._apply
         for name in ("resume", "ask", "steer"):
             ops[name] = self._reviving(OPS[name])
+        ops["land"] = self._land
+        ops["map"] = self._map
         return ops
+
+    async def _land(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet land``: the queue entry's outcome, and a landed change's new handoff, are
+        journaled (as ``fleet apply``'s)."""
+        result = await OPS["land"](sup, args)
+        entry = result.get("entry")
+        if isinstance(entry, dict):
+            fields = {k: v for k, v in entry.items() if k not in ENVELOPE}
+            self.journal.append("queue", entry["key"], durable=True, **fields)
+        handoff = result.get("handoff")
+        if isinstance(handoff, dict):
+            fields = {k: v for k, v in handoff.items() if k not in ENVELOPE}
+            self.journal.append("handoff", handoff["key"], durable=True, **fields)
+        self.note_resolved()
+        return result
+
+    async def _map(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet map``: a map started or resumed is journaled with where its ledger is (the
+        ledger holds its rows and each row's outcome)."""
+        result = await OPS["map"](sup, args)
+        if args.get("action") in {"start", "resume"}:
+            ledger = sup.maps.book.path(result["map"])
+            fields = {"action": args["action"], "total": result["total"], "out": result["out"]}
+            self.journal.append("map", result["map"], durable=True, ledger=str(ledger), **fields)
+        return result
 
     def note_resolved(self) -> None:
         """Journal ``resolved`` for each retired child whose kept worktree is gone (copied

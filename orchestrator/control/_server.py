@@ -23,6 +23,8 @@ from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
+from orchestrator.control._land import land_op, queue_op
+from orchestrator.control._map import map_op
 from orchestrator.control._review import review_accept, review_apply, review_diff, review_revert
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
 from orchestrator.coordination._paper import PARENT
@@ -62,7 +64,7 @@ def _bad_entry() -> SpawnRequest:
 
 
 async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return sup.peek(strs_arg(args, "agents"))
+    return sup.peek(strs_arg(args, "agents")) | {"queue": sup.queue.show()}
 
 
 async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,6 +278,9 @@ OPS: Final[dict[str, Op]] = {
     "accept": review_accept,
     "revert": review_revert,
     "apply": review_apply,
+    "map": map_op,
+    "land": land_op,
+    "queue": queue_op,
 }
 
 

@@ -26,6 +26,7 @@ from orchestrator._errors import (
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
+from orchestrator.batch import IntegrationQueue, Map, Maps, MapSpec
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
@@ -110,6 +111,10 @@ class Supervisor(FleetViews):
     spend: Budgets = attrs.field(init=False)
     #: Idle children stopped without finalizing (``subagents.hibernate_after_s``).
     hibernation: Hibernation = attrs.field(init=False)
+    #: ``fleet map`` runs (one fresh child per row; docs/map.md).
+    maps: Maps = attrs.field(init=False)
+    #: Held worker changes landed one at a time behind a test gate (``fleet land``).
+    queue: IntegrationQueue = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(
@@ -127,6 +132,15 @@ class Supervisor(FleetViews):
             rules=HoldRules(extra=self.config.copyback_hold),
         )
         self.democracy = Democracy(fleet=self)
+        self.maps = Maps.open(self, self.config.paths.root / "maps")
+        self.queue = IntegrationQueue(
+            worktrees=self.worktrees,
+            gate=self.config.integration_gate,
+            root=self.config.paths.root,
+            hidden=(self.config.home,),
+            allow_unsandboxed=self.config.allow_unsandboxed,
+        )
+        self.queue.restore()
         self.services = Services(
             fleet=self,
             config=self.config,
@@ -234,6 +248,18 @@ class Supervisor(FleetViews):
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
         return await self.launching.launch(run, nursery)
+
+    async def map(self, spec: MapSpec, rows: Sequence[Mapping[str, Any]]) -> Map:
+        """Run *spec* over *rows* to the end (one fresh child per row, at most the lane's width
+        at once); the returned map's ``status()`` has the counts, its ledger every outcome."""
+        running = await self.maps.start(spec, rows)
+        try:
+            await running.finished.wait()
+        finally:
+            if not running.finished.is_set():
+                with trio.CancelScope(shield=True):
+                    await self.maps.cancel(running.id)
+        return running
 
     # -- driving children ---------------------------------------------------------------
 
@@ -357,6 +383,11 @@ class Supervisor(FleetViews):
             self.journal.asked(record.key, question.id, question.text)
         elif not failure:
             self.journal.settled(record, report=report, error=error)
+        # A map row's settle note is the row's outcome: it goes to the map's out file.
+        if question is None and self.maps.collect(
+            record, report=report, error=error, failure=failure
+        ):
+            return
         # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
         # before the tally. Questions still reach the parent.
         if question is None and self.democracy.collect(

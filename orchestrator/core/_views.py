@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator._config import Config
 from orchestrator._errors import TimedOut
 from orchestrator._records import ChildRecord
+from orchestrator.batch import Maps
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import Paper
@@ -40,6 +41,7 @@ class FleetViews:
     paper: Paper
     worktrees: Worktrees
     democracy: Democracy
+    maps: Maps
     notifier: Notifier
     spend: Budgets
 
@@ -138,4 +140,5 @@ class FleetViews:
             or self.questions
             or self.worktrees.unresolved()
             or self.democracy.current is not None
+            or self.maps.running()
         )
