@@ -19,8 +19,8 @@ import trio
 import ipc
 from orchestrator._config import agent_dir_entries
 from orchestrator._digests import start_digests
-from orchestrator._errors import FleetError, UsageError
-from orchestrator._records import SpawnRequest
+from orchestrator._errors import FleetError, TimedOut, UsageError
+from orchestrator._records import ACTIVE, SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
 from orchestrator.control._review import review_accept, review_diff, review_revert
@@ -71,11 +71,40 @@ async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Settle notes; with ``progress``, a timeout is a result too (``timed_out``), and both
+    carry the open questions (oldest first) and a progress row per working child."""
     timeout = args.get("timeout")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+    ):
         raise UsageError("wait: timeout must be a number of seconds >= 0")
-    settled = await sup.wait(strs_arg(args, "agents"), every=bool(args.get("all")), timeout=timeout)
-    return {"settled": settled}
+    refs = strs_arg(args, "agents")
+    try:
+        settled = await sup.wait(refs, every=bool(args.get("all")), timeout=timeout)
+    except TimedOut:
+        if not args.get("progress"):
+            raise
+        return {"timed_out": True, **_progress(sup, refs), "settled": []}
+    if not args.get("progress"):
+        return {"settled": settled}
+    return {"timed_out": False, **_progress(sup, refs), "settled": settled}
+
+
+def _progress(sup: Supervisor, refs: list[str]) -> dict[str, Any]:
+    """The open questions, oldest first, and each working child's row (of *refs*, or all)."""
+    records = [sup.registry.find(ref) for ref in refs] if refs else list(sup.registry.live())
+    return {
+        "questions": [{"id": q.id, "key": q.key, "text": q.text} for q in sup.questions.values()],
+        "working": [r.progress_row() for r in records if r.state in ACTIVE or r.queued],
+    }
+
+
+async def _report(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    offset = args.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise UsageError("report: offset must be a whole number >= 0")
+    part = str_arg(args, "part", required=False) or "report"
+    return sup.report(str_arg(args, "agent"), part, offset)
 
 
 async def _steer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,6 +282,7 @@ OPS: Final[dict[str, Op]] = {
     "peek": _peek,
     "usage": _usage,
     "wait": _wait,
+    "report": _report,
     "steer": _steer,
     "pause": _pause,
     "resume": _resume,

@@ -10,6 +10,7 @@ worktree: it stays *unresolved* — recoverable by a later ``fleet stop`` or del
 Git work is blocking; it runs in a worker thread (no process started there must outlive it).
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ import trio
 
 from orchestrator._errors import FleetError
 from orchestrator._records import ChildRecord, State
+from orchestrator.core._evidence import COUNT_LIMIT, MAX_FILES, line_counts
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._launcher import ShipsBack
 from orchestrator.workspace._bundle import import_bundle, ship_snapshot
+from orchestrator.workspace._changes import list_deltas
 from orchestrator.workspace._copyback import finalize
-from orchestrator.workspace._git import WorktreeError
+from orchestrator.workspace._git import WorktreeError, run_git
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import Snapshot, create_worktree, remove_worktree
 
@@ -52,6 +55,17 @@ class Worktrees:
 
     def unresolved(self) -> set[str]:
         return set(self.snapshots)
+
+    async def observe(self, key: str) -> list[dict[str, Any]]:
+        """The files *key* changed in its worktree so far, with line counts (``[]`` for a
+        child without one, or when Git cannot say)."""
+        snapshot = self.snapshots.get(key)
+        if snapshot is None:
+            return []
+        try:
+            return await trio.to_thread.run_sync(_observe, snapshot)
+        except (FleetError, OSError):
+            return []
 
     async def bundle(self, key: str) -> bytes:
         """*key*'s snapshot as a git bundle, for a child on another node (the commit its
@@ -108,6 +122,28 @@ class Worktrees:
         snapshot = self.snapshots.pop(key, None)
         if snapshot is not None:
             await trio.to_thread.run_sync(remove_worktree, snapshot)
+
+
+def _observe(snapshot: Snapshot) -> list[dict[str, Any]]:
+    _, deltas = list_deltas(snapshot)
+    changes: list[tuple[str, str, bytes | None]] = []
+    for index, delta in enumerate(deltas):
+        old: bytes | None = b""
+        if index >= MAX_FILES:
+            old = None  # listed as "more", never read
+        elif delta.old is not None:
+            # A blob by its id: no filter, hook or attribute of the child's runs here.
+            old = run_git(
+                ["cat-file", "blob", delta.old.sha],
+                cwd=snapshot.repo,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1"},
+                op=f"read {delta.path} of the snapshot",
+                repo=snapshot.repo,
+            )
+        if old is not None and len(old) > COUNT_LIMIT:
+            old = None
+        changes.append((delta.path, delta.status, old))
+    return line_counts(snapshot.worktree, changes)
 
 
 def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import trio
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import (
+    NotFound,
     PolicyError,
     UsageError,
 )
@@ -34,6 +35,7 @@ from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._journaling import Journal, NoJournal
+from orchestrator.core._kept import Kept
 from orchestrator.core._launching import Launching, child_environment
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
@@ -108,6 +110,8 @@ class Supervisor(FleetViews):
     spend: Budgets = attrs.field(init=False)
     #: Idle children stopped without finalizing (``subagents.hibernate_after_s``).
     hibernation: Hibernation = attrs.field(init=False)
+    #: Each ended child's full report and transcript, until it is discarded.
+    kept: Kept = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(
@@ -116,6 +120,7 @@ class Supervisor(FleetViews):
         self.hibernation = Hibernation(sup=self, after_s=self.config.hibernate_after_s)
         self.hibernation.start(self.nursery)
         self.lane = Lane(capacity=self.config.lane)
+        self.kept = Kept(self.config.paths.root / "kept")
         self.paper = Paper(self.config.paths.paper)
         self.review = ReviewStore(self.config.paths.review)
         self.worktrees = Worktrees(
@@ -325,6 +330,7 @@ class Supervisor(FleetViews):
         if record.key in self.hibernation.sleeping:
             await self.hibernation.finish(record.key)
         await self.worktrees.discard(record.key)
+        await trio.to_thread.run_sync(self.kept.forget, record.key)
         self.registry.retired.pop(record.key, None)
         self.runs.pop(record.key, None)
         return record.key
@@ -392,6 +398,8 @@ class Supervisor(FleetViews):
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.journal.handed_off(run.record)
         self.hibernation.forget(run.key)
+        if run.record.report:
+            await trio.to_thread.run_sync(self.kept.keep_report, run.key, run.record.report)
         self.locks.release(run.key)
         self.remote.release(run.key)
         self.capacity.release()
@@ -401,8 +409,28 @@ class Supervisor(FleetViews):
 
     async def drop_scratch(self, key: str) -> None:
         """Delete child *key*'s scratch once nothing can run it again (stopped, failed, a
-        hibernated or lost child finalized or discarded): its backend's session store goes."""
-        await trio.to_thread.run_sync(remove_tree, self.config.paths.scratch / key)
+        hibernated or lost child finalized or discarded): its backend's session store goes, a
+        bounded copy of its transcript is kept first (``fleet report --transcript``)."""
+        scratch = self.config.paths.scratch / key
+        await trio.to_thread.run_sync(self.kept.keep_transcript, key, scratch)
+        await trio.to_thread.run_sync(remove_tree, scratch)
+
+    def report(self, ref: str, part: str = "report", offset: int = 0) -> dict[str, Any]:
+        """One page of a child's full report or transcript (``fleet report``)."""
+        try:
+            record = self.registry.find(ref)
+        except NotFound:
+            if not (ref.startswith("a") and ref[1:].isdigit()):
+                raise
+            return self.kept.page(ref, part, offset, scratch=None)
+        live = record.key in self.runs
+        return self.kept.page(
+            record.key,
+            part,
+            offset,
+            live=record.report if part == "report" and record.report else None,
+            scratch=self.config.paths.scratch / record.key if live else None,
+        )
 
     # -- connections ----------------------------------------------------------------------
 
