@@ -15,7 +15,7 @@ from orchestrator._errors import TimedOut, UsageError
 from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
-from orchestrator.cli._outcome import note_failed
+from orchestrator.cli._outcome import WaitTimedOut, note_failed
 from orchestrator.control._client import WAIT_SLICE
 
 
@@ -59,16 +59,18 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
+        slice_ = min(WAIT_SLICE, remaining)
+        payload = {"agents": keys, "all": every, "timeout": slice_, "progress": True}
         try:
-            data = call(
-                args, "wait", {"agents": keys, "all": every, "timeout": min(WAIT_SLICE, remaining)}
-            )
+            data = call(args, "wait", payload)
+        except TimedOut:  # a supervisor from before progress rows
+            data = {"timed_out": True}
+        if not data.get("timed_out"):
             break
-        except TimedOut:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(
-                    f"nothing settled within {timeout:g} s (try again, or fleet peek)"
-                ) from None
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimedOut(
+                f"nothing settled within {timeout:g} s (try again, or fleet peek)", data
+            )
     out(args, data, lambda d: _render.settled_text(d["settled"]))
     return 1 if any(note_failed(n) for n in data["settled"]) else 0
 
@@ -141,3 +143,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
     data = call(args, "logs", {"agent": args.agent, "tail": args.tail})
     out(args, data, lambda d: f"{d['path']}\n{d['tail']}")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    part = "transcript" if args.transcript else "report"
+    data = call(args, "report", {"agent": args.agent, "part": part, "offset": args.offset})
+    out(args, data, _report_text)
+    return 0
+
+
+def _report_text(data: Mapping[str, Any]) -> str:
+    more, flag = data["next_offset"], " --transcript" if data["part"] == "transcript" else ""
+    tail = f"\n(more: fleet report {data['key']}{flag} --offset {more})" if more is not None else ""
+    return str(data["text"]).rstrip("\n") + tail

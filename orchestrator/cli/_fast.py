@@ -24,7 +24,13 @@ import time
 from orchestrator._digests import drift_warning, drifted, start_digests
 from orchestrator._errors import FleetError, TimedOut
 from orchestrator.cli import _locate
-from orchestrator.cli._outcome import error_code, exit_with, internal_error_code, note_failed
+from orchestrator.cli._outcome import (
+    WaitTimedOut,
+    error_code,
+    exit_with,
+    internal_error_code,
+    note_failed,
+)
 from orchestrator.control._blocking import Connection, read_token
 from orchestrator.control._client import WAIT_SLICE, op_timeout
 
@@ -177,14 +183,22 @@ def _wait(warm: WarmVerb, connection: Connection) -> dict[str, Any]:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
-        payload = {"agents": warm.agents, "all": warm.all, "timeout": min(WAIT_SLICE, remaining)}
+        payload = {
+            "agents": warm.agents,
+            "all": warm.all,
+            "timeout": min(WAIT_SLICE, remaining),
+            "progress": True,
+        }
         try:
-            return connection.request("wait", payload, timeout=op_timeout("wait"))
-        except TimedOut:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(
-                    f"nothing settled within {timeout:g} s (try again, or fleet peek)"
-                ) from None
+            data = connection.request("wait", payload, timeout=op_timeout("wait"))
+        except TimedOut:  # a supervisor from before progress rows
+            data = {"timed_out": True}
+        if not data.get("timed_out"):
+            return data
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimedOut(
+                f"nothing settled within {timeout:g} s (try again, or fleet peek)", data
+            )
 
 
 def _out(warm: WarmVerb, data: Any, human: Callable[[Any], str]) -> None:

@@ -3,14 +3,15 @@ before anything runs, and the control request its arguments become.
 
 An LLM parent reads these schemas on every request, so the table is small (DESIGN.md §13:
 ≤ 1,200 tokens with the server's instructions, pinned by a test) and leaves no rule to prose:
-one child is ``spawn``, several are ``spawn_batch`` (never two optional siblings a caller must
-choose between); the verbs that act on one child share ``control``; the review verbs share
-``review``, the paper and the vote ``coordinate``, the read-only extras ``info``. Arguments are
-validated with :mod:`jsonschema` against the very schema the parent was shown; an unknown
-argument is refused naming it and the allowed ones. No tool declares an output schema: a
-result is JSON text (and the same object as structured content), an error is text only, so
-every client (Gemini CLI and opencode check structured content against a declared schema, even
-an error's) shows the model the message and its kind.
+every argument a schema lists is valid beside every other (one child is ``spawn``, never a
+``task`` and ``tasks`` pair a caller must choose between), and no schema has a combinator at
+its root (Claude Code drops such a tool). The verbs that act on one child share ``control``,
+the review verbs ``review``, the read-only extras ``info``. Arguments are validated with
+:mod:`jsonschema` against the very schema the parent was shown; an unknown argument is refused
+naming it and the allowed ones. No tool declares an output schema: a result is JSON text (and
+the same object as structured content), an error is text only, so every client (Gemini CLI and
+opencode check structured content against a declared schema, even an error's) shows the model
+the message and its kind.
 """
 
 import json
@@ -56,20 +57,15 @@ _TASK: Final = {
 }
 
 
-def _obj(props: Mapping[str, Any], *required: str, **rules: Any) -> dict[str, Any]:
+def _obj(props: Mapping[str, Any], *required: str) -> dict[str, Any]:
+    """An object schema with no combinator at its root: Claude Code drops a tool whose input
+    schema has ``anyOf``/``oneOf``/``allOf`` there (the Anthropic API refuses them), so a rule
+    between fields is a shape instead (one child is ``spawn``; ``stop`` takes ``"*"``)."""
     schema: dict[str, Any] = {"type": "object", "properties": dict(props)}
     if required:
         schema["required"] = list(required)
     schema["additionalProperties"] = False
-    return schema | rules
-
-
-def _needs(field: str, *actions: str) -> dict[str, Any]:
-    """The rule "these actions need *field*", in the schema itself."""
-    return {
-        "if": {"properties": {"action": _enum(*actions)}},
-        "then": {"required": [field]},
-    }
+    return schema
 
 
 #: What one call becomes: the control op and its payload.
@@ -99,7 +95,8 @@ def _wait(args: Mapping[str, Any]) -> Request:
 
 
 def _stop(args: Mapping[str, Any]) -> Request:
-    return "stop", {"agents": list(args.get("agents", [])), "all": bool(args.get("all", False))}
+    agents = list(args["agents"])
+    return "stop", {"agents": [], "all": True} if agents == ["*"] else {"agents": agents}
 
 
 def _control(args: Mapping[str, Any]) -> Request:
@@ -122,16 +119,18 @@ def _report(args: Mapping[str, Any]) -> Request:
 
 
 def _paper(args: Mapping[str, Any]) -> Request:
-    action, ref = args["action"], args.get("ref")
-    where = {"answer": "question", "list": "since"}.get(action)
-    payload = {k: args[k] for k in ("action", "text", "to") if k in args}
-    return "discuss", payload | ({where: ref} if where and ref else {})
+    payload = {"text": args["text"]} | ({"to": args["to"]} if "to" in args else {})
+    if "reply_to" in args:
+        return "discuss", {"action": "answer", "question": args["reply_to"], **payload}
+    return "discuss", {"action": "ask", **payload}
 
 
 def _info(args: Mapping[str, Any]) -> Request:
     topic = args["topic"]
+    if topic == "paper":
+        return "discuss", {"action": "list"} | ({"since": args["since"]} if "since" in args else {})
     if topic == "mode":
-        return "mode", {"name": args["mode"]} if "mode" in args else {}
+        return "mode", {"name": args["set"]} if "set" in args else {}
     return topic, {}
 
 
@@ -239,7 +238,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
     Tool(
         "control",
         "One child: steer (redirect its turn), resume (next prompt when idle), ask (side "
-        "question), pause, discard (forget it once stopped).",
+        "question), pause, discard (forget it once stopped). text: the message, or why.",
         _obj(
             {
                 "action": _enum("steer", "resume", "ask", "pause", "discard"),
@@ -248,21 +247,15 @@ TOOLS: Final[tuple[Tool, ...]] = (
             },
             "action",
             "agent",
-            **_needs("text", "steer", "resume", "ask"),
+            "text",
         ),
         _control,
     ),
     Tool(
         "stop",
-        "End children (agents, or all: true) once their work is done; returns each handoff: "
-        "report, changed files.",
-        _obj(
-            {"agents": {**_STRS, "minItems": 1}, "all": {"type": "boolean"}},
-            anyOf=[
-                {"required": ["agents"]},
-                {"properties": {"all": {"const": True}}, "required": ["all"]},
-            ],
-        ),
+        'End children once their work is done ("*": all); returns each handoff: report, '
+        "changed files.",
+        _obj({"agents": {"type": "array", "items": _TEXT, "minItems": 1}}, "agents"),
         _stop,
     ),
     Tool(
@@ -293,20 +286,20 @@ TOOLS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         "paper",
-        "The discussion paper children share: ask (text, to), answer (ref dN, text), "
-        "list (since ref dN).",
-        _obj(
-            {"action": _enum("ask", "answer", "list"), "text": _TEXT, "to": _STR, "ref": _STR},
-            "action",
-            allOf=[_needs("text", "ask", "answer"), _needs("ref", "answer")],
-        ),
+        "Post to the discussion paper children share (to: one child; reply_to: a question dN).",
+        _obj({"text": _TEXT, "to": _STR, "reply_to": _STR}, "text"),
         _paper,
     ),
     Tool(
         "info",
-        "brief (what needs you), agents (what you can spawn), usage (spend), mode (set with mode).",
+        "brief (what needs you), agents (what you can spawn), usage (spend), paper (entries "
+        "since dN), mode (set: switch it).",
         _obj(
-            {"topic": _enum("brief", "agents", "usage", "mode"), "mode": _STR},
+            {
+                "topic": _enum("brief", "agents", "usage", "paper", "mode"),
+                "since": _STR,
+                "set": _STR,
+            },
             "topic",
         ),
         _info,

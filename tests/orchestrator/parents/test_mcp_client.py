@@ -144,9 +144,9 @@ async def _session(fleet: Fleet) -> None:
         assert "scout" in {a["name"] for a in agents["agents"]}
         for action in ("diff", "accept", "revert"):
             assert (await _call(client, "review", {"action": action}))["files"] == []
-        posted = await _call(client, "paper", {"action": "ask", "text": "who reads src?"})
+        posted = await _call(client, "paper", {"text": "who reads src?"})
         assert posted["id"].startswith("d")
-        listed = await _call(client, "paper", {"action": "list", "ref": "d0"})
+        listed = await _call(client, "info", {"topic": "paper", "since": "d0"})
         assert "who reads src?" in listed["text"]
 
         # A child that asks: needs-input reaches the parent, answer unblocks it.
@@ -169,6 +169,7 @@ async def _session(fleet: Fleet) -> None:
         assert missing["kind"] == "not-found"
         assert missing["message"].startswith("control: ")
         assert (await _error(client, "stop", {}))["kind"] == "usage"
+        assert (await _error(client, "stop", {"agents": []}))["kind"] == "usage"
 
         # ask / pause / steer on a live child, then stop and discard.
         hang = fleet.script("hang", HANG)
@@ -189,11 +190,16 @@ async def _session(fleet: Fleet) -> None:
         )
         assert side["key"] == "a3"
         assert "\n│ BTW: still reading\n" in side["answer"]
-        paused = await _call(client, "control", {"action": "pause", "agent": "long"})
+        paused = await _call(
+            client, "control", {"action": "pause", "agent": "long", "text": "enough"}
+        )
         assert paused["state"] == "paused"
-        stopped = await _call(client, "stop", {"all": True})
+        stopped = await _call(client, "stop", {"agents": ["*"]})
         assert {h["key"] for h in stopped["handoffs"]} >= {"a1", "a2", "a3"}
-        assert (await _call(client, "control", {"action": "discard", "agent": "a3"}))["discarded"]
+        discarded = await _call(
+            client, "control", {"action": "discard", "agent": "a3", "text": "done with it"}
+        )
+        assert discarded["discarded"] is True
         asked_tool = await client.call_tool(
             "control", {"action": "ask", "agent": "a1", "text": "why?"}
         )
