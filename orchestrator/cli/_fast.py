@@ -117,6 +117,8 @@ def parse(argv: Sequence[str]) -> WarmVerb | None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``fleet``: a warm verb here, everything else on the full command line."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get("FLEET_CHILD") == "1":
+        refuse_in_child(args)
     warm = parse(args)
     if warm is not None:
         try:
@@ -131,6 +133,21 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     from orchestrator.cli._main import main as full  # noqa: PLC0415 - only when needed
 
     full(args)
+
+
+def refuse_in_child(args: Sequence[str]) -> NoReturn:
+    """Every verb refuses inside a fleet child: ``fleet mcp``, ``serve`` or any control verb
+    there would act with the parent's powers. A child delegates through its own IPC."""
+    verb = next((a for a in args if not a.startswith("-")), "")
+    where = f"fleet {verb}" if verb else "fleet"
+    message = (
+        f"{where}: refused inside a fleet child: a child reaches its parent only through "
+        "its own tools (subagent, ask_parent)"
+    )
+    if "--json" in args:
+        print(json.dumps({"error": {"kind": "refused", "message": message}}))
+    print(message, file=sys.stderr)
+    sys.exit(4)
 
 
 def _connect(warm: WarmVerb) -> Connection:

@@ -27,7 +27,8 @@ from orchestrator._errors import FleetError, Unreachable
 from orchestrator.control._client import call_async, op_timeout, read_token
 from orchestrator.control._daemon_client import ensure_daemon
 from orchestrator.parents import _present, _watch
-from orchestrator.parents._tools import BY_NAME, TOOLS
+from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
+from orchestrator.parents._wire import TOO_DEEP, GuardedStdin
 
 FLEET_URI: Final = "fleet://fleet"
 BRIEF_URI: Final = "fleet://brief"
@@ -123,8 +124,14 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
             return error_result(
                 "usage", f"{params.name}: no such tool (tools: {', '.join(BY_NAME)})"
             )
+        arguments = params.arguments or {}
+        if TOO_DEEP in arguments:
+            return error_result(
+                "usage",
+                f"{tool.name}: arguments nested deeper than {MAX_DEPTH} levels",
+            )
         try:
-            op, payload = tool.request(params.arguments)
+            op, payload = tool.request(arguments)
             if op == "wait":
                 data = await _waiting(fleet, ctx, payload)
             else:
@@ -315,7 +322,11 @@ class Watcher:
 async def serve_stdio(fleet: Fleet) -> None:
     server, watcher = build_server(fleet)
     options = server.create_initialization_options(NotificationOptions(resources_changed=False))
-    async with stdio_server() as (read_stream, write_stream), trio.open_nursery() as nursery:
+    stdin: Any = GuardedStdin()
+    async with (
+        stdio_server(stdin=stdin) as (read_stream, write_stream),
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(fleet.start_early)  # the parent need not wait for it to list tools
         nursery.start_soon(watcher.run)
         await server.run(read_stream, write_stream, options)
