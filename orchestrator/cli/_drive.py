@@ -6,6 +6,7 @@ discard, logs. Each is one control request (``wait`` a loop of bounded slices); 
 import argparse
 import json
 import shlex
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,15 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         schema = read_schema_file(Path(args.schema))
         requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
+    failed = [a for a in data["agents"] if a["state"] == "failed"]
+    if failed:  # failed at launch (a worker outside a git repository, ...): exit 1, say why
+        message = "; ".join(f"{a['key']} failed at launch: {a.get('error', '')}" for a in failed)
+        if args.json:
+            print(json.dumps(data | {"error": {"kind": "failed", "message": message}}))
+        else:
+            print("\n".join(_render.spawned_line(a) for a in data["agents"]))
+        print(f"fleet spawn: {message}", file=sys.stderr)
+        return 1
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
         return _wait(args, keys, every=True, timeout=None)

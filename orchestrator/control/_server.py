@@ -20,7 +20,7 @@ import ipc
 from orchestrator._config import agent_dir_entries
 from orchestrator._digests import start_digests
 from orchestrator._errors import FleetError, TimedOut, UsageError
-from orchestrator._records import ACTIVE, SpawnRequest
+from orchestrator._records import ACTIVE, SpawnRequest, State
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
 from orchestrator.control._review import review_accept, review_diff, review_revert
@@ -36,13 +36,16 @@ Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def _agent_row(record: Any) -> dict[str, Any]:
-    return {
+    row = {
         "key": record.key,
         "name": record.name,
         "agent": record.agent,
         "mode": record.mode,
         "state": str(record.state),
     }
+    if record.state is State.FAILED:  # failed at launch: say why, spawn exits 1
+        row["error"] = record.error
+    return row
 
 
 async def _spawn(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:

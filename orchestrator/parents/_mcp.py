@@ -27,6 +27,7 @@ from orchestrator._errors import FleetError, Unreachable
 from orchestrator.control._client import call_async, op_timeout, read_token
 from orchestrator.control._daemon_client import ensure_daemon
 from orchestrator.parents import _present, _watch
+from orchestrator.parents._framing import line
 from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
 from orchestrator.parents._wire import TOO_DEEP, GuardedStdin
 
@@ -145,6 +146,15 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         except Exception as exc:
             return error_result("internal", f"{tool.name}: internal error: {_first(exc)}")
         watcher.poke()
+        failed = [a for a in data.get("agents", []) if op == "spawn" and a["state"] == "failed"]
+        if failed:
+            return error_result(
+                "failed",
+                "spawn: "
+                + "; ".join(
+                    f"{a['key']} failed at launch: {line(a.get('error', ''))}" for a in failed
+                ),
+            )
         return ok_result(_present.shape(op, data))
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
