@@ -8,6 +8,7 @@ carries ``data.kind`` so the client can raise the same :class:`FleetError` subcl
 
 import logging
 import os
+import shutil
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,7 +20,7 @@ import trio
 import ipc
 from orchestrator._config import agent_dir_entries
 from orchestrator._digests import start_digests
-from orchestrator._errors import FleetError, TimedOut, UsageError
+from orchestrator._errors import FleetError, OperationFailed, TimedOut, UsageError
 from orchestrator._records import ACTIVE, SpawnRequest, State
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
@@ -56,8 +57,31 @@ async def _spawn(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         SpawnRequest.from_mapping(entry) if isinstance(entry, dict) else _bad_entry()
         for entry in raw
     ]
+    for request in requests:
+        _cli_present(sup, request)
     records = await sup.spawn(requests)
     return {"agents": [_agent_row(r) for r in records]}
+
+
+#: The agent CLI each backend runs (``$FLEET_<BACKEND>_BIN`` overrides it, as in the child).
+CLI_BACKENDS: Final = {"pi": "pi", "claude": "claude", "codex": "codex"}
+
+
+def _cli_present(sup: Supervisor, request: SpawnRequest) -> None:
+    """Refuse a spawn whose agent CLI is not on this host: the child would fail only at its
+    first turn, after ``spawn`` had said all was well (a Ray node may have what we lack)."""
+    definition = sup.agents().get(request.agent)
+    backend = request.backend or (definition.backend if definition is not None else "")
+    surface = request.surface or sup.config.surface
+    if backend not in CLI_BACKENDS or surface == "ray":
+        return
+    variable = f"FLEET_{backend.upper()}_BIN"
+    binary = os.environ.get(variable) or CLI_BACKENDS[backend]
+    if shutil.which(binary) is None:
+        raise OperationFailed(
+            f"spawn: backend {backend}: {binary} is not on PATH (install it, or point "
+            f"{variable} at it and restart the supervisor: fleet serve --stop)"
+        )
 
 
 def _bad_entry() -> SpawnRequest:

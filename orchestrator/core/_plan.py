@@ -5,8 +5,6 @@ mode, a model that cannot be found, the workflow-mode toolset gate — so a batc
 whole before anything is reserved or launched.
 """
 
-import os
-import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +14,7 @@ import attrs
 
 import ipc
 from orchestrator._config import Config
-from orchestrator._errors import NotFound, OperationFailed, PolicyError, UsageError
+from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
 from orchestrator.core._modelroles import choose_role
@@ -88,22 +86,6 @@ def parse_model(text: str, workspace: Path, backend: str = "builtin") -> ipc.Mod
     return ipc.ModelSpec(kind="native", name=rest)
 
 
-#: The agent CLI each backend runs (``$FLEET_<BACKEND>_BIN`` overrides it, as in the child).
-CLI_BACKENDS = {"pi": "pi", "claude": "claude", "codex": "codex"}
-
-
-def _cli_present(backend: str) -> None:
-    """Refuse a spawn whose agent CLI is not there: the child would only fail at its first
-    turn, after ``spawn`` had said all was well."""
-    variable = f"FLEET_{backend.upper()}_BIN"
-    binary = os.environ.get(variable) or CLI_BACKENDS[backend]
-    if shutil.which(binary) is None:
-        raise OperationFailed(
-            f"spawn: backend {backend}: {binary} is not on PATH (install it, or point "
-            f"{variable} at it and restart the supervisor: fleet serve --stop)"
-        )
-
-
 def plan_spawn(
     request: SpawnRequest,
     *,
@@ -128,8 +110,6 @@ def plan_spawn(
     backend = request.backend or definition.backend
     if backend not in BACKENDS:
         raise UsageError(f"spawn: backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend in CLI_BACKENDS and surface != "ray":  # a node may have what this host lacks
-        _cli_present(backend)
     tools = list(definition.tools)
     if mode in {"scout", "fork"} and MUTATING_TOOLS & set(tools):
         if mode == "scout" or definition.mode == "scout":
