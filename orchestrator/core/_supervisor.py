@@ -10,8 +10,10 @@ Use it embedded::
 """
 
 import contextlib
+import fcntl
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,6 +24,7 @@ from orchestrator._config import Config
 from orchestrator._errors import (
     NotFound,
     PolicyError,
+    Refused,
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
@@ -439,12 +442,45 @@ class Supervisor(FleetViews):
         self.refusals.refuse(reason, owner, **evidence)
 
 
+@contextlib.contextmanager
+def session_lock(path: Path) -> Iterator[None]:
+    """Hold the session's supervisor lock (``supervisor.lock``, our pid in it) or refuse in one
+    line naming the holder: two supervisors of one session would bind the same sockets."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise Refused(
+                f"session {path.parent.name} already has a supervisor (pid {holder}): attach "
+                "to it with orchestrator.connect(), or end it with fleet serve --stop"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.asynccontextmanager
-async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
-    """Run a supervisor for *config*; on exit every child is stopped and reaped."""
+async def open_supervisor(config: Config, *, locked: bool = False) -> AsyncIterator[Supervisor]:
+    """Run a supervisor for *config*; on exit every child is stopped and reaped.
+
+    It holds the session lock for its life (``locked``: the caller, ``fleet serve``, already
+    does): a second supervisor of the same session is refused in one line."""
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
+    with contextlib.ExitStack() as stack:
+        if not locked:
+            stack.enter_context(session_lock(config.paths.lock))
+        async with _open_supervisor(config) as sup:
+            yield sup
+
+
+@contextlib.asynccontextmanager
+async def _open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
