@@ -49,7 +49,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         schema = read_schema_file(Path(args.schema))
         requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
-    failed = [a for a in data["agents"] if a["state"] == "failed"]
+    failed = [a for a in data["agents"] if a.get("state") == "failed"]
     if failed:  # failed at launch (a worker outside a git repository, ...): exit 1, say why
         message = "; ".join(f"{a['key']} failed at launch: {a.get('error', '')}" for a in failed)
         if args.json:

@@ -146,7 +146,7 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         except Exception as exc:
             return error_result("internal", f"{tool.name}: internal error: {_first(exc)}")
         watcher.poke()
-        failed = [a for a in data.get("agents", []) if op == "spawn" and a["state"] == "failed"]
+        failed = [a for a in data.get("agents", []) if op == "spawn" and a.get("state") == "failed"]
         if failed:
             return error_result(
                 "failed",
