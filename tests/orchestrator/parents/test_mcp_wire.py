@@ -87,7 +87,7 @@ async def _refused(client: Client, name: str, args: dict[str, Any], tools: dict[
 
 async def _session(fleet: Fleet) -> None:
     hostile, hang = fleet.script("hostile", HOSTILE), fleet.script("hang", HANG)
-    progress: list[tuple[float, str | None]] = []
+    notified: list[tuple[float, str | None]] = []
     async with Client(_params(fleet), mode="legacy") as client:
         listed = (await client.list_tools()).tools
         tools = {t.name: t for t in listed}
@@ -136,8 +136,8 @@ async def _session(fleet: Fleet) -> None:
         # A wait that times out is a result: progress rows, progress notifications.
         await _ok(client, "spawn", {"task": "look long", "model": hang, "name": "long"})
 
-        async def heard(value: float, total: float | None, message: str | None) -> None:
-            progress.append((value, message))
+        async def heard(progress: float, total: float | None, message: str | None) -> None:
+            notified.append((progress, message))
 
         with anyio.fail_after(60):
             while True:
@@ -148,11 +148,11 @@ async def _session(fleet: Fleet) -> None:
                 assert not result.is_error
                 assert timed["timed_out"] is True
                 [row] = timed["working"]
-                if row["checklist"] == "0/2" and progress:
+                if row["checklist"] == "0/2" and notified:
                     break
         assert (row["key"], row["state"], row["current"]) == ("a2", "working", "Look around")
         assert row["age_s"] > 0
-        assert any("a2" in (message or "") for _, message in progress), progress
+        assert any("a2" in (message or "") for _, message in notified), notified
 
         # Stopped, its report and transcript stay readable until it is discarded.
         await _ok(client, "stop", {"agents": ["*"]})
