@@ -205,15 +205,15 @@ def _say(error: jsonschema.ValidationError) -> str:
 TOOLS: Final[tuple[Tool, ...]] = (
     Tool(
         "spawn",
-        "Start a child on a self-contained task (it sees only that); returns its key at once. "
-        "One child per independent piece (call spawn again for more); then wait.",
+        "Start a child on a self-contained task (it sees only that); returns its key. One "
+        "child per independent piece; then wait.",
         _obj(_TASK, "task"),
         _spawn,
     ),
     Tool(
         "wait",
-        "Block until a child settles (all: every named one) or timeout s pass (default 50). "
-        "Returns reports, open questions, working children's progress; timing out is normal.",
+        "Block until a child settles (all: each named one) or timeout s (default 50); returns "
+        "reports, open questions, progress. A timeout is normal.",
         _obj(
             {
                 "agents": _STRS,
@@ -237,8 +237,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         "control",
-        "One child: steer (redirect its turn), resume (next prompt when idle), ask (side "
-        "question), pause, discard (forget it once stopped). text: the message, or why.",
+        "One child: steer (redirect its turn), resume (prompt it when idle), ask (side "
+        "question), pause, discard (once stopped). text: the message, or why.",
         _obj(
             {
                 "action": _enum("steer", "resume", "ask", "pause", "discard"),
@@ -260,7 +260,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         "report",
-        "A child's full report or its transcript, paged from offset (kept until discard).",
+        "A child's full report or transcript, paged from offset (kept until discard).",
         _obj(
             {
                 "agent": _KEY,

@@ -1,6 +1,9 @@
 """fleet mcp's tool table: every rule in the schema, arguments checked before anything runs."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -9,6 +12,7 @@ from orchestrator._errors import UsageError
 from orchestrator.parents._mcp import INSTRUCTIONS
 from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
 
+ROOT = Path(__file__).resolve().parents[3]
 #: DESIGN.md §13: fleet's tool schemas plus the server instructions, per parent request.
 TOKEN_BUDGET = 1200
 COMBINATORS = {"anyOf", "oneOf", "allOf", "not", "if", "then", "else"}
@@ -144,3 +148,23 @@ def test_a_caller_that_fills_every_field_is_never_refused_for_filling_them(tool)
     for name, prop in tool.input_schema["properties"].items():
         args[name] = prop["enum"][0] if "enum" in prop else sample[prop["type"]]
     tool.request(args)
+
+
+def test_the_benchmark_prints_each_parents_figure_as_one_json_line():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "parent_tools.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["benchmark"] == "parent_tools"
+    assert result["ok"] is True
+    for parent in ("claude", "codex", "gemini", "opencode"):
+        figure = result["parents"][parent]
+        assert figure["tools"] == len(TOOLS)
+        assert figure["tokens"] <= TOKEN_BUDGET
+        assert figure["requests_per_task"] is None  # measured with the real parent CLIs
+    assert result["parents"]["pi"]["tools"] >= 1
