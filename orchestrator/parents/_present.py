@@ -20,7 +20,7 @@ WORKING: Final = frozenset({"starting", "working", "waiting"})
 _VERBS: Final = {
     "peek": "`peek`",
     "steer": "`control` steer",
-    "answer": "`answer`",
+    "answer": "`control` answer",
     "wait": "`wait`",
     "stop": "`stop`",
     "discard": "`control` discard",

@@ -43,11 +43,9 @@ _KEY: Final = _TEXT  # a child's key (a1) or unique name
 _TASK: Final = {
     "task": _TEXT,
     "agent": {"type": "string", "description": "scout (default, read-only) or worker"},
-    "mode": _enum("scout", "fork", "worktree"),
     "name": _STR,
     "backend": _STR,
-    "model": _STR,
-    "role": _STR,
+    "model": {"type": "string", "description": "or @role"},
     "budget": {
         "type": "object",
         "properties": {k: {"type": "number", "minimum": 0} for k in ("hard_tokens", "hard_usd")},
@@ -96,10 +94,13 @@ def _wait(args: Mapping[str, Any]) -> Request:
 
 def _stop(args: Mapping[str, Any]) -> Request:
     agents = list(args["agents"])
-    return "stop", {"agents": [], "all": True} if agents == ["*"] else {"agents": agents}
+    payload = {"agents": [], "all": True} if agents == ["*"] else {"agents": agents}
+    return "stop", payload | ({"hold": True} if args.get("hold") else {})
 
 
 def _control(args: Mapping[str, Any]) -> Request:
+    if args["action"] == "answer":  # a question q<N>, or the child that asked it
+        return "answer", {"question": args["agent"], "text": args["text"]}
     return args["action"], {k: args[k] for k in ("agent", "text") if k in args}
 
 
@@ -230,18 +231,13 @@ TOOLS: Final[tuple[Tool, ...]] = (
         _request("peek", "agents"),
     ),
     Tool(
-        "answer",
-        "Answer a child's question (id q<N>); the child is blocked until you do.",
-        _obj({"question": _TEXT, "text": _TEXT}, "question", "text"),
-        _request("answer", "question", "text"),
-    ),
-    Tool(
         "control",
-        "One child: steer (redirect its turn), resume (prompt it when idle), ask (side "
-        "question), pause, discard (once stopped). text: the message, or why.",
+        "One child: answer its question (agent: the child or q<N>), steer (redirect its "
+        "turn), resume (prompt it when idle), ask (side question), pause, discard (once "
+        "stopped). text: the message, or why.",
         _obj(
             {
-                "action": _enum("steer", "resume", "ask", "pause", "discard"),
+                "action": _enum("answer", "steer", "resume", "ask", "pause", "discard"),
                 "agent": _KEY,
                 "text": _TEXT,
             },
@@ -253,10 +249,22 @@ TOOLS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         "stop",
-        'End children once their work is done ("*": all); returns each handoff: report, '
-        "changed files.",
-        _obj({"agents": {"type": "array", "items": _TEXT, "minItems": 1}}, "agents"),
+        'End children once their work is done ("*": all; hold: keep a worker\'s change for '
+        "apply); returns each handoff: report, changed files.",
+        _obj(
+            {
+                "agents": {"type": "array", "items": _TEXT, "minItems": 1},
+                "hold": {"type": "boolean"},
+            },
+            "agents",
+        ),
         _stop,
+    ),
+    Tool(
+        "apply",
+        "Land a change stop kept (hold); a held file lands only if named in paths.",
+        _obj({"agent": _KEY, "paths": _STRS}, "agent"),
+        _request("apply", "agent", "paths"),
     ),
     Tool(
         "report",

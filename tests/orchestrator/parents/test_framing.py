@@ -86,6 +86,7 @@ def test_the_brief_names_the_tools_the_parent_has():
     assert "fleet steer" not in shaped
     assert "`peek`" in shaped
     assert "`control` steer" in shaped
+    assert "`control` answer" in shaped
     assert "`review` diff a1" in shaped
     assert "`stop` a1" in shaped
 

@@ -155,7 +155,9 @@ async def _session(fleet: Fleet) -> None:
         [asked] = [e for e in heard.logs if e["event"] == "needs-input"]
         assert asked["key"] == "a2"
         assert "Which database?" in asked["line"]
-        await _call(client, "answer", {"question": asked["question"], "text": "sqlite"})
+        await _call(
+            client, "control", {"action": "answer", "agent": asked["question"], "text": "sqlite"}
+        )
         reports: list[str] = []
         with anyio.fail_after(60):
             while not any("Using sqlite" in r for r in reports):

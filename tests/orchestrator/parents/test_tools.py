@@ -46,8 +46,7 @@ def test_one_child_and_a_batch_are_not_two_optional_siblings():
     with pytest.raises(UsageError) as refused:
         BY_NAME["spawn"].request({"task": "x", "tasks": [{"task": "y"}]})
     assert str(refused.value) == (
-        "spawn: unknown argument tasks (allowed: task, agent, mode, name, backend, model, role, "
-        "budget, schema)"
+        "spawn: unknown argument tasks (allowed: task, agent, name, backend, model, budget, schema)"
     )
 
 
@@ -65,7 +64,7 @@ def test_a_misspelt_argument_is_refused_naming_it_and_the_allowed_ones():
     [
         ("spawn", {}, "'task' is a required property"),
         ("spawn", {"task": ""}, "task: '' should be non-empty"),
-        ("spawn", {"task": "x", "mode": "root"}, "mode: 'root' is not one of"),
+        ("control", {"action": "root", "agent": "a1", "text": "x"}, "action: 'root' is not one"),
         ("spawn", {"task": "x", "budget": {"hard_tokens": -1}}, "budget.hard_tokens: -1 is less"),
         ("wait", {"timeout": 500}, "timeout: 500 is greater than the maximum of 100"),
         ("wait", {"agents": "a1"}, "agents: 'a1' is not of type 'array'"),
@@ -105,6 +104,18 @@ def test_each_tool_becomes_its_control_request():
     )
     assert BY_NAME["stop"].request({"agents": ["*"]}) == ("stop", {"agents": [], "all": True})
     assert BY_NAME["stop"].request({"agents": ["a1"]}) == ("stop", {"agents": ["a1"]})
+    assert BY_NAME["stop"].request({"agents": ["a1"], "hold": True}) == (
+        "stop",
+        {"agents": ["a1"], "hold": True},
+    )
+    assert BY_NAME["apply"].request({"agent": "a1", "paths": [".envrc"]}) == (
+        "apply",
+        {"agent": "a1", "paths": [".envrc"]},
+    )
+    assert BY_NAME["control"].request({"action": "answer", "agent": "q2", "text": "sqlite"}) == (
+        "answer",
+        {"question": "q2", "text": "sqlite"},
+    )
     assert BY_NAME["control"].request({"action": "resume", "agent": "a1", "text": "go"}) == (
         "resume",
         {"agent": "a1", "text": "go"},
