@@ -87,3 +87,38 @@ def test_wait_timing_out_exits_3_with_progress_rows(tmp_path: Path) -> None:
         assert human.stdout.startswith("a1 slow working 0/2")
         assert "(for " in human.stdout
         fleet.json("stop", "a1")
+
+
+WORKER = """
+turns:
+  - steps:
+      - tool: write
+        args: {path: "src/app.py", content: "def main():\\n    return 43\\n\\n\\nmain()\\n"}
+      - tool: write
+        args: {path: "NOTES.md", content: "one\\ntwo\\n"}
+      - reply: "## Summary\\nchanged app.py"
+"""
+
+
+def test_a_workers_note_says_which_files_it_changed_with_line_counts(tmp_path: Path) -> None:
+    with running_fleet(tmp_path, prefix="flo-") as fleet:
+        fleet.json("spawn", "--agent", "worker", "--model", fleet.script("w", WORKER), "fix")
+        [note] = fleet.json("wait", "a1", "--timeout", "90", timeout=120)["settled"]
+        observed = note["observed"]
+        files = {f["path"]: f for f in observed["files"]}
+        assert files["src/app.py"] == {
+            "path": "src/app.py",
+            "status": "modified",
+            "added": 4,
+            "removed": 1,
+        }
+        assert files["NOTES.md"] == {
+            "path": "NOTES.md",
+            "status": "added",
+            "added": 2,
+            "removed": 0,
+        }
+        assert [c["tool"] for c in observed["commands"]] == ["write", "write"]
+        assert all(c["ok"] is True for c in observed["commands"])
+        assert observed["duration_s"] >= 0
+        fleet.json("stop", "a1")
