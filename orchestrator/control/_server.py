@@ -131,7 +131,7 @@ async def _report(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise UsageError("report: offset must be a whole number >= 0")
     part = str_arg(args, "part", required=False) or "report"
-    return sup.report(str_arg(args, "agent"), part, offset)
+    return await sup.report(str_arg(args, "agent"), part, offset)
 
 
 async def _steer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Use it embedded::
 
 import contextlib
 import fcntl
+import functools
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -418,22 +419,22 @@ class Supervisor(FleetViews):
         await trio.to_thread.run_sync(self.kept.keep_transcript, key, scratch)
         await trio.to_thread.run_sync(remove_tree, scratch)
 
-    def report(self, ref: str, part: str = "report", offset: int = 0) -> dict[str, Any]:
-        """One page of a child's full report or transcript (``fleet report``)."""
+    async def report(self, ref: str, part: str = "report", offset: int = 0) -> dict[str, Any]:
+        """One page of a child's full report or transcript (``fleet report``); the files are
+        read in a thread (a transcript may be megabytes)."""
         try:
             record = self.registry.find(ref)
         except NotFound:
             if not (ref.startswith("a") and ref[1:].isdigit()):
                 raise
-            return self.kept.page(ref, part, offset, scratch=None)
-        live = record.key in self.runs
-        return self.kept.page(
-            record.key,
-            part,
-            offset,
-            live=record.report if part == "report" and record.report else None,
-            scratch=self.config.paths.scratch / record.key if live else None,
-        )
+            key, live, scratch = ref, None, None
+        else:
+            key = record.key
+            live = record.report if part == "report" and record.report else None
+            running = key in self.runs
+            scratch = self.config.paths.scratch / key if running else None
+        page = functools.partial(self.kept.page, key, part, offset, live=live, scratch=scratch)
+        return await trio.to_thread.run_sync(page)
 
     # -- connections ----------------------------------------------------------------------
 

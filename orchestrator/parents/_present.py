@@ -42,8 +42,26 @@ def _questions(data: dict[str, Any]) -> None:
     data["questions"] = [_lines(dict(q), "text") for q in data.get("questions", [])]
 
 
+def _observed(observed: Mapping[str, Any]) -> dict[str, Any]:
+    """What the supervisor observed, with the texts the child chose (a command's input, a
+    file's name) neutralised: fleet measured them, the child wrote them."""
+    shaped = dict(observed)
+    shaped["commands"] = [_lines(dict(c), "input") for c in observed.get("commands", [])]
+    shaped["files"] = [_lines(dict(f), "path") for f in observed.get("files", [])]
+    return shaped
+
+
+def _paths(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    for key in keys:
+        if isinstance(row.get(key), list):
+            row[key] = [line(p) if isinstance(p, str) else p for p in row[key]]
+    return row
+
+
 def _note(note: Mapping[str, Any]) -> dict[str, Any]:
     shaped = _lines(dict(note), "peek", "error")
+    if isinstance(note.get("observed"), dict):
+        shaped["observed"] = _observed(note["observed"])
     shaped["report"] = frame(
         str(note["key"]), str(note.get("report") or ""), clipped=bool(note.get("clipped"))
     )
@@ -68,8 +86,10 @@ def _peek(data: dict[str, Any]) -> dict[str, Any]:
 def _stop(data: dict[str, Any]) -> dict[str, Any]:
     handoffs = []
     for handoff in data.get("handoffs", []):
-        shaped = _lines(dict(handoff), "error")
+        shaped = _paths(_lines(dict(handoff), "error"), "changed", "applied", "remaining")
         shaped["last"] = frame(str(handoff["key"]), str(handoff.get("last") or ""))
+        if isinstance(handoff.get("observed"), dict):
+            shaped["observed"] = _observed(handoff["observed"])
         handoffs.append(shaped)
     data["handoffs"] = handoffs
     return data
