@@ -119,6 +119,7 @@ class Durability:
             handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
             self.journal.append("handoff", ref, durable=True, **handoff)
             await sup.drop_scratch(ref)
+            await trio.to_thread.run_sync(sup.kept.forget, ref)  # discarded: nothing kept
             self.note_resolved()
             return {"key": ref, "discarded": True}
         key = await sup.discard(ref)
