@@ -233,7 +233,9 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.control",
         "orchestrator.parents",
     },
-    FACADE: {FOUNDATION, "orchestrator.core"},
+    # The facade offers the embedded supervisor (core) and connect(), the client of a running
+    # one (control), each imported on first use.
+    FACADE: {FOUNDATION, "orchestrator.core", "orchestrator.control"},
     "orchestrator.__main__": {"orchestrator.cli"},
     "child.tools": {"ipc"},
     "child.backends": {"child.tools", "ipc"},

@@ -21,6 +21,7 @@ from orchestrator.cli._drive import (
     cmd_discard,
     cmd_logs,
     cmd_pause,
+    cmd_report,
     cmd_resume,
     cmd_spawn,
     cmd_steer,
@@ -275,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("discard", cmd_discard, "forget a child and its unresolved state")
     p.add_argument("agent")
+
+    p = verb("report", cmd_report, "a child's full report or transcript, a page at a time")
+    p.add_argument("agent")
+    p.add_argument("--transcript", action="store_true", help="its transcript, not its report")
+    p.add_argument("--offset", type=int, default=0, help="first character of the page")
 
     p = verb("logs", cmd_logs, "a child's diagnostics log")
     p.add_argument("agent")

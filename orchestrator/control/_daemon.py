@@ -73,7 +73,7 @@ async def serve(
         durability: Durability | None = None
         clean = False
         try:
-            async with open_supervisor(config) as sup:
+            async with open_supervisor(config, locked=True) as sup:
                 sup.secrets.add(token)
                 server = ControlServer(sup=sup, token=token)
                 async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ whether it can be revived, and journaled as such — and wires the journal into 
 revive`` (:func:`orchestrator.core._revive.revive` for each lost child named).
 """
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -36,6 +37,10 @@ OBSERVE_INTERVAL: Final = 0.2
 EVENTS_LIMIT: Final = 2000
 #: The longest an ``events`` request waits for a first new record (seconds).
 MAX_WAIT: Final = 60.0
+#: The records one reply carries, in bytes: well inside the 1 MiB frame (the caller asks on
+#: from the last record it got).
+EVENTS_BYTES: Final = 768 * 1024
+_ENVELOPE: Final = ("v", "seq", "at", "kind", "key")
 
 
 @attrs.define(eq=False)
@@ -151,6 +156,7 @@ class Durability:
             handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
             self.journal.append("handoff", ref, durable=True, **handoff)
             await sup.drop_scratch(ref)
+            await trio.to_thread.run_sync(sup.kept.forget, ref)  # discarded: nothing kept
             self.note_resolved()
             return {"key": ref, "discarded": True}
         key = await sup.discard(ref)
@@ -167,7 +173,7 @@ class Durability:
             while self.journal.seq <= since:
                 await self.journal.grown.wait()
         events = (await trio.to_thread.run_sync(self.journal.since, since))[:EVENTS_LIMIT]
-        return {"events": events, "seq": self.journal.seq}
+        return {"events": _fitting(events), "seq": self.journal.seq}
 
     async def _revive(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         refs = strs_arg(args, "agents")
@@ -231,3 +237,21 @@ def close_durability(durability: Durability, *, clean: bool) -> None:
     if clean:
         durability.journal.append("shutdown", durable=True, pid=os.getpid(), clean=True)
     durability.journal.close()
+
+
+def _fitting(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first *events* whose JSON fits :data:`EVENTS_BYTES`; a record too large alone is
+    sent as its envelope with ``clipped`` saying so (never a reply the frame refuses)."""
+    fitting: list[dict[str, Any]] = []
+    size = 0
+    for event in events:
+        length = len(json.dumps(event, ensure_ascii=False).encode("utf-8", "replace"))
+        if length > EVENTS_BYTES // 2:
+            event = {k: event[k] for k in _ENVELOPE if k in event}  # noqa: PLW2901
+            event["clipped"] = f"a {length}-byte record: too large to send"
+            length = len(json.dumps(event))
+        if fitting and size + length > EVENTS_BYTES:
+            break
+        fitting.append(event)
+        size += length
+    return fitting

@@ -61,15 +61,16 @@ class FleetViews:
     def peek(self, refs: Sequence[str] = ()) -> dict[str, Any]:
         records = [self.registry.find(ref) for ref in refs] if refs else list(self.registry.live())
         return {
+            # Oldest first, and first: a child blocked on its parent is what needs it most.
+            "questions": [
+                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
+            ],
             "session": self.config.session,
             "mode": self.mode,
             "cap": self.capacity.cap,
             "lane": self.lane.statistics(),
             "agents": [r.peek() for r in records],
             "locks": {k: list(v) for k, v in self.locks.snapshot().items()},
-            "questions": [
-                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
-            ],
             "stale": self.stale,
             "notify": self.notifier.counts(),
             "usage": self.spend.report()["session"],
