@@ -40,6 +40,7 @@ class Budgeted(Protocol):
     def key(self) -> str: ...
     @property
     def record(self) -> ChildRecord: ...
+    def flag_usage(self, line: str) -> None: ...
     async def steer(self, text: str) -> None: ...
     async def stop_incomplete(self, reason: str) -> None: ...
 
@@ -100,11 +101,16 @@ class Budgets:
     # -- usage --------------------------------------------------------------------------
 
     def on_usage(self, run: Budgeted, usage: ipc.Usage) -> None:
-        """Account *run*'s cumulative *usage* and act on every limit it newly reached."""
-        crossings = self.ledger.record(run.key, usage)
+        """Account *run*'s cumulative *usage* and act on every limit it newly reached; what
+        was wrong with the report (a negative count or cost) is flagged (run log, reject log)."""
+        problems: list[str] = []
+        crossings = self.ledger.record(run.key, usage, problems)
+        for problem in problems:
+            run.flag_usage(problem)
         account = self.ledger.accounts.get(run.key)
         if account is not None:
             run.record.usage = account.as_json()
+            run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)
         for crossing in crossings:

@@ -114,6 +114,11 @@ class ChildRun(ParentCommands, Ending):
     def on_usage(self, usage: ipc.Usage) -> None:
         self.host.spend.on_usage(self, usage)
 
+    def flag_usage(self, line: str) -> None:
+        """A usage report the ledger refused or clamped: the run log and the reject log."""
+        self.log.write(f"fleet: usage report flagged: {line}")
+        self.host.reject("usage", self.key, {"flag": line})
+
     def session_spent(self) -> bool:
         return self.host.spend.ledger.session_refusal() is not None
 

@@ -5,11 +5,17 @@ A child's usage is cumulative over its life (every backend reports it so), so ea
 there is one, else its tokens priced by the configured table, else unknown (``None``: only
 token limits apply). :meth:`Ledger.record` returns the limits a report newly reached; each level
 is reached at most once per child and once per session.
+
+Nothing is ever negative: a report is a child's (or its model's) word, so a count that is not a
+whole number >= 0 counts as 0 and a cost that is negative or not finite is refused (the price
+table prices the tokens instead). Each such report is *flagged* on the account (``flags`` in
+``fleet usage``) and returned to the caller, which logs it; it can never lower what was spent.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+import math
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import attrs
 
@@ -19,6 +25,9 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
 Scope = Literal["child", "session"]
+
+#: How many flags an account keeps (a hostile child may report nonsense on every step).
+MAX_FLAGS: Final = 20
 
 
 class UsageReport(Protocol):
@@ -64,6 +73,12 @@ class Account:
     model: str = ""
     cost_usd: float | None = None
     reached: set[Level] = attrs.Factory(set)
+    #: What was wrong with reports this account refused or clamped (the first MAX_FLAGS).
+    flags: list[str] = attrs.Factory(list)
+
+    def flag(self, line: str) -> None:
+        if len(self.flags) < MAX_FLAGS:
+            self.flags.append(line)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -76,10 +91,31 @@ class Account:
             "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
             "budget": self.limit.as_json(),
             "reached": sorted(self.reached),
-        }
+        } | ({"flags": list(self.flags)} if self.flags else {})
 
 
 _SUMMED = ("tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def _count(usage: UsageReport, name: str, problems: list[str]) -> int:
+    value = getattr(usage, name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        problems.append(f"{name} {value!r} is not a whole number >= 0: counted as 0")
+        return 0
+    return value
+
+
+def _reported_cost(usage: UsageReport, problems: list[str]) -> float | None:
+    value = getattr(usage, "cost_usd", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        problems.append(f"cost_usd {value!r} is not a number: refused")
+        return None
+    if value < 0:
+        problems.append(f"cost_usd {value!r} is negative: refused")
+        return None
+    return float(value)
 
 
 def _sum(accounts: list[Account]) -> dict[str, Any]:
@@ -120,16 +156,27 @@ class Ledger:
         account = self.accounts.get(key)
         return None if account is None else account.limit
 
-    def record(self, key: str, usage: UsageReport) -> list[Crossing]:
-        """Take *key*'s cumulative *usage*; the limits it newly reached, hard before soft."""
+    def record(
+        self, key: str, usage: UsageReport, problems: list[str] | None = None
+    ) -> list[Crossing]:
+        """Take *key*'s cumulative *usage*; the limits it newly reached, hard before soft.
+        What was wrong with the report is flagged on the account and added to *problems*."""
         account = self.accounts.get(key)
         if account is None:
             return []
+        wrong: list[str] = []
+        counts = {name: _count(usage, name, wrong) for name in _SUMMED}
+        reported = _reported_cost(usage, wrong)
+        for line in wrong:
+            account.flag(line)
+        if problems is not None:
+            problems.extend(wrong)
         # Cumulative: a report never lowers what was spent (a child cannot unspend its budget).
         for name in _SUMMED:
-            setattr(account, name, max(getattr(account, name), getattr(usage, name)))
-        account.model = usage.model or account.model
-        cost = self._cost(account, usage.cost_usd)
+            setattr(account, name, max(getattr(account, name), counts[name]))
+        model = usage.model if isinstance(usage.model, str) else ""
+        account.model = model[:200] or account.model
+        cost = self._cost(account, reported)
         if cost is not None and account.cost_usd is not None:
             cost = max(cost, account.cost_usd)
         account.cost_usd = account.cost_usd if cost is None else cost

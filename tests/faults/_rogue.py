@@ -14,6 +14,8 @@ does one wrong thing:
 - ``drop``: takes ownership of ``src/rogue.txt``, then closes its connection and stays alive.
 - ``vanish``: asks the parent a question (no deadline); the next request from the supervisor
   goes unanswered: it closes its connection and exits 0.
+- ``unspend``: reports usage with a negative cost and negative token counts (a lying model or
+  child trying to unspend its budget), then idles.
 """
 
 import json
@@ -123,6 +125,13 @@ async def act(name: str, loadout: ipc.Loadout) -> None:
             await trio.sleep_forever()
         elif name == "vanish":
             await channel.request(ipc.Question(text="Which way?"), timeout=None)
+        elif name == "unspend":
+            for usage in (
+                ipc.Usage(tokens=120, input_tokens=100, output_tokens=20, model="fake-model"),
+                ipc.Usage(tokens=-5000, input_tokens=-1, cost_usd=-997.0, model="fake-model"),
+                ipc.Usage(tokens=110, cost_usd=-1e-9, model="fake-model"),
+            ):
+                await channel.send_event(ipc.Event(activity="usage", usage=usage))
 
 
 def main() -> None:

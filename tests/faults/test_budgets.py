@@ -302,3 +302,55 @@ async def test_a_spent_session_starts_no_wake_turn(faults) -> None:
                     )
                 assert (record.turn, record.state) == (turns, State.IDLE)
                 await sup.stop([record.key])
+
+
+async def test_a_model_reporting_a_negative_cost_unspends_nothing(faults) -> None:
+    """A hostile model answers with ``usage.cost`` -997: the cost is refused, the tokens are
+    priced, and the hard USD limit still stops the child (#36: it drove the spend to -997)."""
+    async with ModelServer() as srv:
+        hostile = {"usage": {"input_tokens": 100, "output_tokens": 20, "cost": -997.0}}
+        srv.script("c1", [{**READ, **hostile}, {"delay": 5, "text": "never reached"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        prices = {"fake-model": {"input": 100, "output": 100}}  # 120 tokens: $0.012
+        config = faults.config(model=model, budget={"child": {"hard_usd": 0.01}}, prices=prices)
+        with trio.fail_after(CEILING):
+            async with open_supervisor(config) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, TERMINAL)
+                [handoff] = await sup.stop([record.key])
+                report = sup.spend.report()
+    assert handoff["incomplete"] == "budget spent: $0.0120 of $0.01"
+    [child] = report["agents"]
+    assert child["cost_usd"] == pytest.approx(0.012)
+    assert report["session"]["cost_usd"] == pytest.approx(0.012)
+
+
+async def test_a_child_reporting_negative_usage_is_clamped_and_flagged(faults) -> None:
+    """A rogue child sends usage with negative counts and negative costs: nothing
+    in the ledger goes below what was spent or below zero, and each lie is flagged."""
+    prices = {"fake-model": {"input": 1, "output": 1}}
+    config = faults.rogue_config(reject_log=True, prices=prices)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-unspend")])
+            await Faults.until(lambda: len(sup.spend.report()["agents"][0].get("flags", [])) >= 4)
+            report = sup.spend.report()
+            peeked = sup.peek([record.key])["agents"][0]
+            await sup.stop([record.key])
+        log = (sup.paths.logs / f"{record.key}.log").read_text()
+        rejects = (sup.paths.logs / "rejected.jsonl").read_text()
+    [child] = report["agents"]
+    assert (child["tokens"], child["input_tokens"], child["output_tokens"]) == (120, 100, 20)
+    assert child["cost_usd"] == pytest.approx(120 / 1e6)
+    assert report["session"]["cost_usd"] == pytest.approx(120 / 1e6)
+    assert report["session"]["tokens"] == 120
+    assert child["flags"] == [
+        "tokens -5000 is not a whole number >= 0: counted as 0",
+        "input_tokens -1 is not a whole number >= 0: counted as 0",
+        "cost_usd -997.0 is negative: refused",
+        "cost_usd -1e-09 is negative: refused",
+    ]
+    assert peeked["usage"]["tokens"] == 120
+    assert peeked["usage"]["cost_usd"] == pytest.approx(120 / 1e6)
+    assert "usage report flagged: cost_usd -997.0 is negative: refused" in log
+    assert '"kind": "usage"' in rejects

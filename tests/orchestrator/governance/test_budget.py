@@ -287,3 +287,20 @@ def test_a_report_never_lowers_what_was_spent() -> None:
     account = ledger.accounts["a1"]
     assert (account.tokens, account.input_tokens, account.cost_usd) == (90, 80, 0.9)
     assert [c.level for c in ledger.record("a1", U(tokens=1, cost_usd=1.0))] == ["hard"]
+
+
+def test_a_report_never_goes_negative_and_each_lie_is_flagged() -> None:
+    ledger = _ledger(budget=None, prices={"m": {"input": 1.0}})
+    ledger.open("a1", "scout", Limit(hard_usd=1.0))
+    problems: list[str] = []
+    for cost in (-997.0, float("nan"), float("-inf")):
+        ledger.record("a1", U(tokens=-5, input_tokens=-1, model="m", cost_usd=cost), problems)
+    account = ledger.accounts["a1"]
+    assert (account.tokens, account.input_tokens, account.cost_usd) == (0, 0, 0.0)
+    assert ledger.session()["cost_usd"] == 0.0
+    assert "cost_usd -997.0 is negative: refused" in problems
+    assert "cost_usd nan is not a number: refused" in problems
+    assert "tokens -5 is not a whole number >= 0: counted as 0" in problems
+    assert account.as_json()["flags"] == problems[:20]
+    # a real spend after the lies still reaches the limit
+    assert [c.level for c in ledger.record("a1", U(tokens=10, cost_usd=1.5))] == ["hard"]
