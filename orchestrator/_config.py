@@ -205,7 +205,7 @@ class Config:
     #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
     notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
     #: ``subagents.budget`` and ``subagents.prices``: usage budgets and the price table, as
-    #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
+    #: given; the supervisor validates them as a whole (``spend._limits.parse_policy``).
     budget: object = None
     prices: object = None
 

@@ -21,7 +21,6 @@ from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._commands import ParentCommands
 from orchestrator.core._ending import Ending
-from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.core._terms import RemoteTerms
@@ -31,6 +30,7 @@ from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
+from orchestrator.spend._fallback import current_model, fallback
 
 if TYPE_CHECKING:
     from orchestrator.core._host import RunHost

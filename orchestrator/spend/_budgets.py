@@ -17,20 +17,27 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, PolicyError, UsageError
 from orchestrator._records import ChildRecord
-from orchestrator.core._notes import Notes
-from orchestrator.governance._budget import (
+from orchestrator.notify import Notifier, budget_event
+from orchestrator.spend._ledger import Crossing, Ledger
+from orchestrator.spend._limits import (
     Limit,
     SpendPolicy,
     clamp,
     parse_limit,
     resolve_limit,
 )
-from orchestrator.governance._ledger import Crossing, Ledger
-from orchestrator.notify import Notifier, budget_event
 
 __all__ = ["SOFT_STEER", "Budgets"]
 
 SOFT_STEER = "budget nearly spent: finish and report"
+
+
+class Notes(Protocol):
+    """Where the parent's notes wait (``core._notes.Notes``)."""
+
+    @property
+    def pending(self) -> list[dict[str, Any]]: ...
+    def changed(self) -> None: ...
 
 
 class Budgeted(Protocol):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import attrs
 
-from orchestrator.governance._budget import NO_LIMIT, Level, Limit, SpendPolicy
+from orchestrator.spend._limits import NO_LIMIT, Level, Limit, SpendPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Collection

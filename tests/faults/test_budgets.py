@@ -14,8 +14,8 @@ import trio
 
 from orchestrator._errors import PolicyError, UsageError
 from orchestrator._records import TERMINAL, State
-from orchestrator.core._budgets import SOFT_STEER
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from orchestrator.spend._budgets import SOFT_STEER
 from tests.fakes.model_server import ModelServer
 from tests.faults.conftest import Faults
 

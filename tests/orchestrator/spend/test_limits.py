@@ -7,7 +7,8 @@ import pytest
 
 from orchestrator._errors import PolicyError, UsageError
 from orchestrator._records import budget_from_text
-from orchestrator.governance._budget import (
+from orchestrator.spend._ledger import Crossing, Ledger
+from orchestrator.spend._limits import (
     Limit,
     Price,
     clamp,
@@ -16,7 +17,6 @@ from orchestrator.governance._budget import (
     parse_policy,
     resolve_limit,
 )
-from orchestrator.governance._ledger import Crossing, Ledger
 
 
 @attrs.frozen(kw_only=True)
