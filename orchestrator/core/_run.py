@@ -113,6 +113,9 @@ class ChildRun(ParentCommands, Ending):
 
     def on_usage(self, usage: ipc.Usage) -> None:
         self.host.spend.on_usage(self, usage)
+        spent = self.host.spend.spent(self.key)
+        if spent is not None:
+            self.host.journal.spent(self.key, spent)  # survives a supervisor restart
 
     def flag_usage(self, line: str) -> None:
         """A usage report the ledger refused or clamped: the run log and the reject log."""

@@ -92,12 +92,26 @@ class Budgets:
 
     def revived(self, record: ChildRecord, journaled: Mapping[str, Any] | None) -> None:
         """A revived child's account: the budget it was spawned with, never more than the
-        configuration gives its definition now (the spend of its earlier life is not kept)."""
+        configuration gives its definition now; what it spent before (restored from the
+        journal) is kept."""
         try:
             before = parse_limit(journaled, f"revive {record.key}: budget")
         except UsageError:
             before = None  # a journal line from elsewhere: the configured limit applies
         self.open(record, clamp(self.policy.configured(record.agent), before))
+
+    def new_life(self, key: str) -> None:
+        """*key*'s process starts again (woken, revived): its reports from zero add up."""
+        self.ledger.new_life(key)
+
+    def restore(self, key: str, agent: str, spent: object) -> None:
+        """What *key* spent as the session journal says (a supervisor restart)."""
+        self.ledger.restore(key, spent, agent)
+
+    def spent(self, key: str) -> dict[str, Any] | None:
+        """What *key* spent so far, as journaled; None for no account."""
+        account = self.ledger.accounts.get(key)
+        return None if account is None else self.ledger.spent(account)
 
     def check_turn(self, what: str) -> None:
         """Refuse a new turn once the session's hard limit is reached."""

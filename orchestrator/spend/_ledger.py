@@ -1,7 +1,12 @@
 """The usage ledger: what every child spent, per child, per agent definition and per session.
 
-A child's usage is cumulative over its life (every backend reports it so), so each report
-*replaces* the child's entry. Its cost is the backend's own reported cumulative cost when
+A child's usage is cumulative over its process's life (every backend reports it so), so within
+one *life* each report replaces the last (never lowering it). A child that starts again — woken
+from hibernation, revived — reports from zero: :meth:`Ledger.new_life` banks what it spent so
+far and the new life's reports add to that. :meth:`Ledger.restore` seeds an account from the
+session journal (a supervisor restart), and :meth:`Ledger.spent` is what is journaled.
+
+A life's cost is the backend's own reported cumulative cost when
 there is one, else its tokens priced by the configured table, else unknown (``None``: only
 token limits apply). :meth:`Ledger.record` returns the limits a report newly reached; each level
 is reached at most once per child and once per session.
@@ -75,6 +80,11 @@ class Account:
     reached: set[Level] = attrs.Factory(set)
     #: What was wrong with reports this account refused or clamped (the first MAX_FLAGS).
     flags: list[str] = attrs.Factory(list)
+    #: What earlier lives spent (counts and cost), and what this life's reports say so far.
+    banked: dict[str, int] = attrs.Factory(dict)
+    banked_cost: float | None = None
+    life: dict[str, int] = attrs.Factory(dict)
+    life_cost: float | None = None
 
     def flag(self, line: str) -> None:
         if len(self.flags) < MAX_FLAGS:
@@ -106,7 +116,10 @@ def _count(usage: UsageReport, name: str, problems: list[str]) -> int:
 
 
 def _reported_cost(usage: UsageReport, problems: list[str]) -> float | None:
-    value = getattr(usage, "cost_usd", None)
+    return _reported_cost_value(getattr(usage, "cost_usd", None), problems)
+
+
+def _reported_cost_value(value: object, problems: list[str]) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -149,8 +162,46 @@ class Ledger:
     session_reached: set[Level] = attrs.Factory(set)
 
     def open(self, key: str, agent: str, limit: Limit) -> Account:
+        """*key*'s account with *limit*; one restored from the journal keeps what it spent."""
+        before = self.accounts.get(key)
         account = self.accounts[key] = Account(key=key, agent=agent, limit=limit)
+        if before is not None:
+            self.restore(key, self.spent(before))
         return account
+
+    def new_life(self, key: str) -> None:
+        """*key* starts again (woken, revived): its next reports count from zero and add to
+        what it spent so far."""
+        account = self.accounts.get(key)
+        if account is None:
+            return
+        account.banked = {name: getattr(account, name) for name in _SUMMED}
+        account.banked_cost = account.cost_usd
+        account.life, account.life_cost = {}, None
+
+    def restore(self, key: str, spent: object, agent: str = "") -> None:
+        """Seed *key*'s account with *spent* as journaled (bad values count 0), as a banked
+        life; an account that does not exist yet is opened without a limit."""
+        if not isinstance(spent, dict):
+            return
+        account = self.accounts.get(key)
+        if account is None:
+            account = self.accounts[key] = Account(key=key, agent=agent)
+        ignored: list[str] = []
+        for name in _SUMMED:
+            value = spent.get(name, 0)
+            setattr(account, name, value if isinstance(value, int) and value >= 0 else 0)
+        cost = spent.get("cost_usd")
+        account.cost_usd = _reported_cost_value(cost, ignored)
+        model = spent.get("model")
+        account.model = model[:200] if isinstance(model, str) else account.model
+        self.new_life(key)
+
+    @staticmethod
+    def spent(account: Account) -> dict[str, Any]:
+        """What *account* spent, as the journal keeps it."""
+        spent: dict[str, Any] = {name: getattr(account, name) for name in _SUMMED}
+        return spent | {"cost_usd": account.cost_usd, "model": account.model}
 
     def limit_of(self, key: str) -> Limit | None:
         account = self.accounts.get(key)
@@ -171,15 +222,19 @@ class Ledger:
             account.flag(line)
         if problems is not None:
             problems.extend(wrong)
-        # Cumulative: a report never lowers what was spent (a child cannot unspend its budget).
+        # Cumulative within a life: a report never lowers what was spent (a child cannot
+        # unspend its budget); earlier lives' spend is added.
         for name in _SUMMED:
-            setattr(account, name, max(getattr(account, name), counts[name]))
+            account.life[name] = max(account.life.get(name, 0), counts[name])
+            setattr(account, name, account.banked.get(name, 0) + account.life[name])
         model = usage.model if isinstance(usage.model, str) else ""
         account.model = model[:200] or account.model
         cost = self._cost(account, reported)
-        if cost is not None and account.cost_usd is not None:
-            cost = max(cost, account.cost_usd)
-        account.cost_usd = account.cost_usd if cost is None else cost
+        if cost is not None and account.life_cost is not None:
+            cost = max(cost, account.life_cost)
+        account.life_cost = account.life_cost if cost is None else cost
+        if account.life_cost is not None or account.banked_cost is not None:
+            account.cost_usd = (account.banked_cost or 0.0) + (account.life_cost or 0.0)
         session = self.session()
         return [
             *_newly("child", account.limit, account.reached, account.tokens, account.cost_usd),
@@ -193,16 +248,18 @@ class Ledger:
         ]
 
     def _cost(self, account: Account, reported: float | None) -> float | None:
+        """This life's cost: as reported, else its tokens priced, else unknown."""
         if reported is not None:
             return float(reported)
         price = self.policy.price_for(account.model)
         if price is None:
             return None
+        life = account.life
         return price.cost(
-            input=account.input_tokens,
-            output=account.output_tokens,
-            cache_read=account.cache_read_tokens,
-            cache_write=account.cache_write_tokens,
+            input=life.get("input_tokens", 0),
+            output=life.get("output_tokens", 0),
+            cache_read=life.get("cache_read_tokens", 0),
+            cache_write=life.get("cache_write_tokens", 0),
         )
 
     def session(self) -> dict[str, Any]:

@@ -304,3 +304,25 @@ def test_a_report_never_goes_negative_and_each_lie_is_flagged() -> None:
     assert account.as_json()["flags"] == problems[:20]
     # a real spend after the lies still reaches the limit
     assert [c.level for c in ledger.record("a1", U(tokens=10, cost_usd=1.5))] == ["hard"]
+
+
+def test_a_new_life_adds_and_a_restored_account_goes_on_from_the_journal() -> None:
+    ledger = _ledger(budget=None, prices={"m": {"input": 1.0, "output": 1.0}})
+    ledger.open("a1", "scout", Limit(hard_tokens=300))
+    ledger.record("a1", U(tokens=120, input_tokens=100, output_tokens=20, model="m"))
+    ledger.new_life("a1")  # woken: the new process reports from zero
+    assert ledger.record("a1", U(tokens=120, input_tokens=100, output_tokens=20)) == []
+    account = ledger.accounts["a1"]
+    assert (account.tokens, account.input_tokens) == (240, 200)
+    assert account.cost_usd == pytest.approx(240 / 1e6)
+    spent = ledger.spent(account)
+    # a supervisor restart: a new ledger restores it; the revived child's open keeps it
+    again = _ledger(budget=None, prices={"m": {"input": 1.0, "output": 1.0}})
+    again.restore("a1", spent, "scout")
+    assert again.report()["session"]["tokens"] == 240
+    again.open("a1", "scout", Limit(hard_tokens=300))
+    crossings = again.record("a1", U(tokens=120, input_tokens=100, output_tokens=20))
+    assert crossings == [Crossing(scope="child", level="hard", what="360 of 300 tokens")]
+    assert again.accounts["a1"].cost_usd == pytest.approx(360 / 1e6)
+    again.restore("a2", {"tokens": -5, "cost_usd": -1.0, "model": 3}, "scout")
+    assert (again.accounts["a2"].tokens, again.accounts["a2"].cost_usd) == (0, None)
