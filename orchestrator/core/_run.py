@@ -330,6 +330,9 @@ class ChildRun(ParentCommands, Ending):
                 self.log.write(
                     f"turn {turn.number} failed on quota; retrying on {record.models[-1]}"
                 )
+                # Journaled now, before the retry can settle: a supervisor killed after the
+                # settle note must revive the child on the fallback, not the limited model.
+                self.host.journal.changed(record)
                 record.touch(f"retrying on {record.models[-1]}")
                 turn = self._new_turn()
                 if not await self._prompt(turn, text, retry):

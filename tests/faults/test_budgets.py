@@ -13,7 +13,8 @@ import pytest
 import trio
 
 from orchestrator._errors import PolicyError, UsageError
-from orchestrator._records import TERMINAL, State
+from orchestrator._records import TERMINAL, ChildRecord, State
+from orchestrator.core._journaling import NoJournal
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
 from orchestrator.spend._budgets import SOFT_STEER
 from tests.fakes.model_server import ModelServer
@@ -354,3 +355,40 @@ async def test_a_child_reporting_negative_usage_is_clamped_and_flagged(faults) -
     assert peeked["usage"]["cost_usd"] == pytest.approx(120 / 1e6)
     assert "usage report flagged: cost_usd -997.0 is negative: refused" in log
     assert '"kind": "usage"' in rejects
+
+
+class _Recorder(NoJournal):
+    """A journal that keeps, in order, each settle and each change of a child's models."""
+
+    def __init__(self) -> None:
+        self.facts: list[tuple[str, Any]] = []
+
+    def changed(self, record: ChildRecord) -> None:
+        if not self.facts or self.facts[-1] != ("models", list(record.models)):
+            self.facts.append(("models", list(record.models)))
+
+    def settled(self, record: ChildRecord, *, report: str, error: str) -> None:
+        self.facts.append(("settled", report))
+
+
+async def test_the_move_to_a_fallback_is_journaled_before_its_turn_settles(faults) -> None:
+    """#37 item 5: journaled after the settle note, a supervisor killed right then revived the
+    child on the rate-limited primary."""
+    async with ModelServer() as srv:
+        base = srv.base_url("c1") + "/v1"
+        (faults.home / "roles.yaml").write_text(
+            f"roles:\n  worker:\n    model: openai/primary@{base}\n"
+            f"    fallbacks: [openai/spare@{base}]\n"
+        )
+        srv.script("c1", [*[{"status": 429, "body": "rate limited"}] * 3, {"text": "spare"}])
+        with trio.fail_after(CEILING):
+            async with open_supervisor(faults.config()) as sup:
+                sup.journal = recorder = _Recorder()
+                [record] = await sup.spawn([SpawnRequest(task="go", role="worker")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                await sup.stop([record.key])
+        messages = srv.requests("c1")[3].body["messages"]
+    both = [f"openai/primary@{base}", f"openai/spare@{base}"]
+    moved = recorder.facts.index(("models", both))
+    assert moved < recorder.facts.index(("settled", "spare")), recorder.facts
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["go"]  # sent once
