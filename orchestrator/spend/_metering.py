@@ -156,9 +156,9 @@ class Meter:
         model = payload.get("model")
         if isinstance(model, str) and model:
             self._model = model
-        usage = payload.get("usage")
-        if not isinstance(usage, Mapping):
+        if not isinstance(payload.get("usage"), Mapping):
             return
+        usage = _mapping(payload.get("usage"))
         if "prompt_tokens" in usage:  # Chat Completions
             prompt = _count(usage, "prompt_tokens")
             cached = min(
