@@ -117,6 +117,10 @@ class ChildRun(ParentCommands, Ending):
         if spent is not None:
             self.host.journal.spent(self.key, spent)  # survives a supervisor restart
 
+    def gateway_refused(self, what: str, why: str) -> None:
+        """A model request the gateway refused (a cap) or could not relay: the run log."""
+        self.log.write(f"fleet: model gateway refused {what[:200]!r}: {why}")
+
     def flag_usage(self, line: str) -> None:
         """A usage report the ledger refused or clamped: the run log and the reject log."""
         self.log.write(f"fleet: usage report flagged: {line}")
@@ -343,6 +347,7 @@ class ChildRun(ParentCommands, Ending):
             self.turn = None
         await self._check_result(turn)
         self._settled(turn)
+        self.host.spend.cross_check(self)  # what it reported against what the gateway metered
 
     async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
         """Send *turn*'s prompt and wait for it to settle; ``False``: the child is going away."""

@@ -26,6 +26,7 @@ from orchestrator.spend._limits import (
     parse_limit,
     resolve_limit,
 )
+from orchestrator.spend._metering import Metered
 
 __all__ = ["SOFT_STEER", "Budgets"]
 
@@ -136,6 +137,44 @@ class Budgets:
                 run.record.cost_usd = round(account.cost_usd, 6)
         for crossing in crossings:
             self._act(run, crossing)
+
+    def on_metered(self, run: Budgeted, metered: Metered) -> None:
+        """One response's bill as the model gateway read it: the ledger's own count."""
+        crossings = self.ledger.meter(run.key, metered)
+        self._show(run)
+        for crossing in crossings:
+            self._act(run, crossing)
+
+    def refusal(self, key: str) -> str | None:
+        """Why the gateway must refuse *key*'s next model request (a hard limit reached)."""
+        account = self.ledger.accounts.get(key)
+        if account is not None and "hard" in account.reached:
+            what = account.limit.reached("hard", account.tokens, account.cost_usd)
+            return f"fleet: budget spent ({what or 'hard limit reached'}): no more model requests"
+        session = self.ledger.session_refusal()
+        return None if session is None else f"fleet: {session}"
+
+    def cross_check(self, run: Budgeted) -> None:
+        """After a turn: a child that reported fewer tokens than the gateway metered is
+        flagged (it is counted what was metered either way)."""
+        account = self.ledger.accounts.get(run.key)
+        if account is None or not account.metered:
+            return
+        reported, metered = self.ledger.reported(account), account.metered.get("tokens", 0)
+        if reported < metered:
+            line = f"the child reported {reported} tokens, the gateway metered {metered}"
+            if line not in account.flags:
+                account.flag(line)
+                run.flag_usage(line)
+                self._show(run)
+
+    def _show(self, run: Budgeted) -> None:
+        account = self.ledger.accounts.get(run.key)
+        if account is not None:
+            run.record.usage = account.as_json()
+            run.record.tokens = account.tokens
+            if account.cost_usd is not None:
+                run.record.cost_usd = round(account.cost_usd, 6)
 
     def _act(self, run: Budgeted, crossing: Crossing) -> None:
         scope = "session budget" if crossing.scope == "session" else "budget"

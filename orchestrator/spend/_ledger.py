@@ -29,6 +29,8 @@ from orchestrator.spend._limits import NO_LIMIT, Level, Limit, SpendPolicy
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from orchestrator.spend._metering import Metered
+
 Scope = Literal["child", "session"]
 
 #: How many flags an account keeps (a hostile child may report nonsense on every step).
@@ -85,23 +87,30 @@ class Account:
     banked_cost: float | None = None
     life: dict[str, int] = attrs.Factory(dict)
     life_cost: float | None = None
+    #: What the model gateway metered for this child (all lives), when it relays its traffic.
+    metered: dict[str, int] = attrs.Factory(dict)
 
     def flag(self, line: str) -> None:
         if len(self.flags) < MAX_FLAGS:
             self.flags.append(line)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "tokens": self.tokens,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_read_tokens": self.cache_read_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-            "model": self.model,
-            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
-            "budget": self.limit.as_json(),
-            "reached": sorted(self.reached),
-        } | ({"flags": list(self.flags)} if self.flags else {})
+        metered = {"metered_tokens": self.metered.get("tokens", 0)} if self.metered else {}
+        return (
+            metered
+            | {
+                "tokens": self.tokens,
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "cache_read_tokens": self.cache_read_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+                "model": self.model,
+                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+                "budget": self.limit.as_json(),
+                "reached": sorted(self.reached),
+            }
+            | ({"flags": list(self.flags)} if self.flags else {})
+        )
 
 
 _SUMMED = ("tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
@@ -195,13 +204,19 @@ class Ledger:
         account.cost_usd = _reported_cost_value(cost, ignored)
         model = spent.get("model")
         account.model = model[:200] if isinstance(model, str) else account.model
+        if spent.get("metered") is True:  # the gateway goes on counting from there
+            account.metered = {name: getattr(account, name) for name in _SUMMED}
         self.new_life(key)
 
     @staticmethod
     def spent(account: Account) -> dict[str, Any]:
         """What *account* spent, as the journal keeps it."""
         spent: dict[str, Any] = {name: getattr(account, name) for name in _SUMMED}
-        return spent | {"cost_usd": account.cost_usd, "model": account.model}
+        return spent | {
+            "cost_usd": account.cost_usd,
+            "model": account.model,
+            "metered": bool(account.metered),
+        }
 
     def limit_of(self, key: str) -> Limit | None:
         account = self.accounts.get(key)
@@ -226,15 +241,54 @@ class Ledger:
         # unspend its budget); earlier lives' spend is added.
         for name in _SUMMED:
             account.life[name] = max(account.life.get(name, 0), counts[name])
-            setattr(account, name, account.banked.get(name, 0) + account.life[name])
         model = usage.model if isinstance(usage.model, str) else ""
         account.model = model[:200] or account.model
         cost = self._cost(account, reported)
         if cost is not None and account.life_cost is not None:
             cost = max(cost, account.life_cost)
         account.life_cost = account.life_cost if cost is None else cost
+        self._total(account)
+        return self._crossings(account)
+
+    def meter(self, key: str, metered: Metered) -> list[Crossing]:
+        """Add one response's bill as the gateway read it; the limits newly reached."""
+        account = self.accounts.get(key)
+        if account is None:
+            return []
+        account.metered["tokens"] = account.metered.get("tokens", 0) + metered.tokens
+        for name in _SUMMED[1:]:
+            account.metered[name] = account.metered.get(name, 0) + getattr(metered, name)
+        account.model = account.model or metered.model[:200]
+        self._total(account)
+        return self._crossings(account)
+
+    def reported(self, account: Account) -> int:
+        """The tokens *account*'s child itself reported (every life's)."""
+        return account.banked.get("tokens", 0) + account.life.get("tokens", 0)
+
+    def _total(self, account: Account) -> None:
+        """*account*'s spend: what its child reported or the gateway metered, whichever is
+        more, count by count (a child that under-reports is counted what it was billed)."""
+        for name in _SUMMED:
+            reported = account.banked.get(name, 0) + account.life.get(name, 0)
+            setattr(account, name, max(reported, account.metered.get(name, 0)))
+        costs = []
         if account.life_cost is not None or account.banked_cost is not None:
-            account.cost_usd = (account.banked_cost or 0.0) + (account.life_cost or 0.0)
+            costs.append((account.banked_cost or 0.0) + (account.life_cost or 0.0))
+        price = self.policy.price_for(account.model)
+        if account.metered and price is not None:
+            costs.append(
+                price.cost(
+                    input=account.metered.get("input_tokens", 0),
+                    output=account.metered.get("output_tokens", 0),
+                    cache_read=account.metered.get("cache_read_tokens", 0),
+                    cache_write=account.metered.get("cache_write_tokens", 0),
+                )
+            )
+        if costs:
+            account.cost_usd = max(costs)
+
+    def _crossings(self, account: Account) -> list[Crossing]:
         session = self.session()
         return [
             *_newly("child", account.limit, account.reached, account.tokens, account.cost_usd),
