@@ -208,6 +208,9 @@ class Config:
     #: given; the supervisor validates them as a whole (``spend._limits.parse_policy``).
     budget: object = None
     prices: object = None
+    #: ``subagents.pacing``: the model gateway's per-provider rate and cooldown patience, as
+    #: given (``spend._pacing.parse_pacing`` validates it).
+    pacing: object = None
 
     @property
     def paths(self) -> "SessionPaths":
@@ -339,6 +342,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("notify", "notify"),
         ("budget", "budget"),
         ("prices", "prices"),
+        ("pacing", "pacing"),
     ):
         if key in sub:
             settings[target] = sub[key]

@@ -121,6 +121,10 @@ class ChildRun(ParentCommands, Ending):
         """A model request the gateway refused (a cap) or could not relay: the run log."""
         self.log.write(f"fleet: model gateway refused {what[:200]!r}: {why}")
 
+    def provider_wait(self, line: str) -> None:
+        """A model request waits on its provider's cooldown: ``peek`` says so."""
+        self.record.touch(line)
+
     def flag_usage(self, line: str) -> None:
         """A usage report the ledger refused or clamped: the run log and the reject log."""
         self.log.write(f"fleet: usage report flagged: {line}")

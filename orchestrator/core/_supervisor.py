@@ -52,6 +52,7 @@ from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
 from orchestrator.spend._budgets import Budgets
 from orchestrator.spend._limits import parse_policy
+from orchestrator.spend._pacing import parse_pacing
 from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
@@ -155,6 +156,7 @@ class Supervisor(FleetViews):
         self.notifier.start(self.nursery)
         self.spend = Budgets(
             policy=parse_policy(self.config.budget, self.config.prices),
+            pacing=parse_pacing(self.config.pacing),
             nursery=self.nursery,
             notes=self.notes,
             notifier=self.notifier,
@@ -419,6 +421,7 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.paths.root)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
+    parse_pacing(config.pacing)
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
     secrets = SecretSet([session_key])

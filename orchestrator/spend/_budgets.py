@@ -27,6 +27,7 @@ from orchestrator.spend._limits import (
     resolve_limit,
 )
 from orchestrator.spend._metering import Metered
+from orchestrator.spend._pacing import Pacing
 
 __all__ = ["SOFT_STEER", "Budgets"]
 
@@ -63,6 +64,8 @@ class Budgets:
     notifier: Notifier
     session: str
     scrub: Callable[[str], str] = str
+    #: The session's provider gates (the model gateway paces every child's requests here).
+    pacing: Pacing = attrs.Factory(Pacing)
     ledger: Ledger = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:

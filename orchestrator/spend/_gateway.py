@@ -18,6 +18,7 @@ with one status line; the gateway never raises into the proxy.
 """
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
@@ -29,10 +30,13 @@ import trio
 
 import ipc
 from orchestrator.spend._metering import Meter, Metered
+from orchestrator.spend._pacing import Pacing, retry_after
 
-__all__ = ["MAX_BODY", "Gateway", "model_gateway"]
+__all__ = ["MAX_BODY", "MAX_RETRIES", "Gateway", "model_gateway"]
 
 MAX_BODY: Final = 32 << 20
+#: How often one request is retried after a 429/529 cooldown before the child gets the answer.
+MAX_RETRIES: Final = 5
 _CHUNK: Final = 65536
 _CREDENTIALS: Final = frozenset({"authorization", "x-api-key", "api-key"})
 _HOP: Final = frozenset(
@@ -52,9 +56,16 @@ _HOP: Final = frozenset(
 )
 
 
-def _error_body(message: str) -> bytes:
-    import json  # noqa: PLC0415 - only refusals need it
+def _model_of(body: bytes | bytearray) -> str:
+    """The ``model`` a request body names ("" when it names none)."""
+    try:
+        value = json.loads(body).get("model") if body[:1] == b"{" else None
+    except (ValueError, AttributeError):
+        return ""
+    return value[:200] if isinstance(value, str) else ""
 
+
+def _error_body(message: str) -> bytes:
     return json.dumps(
         {"type": "error", "error": {"type": "fleet_refused", "message": message}}
     ).encode()
@@ -76,6 +87,10 @@ class Gateway:
     on_refused: Callable[[str, str], None] = lambda _what, _why: None
     client: httpx.AsyncClient | None = None
     timeout: float = 600.0
+    #: The session's provider gates; None: unpaced, a 429 goes straight to the child.
+    pacing: Pacing | None = None
+    #: A request waits on its provider's cooldown (``peek`` shows the line).
+    on_wait: Callable[[str], None] = lambda _line: None
 
     async def serve(self, stream: trio.abc.Stream, first: bytes = b"") -> None:
         """Serve HTTP/1.1 requests on *stream* (the bytes *first* already read) until it
@@ -127,18 +142,32 @@ class Gateway:
             and (not self.credentials or name.lower().decode("latin-1") not in _CREDENTIALS)
         ]
         headers += [*self.credentials.items(), ("accept-encoding", "identity")]
-        outgoing = client.build_request(
-            request.method.decode("ascii", "replace"),
-            self.upstream.rstrip("/") + target,
-            headers=headers,
-            content=bytes(body),
-        )
-        try:
-            response = await client.send(outgoing, stream=True)
-        except httpx.HTTPError as exc:
-            self.on_refused(target, f"upstream failed: {exc}")
-            await self._answer(stream, connection, 502, f"fleet gateway: upstream failed: {exc}")
-            return False
+        gate = None if self.pacing is None else self.pacing.gate(self.upstream, _model_of(body))
+        for attempt in range(MAX_RETRIES + 1):
+            if gate is not None:
+                if gate.cooling:
+                    self.on_wait(f"waiting on {gate.key} ({gate.cooling:.0f} s cooldown)")
+                await gate.turn()
+            outgoing = client.build_request(
+                request.method.decode("ascii", "replace"),
+                self.upstream.rstrip("/") + target,
+                headers=headers,
+                content=bytes(body),
+            )
+            try:
+                response = await client.send(outgoing, stream=True)
+            except httpx.HTTPError as exc:
+                self.on_refused(target, f"upstream failed: {exc}")
+                message = f"fleet gateway: upstream failed: {exc}"
+                await self._answer(stream, connection, 502, message)
+                return False
+            if gate is None or self.pacing is None or response.status_code not in (429, 529):
+                break
+            wait = retry_after(response.headers.get("retry-after"))
+            gate.cool(wait)  # every child's request to this provider waits it out
+            if wait > self.pacing.patience or attempt == MAX_RETRIES:
+                break  # the child gets the 429 (a role's fallback may take over)
+            await response.aclose()
         async with contextlib.aclosing(response):
             meter = Meter(streaming="event-stream" in response.headers.get("content-type", ""))
             reply = [
@@ -200,6 +229,8 @@ async def _next(stream: trio.abc.Stream, connection: h11.Connection) -> object:
 class Metering(Protocol):
     """What a child's gateway reports to (``spend._budgets.Budgets``)."""
 
+    @property
+    def pacing(self) -> Pacing: ...
     def on_metered(self, run: Any, metered: Metered) -> None: ...
     def refusal(self, key: str) -> str | None: ...
 
@@ -208,6 +239,7 @@ class Logged(Protocol):
     @property
     def key(self) -> str: ...
     def gateway_refused(self, what: str, why: str) -> None: ...
+    def provider_wait(self, line: str) -> None: ...
 
 
 def model_gateway(
@@ -241,5 +273,7 @@ def model_gateway(
         credentials=credentials,
         refusal=lambda: spend.refusal(run.key),
         on_refused=run.gateway_refused,
+        pacing=spend.pacing,
+        on_wait=run.provider_wait,
     )
     return {pair: gateway.serve}

@@ -78,3 +78,43 @@ async def test_a_hard_cap_is_refused_at_the_gateway_and_stops_the_child(faults):
         assert len(srv.requests("c1")) == 1
     assert record.state is State.STOPPED
     assert handoff["incomplete"] == f"budget spent: {BILL} of 100 tokens"
+
+
+async def test_sixteen_children_wait_out_one_shared_cooldown_with_no_extra_429s(faults):
+    """#37 item 4: a provider answers 429 with ``Retry-After`` for as long as it says; once the
+    first child met it, the gate makes every other child's request wait the cooldown out
+    instead of meeting a 429 of its own (without the gate each met one), and all finish."""
+    children, window = 16, 6.0
+    async with ModelServer() as srv:
+        for i in range(children):
+            srv.script(f"c{i}", [{"text": f"done {i}"}])
+        srv.rate_limit(window, str(int(window)))
+        config = faults.config(max_subagents=children, lane=children, pacing={"patience": 30})
+
+        def spawn(i: int) -> SpawnRequest:
+            return SpawnRequest(
+                task=f"task {i}", model=f"openai:fake-model@{srv.base_url(f'c{i}')}/v1"
+            )
+
+        with trio.fail_after(240):
+            async with open_supervisor(config) as sup:
+                records = await sup.spawn([spawn(0)])
+                gates = sup.spend.pacing.gates
+                await Faults.until(lambda: any(g.cooling for g in gates.values()))
+                records += await sup.spawn([spawn(i) for i in range(1, children)])
+                live = [sup.registry.find(r.key) for r in records]
+                await Faults.until(lambda: any("cooldown" in r.activity for r in live[1:]))
+                waiting = next(r.peek_line() for r in live[1:] if "cooldown" in r.activity)
+                await Faults.until(lambda: all(r.state is State.IDLE for r in live))
+                reports = sorted(r.report for r in live)
+                errors = [r.error for r in live if r.error]
+                sandboxed = {a["sandboxed"] for a in sup.peek()["agents"]}
+                await sup.stop([r.key for r in records])
+        served = [r for r in srv.requests() if r.api is not None]
+        limited = list(srv.limited)
+    assert sandboxed == {True}
+    assert reports == sorted(f"done {i}" for i in range(children))
+    assert errors == []
+    assert len(served) == children  # each child's one answer, after the cooldown
+    assert [child for _, child in limited] == ["c0"]  # the first child's 429, and no other
+    assert "waiting on http://127.0.0.1:" in waiting, waiting
