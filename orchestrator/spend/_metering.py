@@ -75,6 +75,8 @@ class Meter:
     _overflow: bool = False
     _parts: dict[str, int] = attrs.Factory(dict)
     _model: str = ""
+    #: How far :attr:`_held` was searched for an event's end already.
+    _scanned: int = 0
 
     def feed(self, data: bytes) -> None:
         if self._overflow:
@@ -89,7 +91,7 @@ class Meter:
             self._events()
         if len(self._held) > MAX_HELD:
             self._held.clear()
-            self._overflow = True
+            self._overflow, self._scanned = True, 0
 
     def usage(self) -> Metered:
         """The response's bill so far (call once the response ended)."""
@@ -109,15 +111,17 @@ class Meter:
 
     def _events(self) -> None:
         while True:
-            held = bytes(self._held)
-            cut = min(
-                (i for i in (held.find(b"\n\n"), held.find(b"\r\n\r\n")) if i >= 0), default=-1
-            )
+            start = max(0, self._scanned - 3)
+            ends = (self._held.find(b"\n\n", start), self._held.find(b"\r\n\r\n", start))
+            cut = min((i for i in ends if i >= 0), default=-1)
             if cut < 0:
+                self._scanned = len(self._held)
                 return
-            width = 4 if held[cut : cut + 4] == b"\r\n\r\n" else 2
+            width = 4 if self._held[cut : cut + 4] == b"\r\n\r\n" else 2
+            block = bytes(self._held[:cut])
             del self._held[: cut + width]
-            self._event(held[:cut])
+            self._scanned = 0
+            self._event(block)
 
     def _event(self, block: bytes) -> None:
         lines = block.replace(b"\r\n", b"\n").split(b"\n")
