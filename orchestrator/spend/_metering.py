@@ -126,7 +126,9 @@ class Meter:
     def _event(self, block: bytes) -> None:
         lines = block.replace(b"\r\n", b"\n").split(b"\n")
         data = b"\n".join(line[5:].lstrip(b" ") for line in lines if line.startswith(b"data:"))
-        if data and data.strip() != b"[DONE]":
+        # Only an event that carries usage (or names the model) is worth parsing: a text
+        # delta's JSON is skipped, so a long stream costs a substring search per event.
+        if b'"usage"' in data or b'"model"' in data[:200]:
             self._read(data)
 
     def _read(self, data: bytes) -> None:
