@@ -65,7 +65,7 @@ class Budgets:
     session: str
     scrub: Callable[[str], str] = str
     #: The session's provider gates (the model gateway paces every child's requests here).
-    pacing: Pacing = attrs.Factory(Pacing)
+    pacing: Pacing | None = None
     ledger: Ledger = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:

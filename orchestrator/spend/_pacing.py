@@ -108,11 +108,12 @@ class Pacing:
         return gate
 
 
-def parse_pacing(value: object) -> Pacing:
+def parse_pacing(value: object) -> Pacing | None:
     """``subagents.pacing`` (``rate``: requests per second per provider/model; ``patience``:
-    seconds a cooldown is waited out), or one :class:`UsageError` line."""
+    seconds a cooldown is waited out), or one :class:`UsageError` line; None when it is not
+    configured (no gate: a 429 goes straight to the child, and a role's fallback takes over)."""
     if value is None:
-        return Pacing()
+        return None
     if not isinstance(value, Mapping):
         raise UsageError("subagents.pacing must be a mapping of rate, patience")
     unknown = sorted(str(k) for k in value if k not in ("rate", "patience"))

@@ -99,6 +99,7 @@ async def test_sixteen_children_wait_out_one_shared_cooldown_with_no_extra_429s(
         with trio.fail_after(240):
             async with open_supervisor(config) as sup:
                 records = await sup.spawn([spawn(0)])
+                assert sup.spend.pacing is not None
                 gates = sup.spend.pacing.gates
                 await Faults.until(lambda: any(g.cooling for g in gates.values()))
                 records += await sup.spawn([spawn(i) for i in range(1, children)])

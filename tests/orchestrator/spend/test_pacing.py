@@ -38,6 +38,8 @@ def test_parse_pacing_refuses_in_one_line(value, message) -> None:
 
 async def test_one_cooldown_holds_every_request_and_the_rate_spaces_them(autojump_clock) -> None:
     pacing = parse_pacing({"rate": 2, "patience": 10})
+    assert pacing is not None
+    assert parse_pacing(None) is None
     gate = pacing.gate("http://h:1", "m")
     assert pacing.gate("http://h:1", "m") is gate
     assert pacing.gate("http://h:1", "n") is not gate
