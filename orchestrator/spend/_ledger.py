@@ -107,6 +107,7 @@ class Account:
                 "model": self.model,
                 "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
                 "budget": self.limit.as_json(),
+                "left": left(self.limit, self.tokens, self.cost_usd),
                 "reached": sorted(self.reached),
             }
             | ({"flags": list(self.flags)} if self.flags else {})
@@ -114,6 +115,17 @@ class Account:
 
 
 _SUMMED = ("tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def left(limit: Limit, tokens: int, cost: float | None) -> dict[str, float | int]:
+    """What is left of each of *limit*'s values at *tokens* / *cost* (never below 0)."""
+    remaining: dict[str, float | int] = {}
+    for key, value in limit.as_json().items():
+        if key.endswith("tokens"):
+            remaining[key] = max(0, int(value) - tokens)
+        elif cost is not None:
+            remaining[key] = round(max(0.0, value - cost), 6)
+    return remaining
 
 
 def _count(usage: UsageReport, name: str, problems: list[str]) -> int:
@@ -336,8 +348,10 @@ class Ledger:
         definitions: dict[str, list[Account]] = {}
         for account in self.accounts.values():
             definitions.setdefault(account.agent, []).append(account)
-        session = self.session() | {
+        totals = self.session()
+        session = totals | {
             "budget": self.policy.session.as_json(),
+            "left": left(self.policy.session, totals["tokens"], totals["cost_usd"]),
             "reached": sorted(self.session_reached),
         }
         return {

@@ -326,3 +326,12 @@ def test_a_new_life_adds_and_a_restored_account_goes_on_from_the_journal() -> No
     assert again.accounts["a1"].cost_usd == pytest.approx(360 / 1e6)
     again.restore("a2", {"tokens": -5, "cost_usd": -1.0, "model": 3}, "scout")
     assert (again.accounts["a2"].tokens, again.accounts["a2"].cost_usd) == (0, None)
+
+
+def test_fleet_usage_says_what_is_left_of_each_limit() -> None:
+    ledger = _ledger(budget={"session": {"hard_tokens": 1000, "hard_usd": 1.0}})
+    ledger.open("a1", "scout", Limit(soft_tokens=100, hard_tokens=300))
+    ledger.record("a1", U(tokens=120, cost_usd=0.25))
+    report = ledger.report()
+    assert report["agents"][0]["left"] == {"soft_tokens": 0, "hard_tokens": 180}
+    assert report["session"]["left"] == {"hard_tokens": 880, "hard_usd": 0.75}
