@@ -221,7 +221,7 @@ class Config:
     #: ``subagents.notify``: events for people (a command, a webhook, the desktop).
     notify: NotifyConfig = attrs.field(factory=NotifyConfig, converter=_notify)
     #: ``subagents.budget`` and ``subagents.prices``: usage budgets and the price table, as
-    #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
+    #: given; the supervisor validates them as a whole (``spend._limits.parse_policy``).
     budget: object = None
     prices: object = None
     #: ``copyback.hold``: globs of paths a worker's copy-back holds for a person's say, added
@@ -230,6 +230,9 @@ class Config:
     #: ``integration.gate``: the shell command a held change must pass in a fresh sandboxed
     #: worktree before ``fleet land`` applies it ("" : ``land`` is refused).
     integration_gate: str = ""
+    #: ``subagents.pacing``: the model gateway's per-provider rate and cooldown patience, as
+    #: given (``spend._pacing.parse_pacing`` validates it).
+    pacing: object = None
 
     @property
     def paths(self) -> "SessionPaths":
@@ -387,6 +390,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("notify", "notify"),
         ("budget", "budget"),
         ("prices", "prices"),
+        ("pacing", "pacing"),
     ):
         if key in sub:
             settings[target] = sub[key]

@@ -183,6 +183,8 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.workspace": {FOUNDATION},
     "orchestrator.coordination": {FOUNDATION},
     "orchestrator.notify": {FOUNDATION},
+    # Spend: budgets, ledger, quota, roles, fallback (the core passes its notes in).
+    "orchestrator.spend": {FOUNDATION, "ipc", "orchestrator.notify"},
     "orchestrator.launch": {FOUNDATION, "ipc", "sandbox"},
     "orchestrator.remote": {FOUNDATION, "ipc"},
     # The journal is written for core through a protocol; control wires it in.
@@ -200,6 +202,7 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.batch",
         "orchestrator.remote",
         "orchestrator.governance",
+        "orchestrator.spend",
         "orchestrator.workspace",
         "orchestrator.coordination",
         "orchestrator.launch",

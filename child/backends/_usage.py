@@ -5,6 +5,7 @@ split); cache reads and writes are their own. A backend's own cost is kept when 
 (the supervisor prices the tokens otherwise).
 """
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +22,11 @@ def _count(usage: object, key: str) -> int:
 
 
 def _number(value: object) -> float | None:
+    """A cost as reported: a finite number >= 0, else None (a model may report nonsense; a
+    negative cost would unspend the child's budget)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0:
         return None
     return float(value)
 

@@ -94,6 +94,9 @@ def take_stale(sup: Supervisor, journal: Journal) -> Stale:
     pid = None if previous is None else previous.fields.get("pid")
     how = "stopped" if previous is not None and previous.kind == "shutdown" else "died"
     stale = Stale()
+    for facts in journal.facts.values():  # fleet usage says what it said before the restart
+        if facts.spent and facts.key not in sup.registry.records:
+            sup.spend.restore(facts.key, str(facts.spawn.get("agent") or ""), facts.spent)
     listed, kept, running = [], [], []
     for facts in list(journal.facts.values()):
         live = not facts.ended

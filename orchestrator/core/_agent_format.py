@@ -18,8 +18,8 @@ import yaml
 
 from orchestrator._errors import UsageError
 from orchestrator._schemafile import read_schema_file
-from orchestrator.governance._budget import Limit, parse_limit
 from orchestrator.governance._checked import check_schema
+from orchestrator.spend._limits import Limit, parse_limit
 
 #: Tools that can change the repository. ``child.tools.MUTATING_TOOLS`` is the same set; the
 #: orchestrator may not import ``child``, so a test holds the two equal.
@@ -69,7 +69,7 @@ class AgentDefinition:
     description: str
     tools: tuple[str, ...]
     model: str | None = None
-    #: A model role (``model: "@role"`` says the same); see :mod:`orchestrator.core._modelroles`.
+    #: A model role (``model: "@role"`` says the same); see :mod:`orchestrator.spend._modelroles`.
     role: str | None = None
     backend: str = "builtin"
     mode: str

@@ -13,7 +13,6 @@ import ipc
 from orchestrator._config import Config
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator.core._agents import AgentDefinition
-from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees
 from orchestrator.core._journaling import Journal
@@ -25,6 +24,7 @@ from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy
 from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher
+from orchestrator.spend._budgets import Budgets
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -43,6 +43,9 @@ class Journal(Protocol):
     def woke(self, record: ChildRecord) -> None:
         """*record* was launched again from hibernation."""
 
+    def spent(self, key: str, spent: Mapping[str, Any]) -> None:
+        """*key*'s usage so far (every life's), as the ledger counts it."""
+
 
 class NoJournal:
     """The journal of a supervisor that keeps none: every fact is dropped."""
@@ -75,4 +78,7 @@ class NoJournal:
         pass
 
     def woke(self, record: ChildRecord) -> None:
+        pass
+
+    def spent(self, key: str, spent: Mapping[str, Any]) -> None:
         pass

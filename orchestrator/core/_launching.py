@@ -38,6 +38,7 @@ from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._sandboxing import Placement, place
 from orchestrator.launch._tmux import TmuxLauncher
+from orchestrator.spend._gateway import model_gateway
 from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
@@ -254,6 +255,7 @@ class Launching:
             path=directory / f"{run.key}.sock",
             allowed=allowlist(loadout.egress),
             on_refused=refused,
+            models=model_gateway(sup.spend, run, loadout.model, loadout.egress, os.environ),
         )
         await nursery.start(proxy.serve)
         run.log.write(f"egress allowed to {', '.join(loadout.egress)}")

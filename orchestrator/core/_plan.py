@@ -17,11 +17,11 @@ from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agents import AgentDefinition
-from orchestrator.core._modelroles import choose_role
 from orchestrator.governance._checked import check_schema
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
-from orchestrator.governance._roles import RoleEntry
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for
+from orchestrator.spend._modelroles import choose_role
+from orchestrator.spend._roles import RoleEntry
 
 CHILD_MODES = ("scout", "fork", "worktree")
 SURFACES = ("process", "tmux", "tmux:current", "cmux", "ray")

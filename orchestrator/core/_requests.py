@@ -142,10 +142,7 @@ class ChildRequests:
                 "next": list(progress.next[:3]),
             }
         if event.usage is not None:
-            record.tokens = event.usage.tokens
-            if event.usage.cost_usd is not None:
-                record.cost_usd = event.usage.cost_usd
-            self.run.on_usage(event.usage)
+            self.run.on_usage(event.usage)  # the ledger checks it and sets the record's spend
         if self.loops.activity:
             record.touch()  # looping: peek keeps saying so until a call that does not trip
         elif event.activity in {"tool_start", "tool_update"}:

@@ -211,6 +211,7 @@ async def launch_again(
     """Launch *record* again with *revival*'s loadout, marked restarted (its slot is
     already reserved; a wake from hibernation launches through here too)."""
     fields = _loadout_fields(revival)
+    sup.spend.new_life(record.key)  # its new process reports from zero: that adds
     prepared = await trio.to_thread.run_sync(spawning.prepare_one, record, fields)
     run = ChildRun(
         host=sup,

@@ -21,7 +21,6 @@ from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
 from orchestrator.core._commands import ParentCommands
 from orchestrator.core._ending import Ending
-from orchestrator.core._fallback import current_model, fallback
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.core._terms import RemoteTerms
@@ -31,6 +30,7 @@ from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
+from orchestrator.spend._fallback import current_model, fallback
 
 if TYPE_CHECKING:
     from orchestrator.core._host import RunHost
@@ -113,6 +113,22 @@ class ChildRun(ParentCommands, Ending):
 
     def on_usage(self, usage: ipc.Usage) -> None:
         self.host.spend.on_usage(self, usage)
+        spent = self.host.spend.spent(self.key)
+        if spent is not None:
+            self.host.journal.spent(self.key, spent)  # survives a supervisor restart
+
+    def gateway_refused(self, what: str, why: str) -> None:
+        """A model request the gateway refused (a cap) or could not relay: the run log."""
+        self.log.write(f"fleet: model gateway refused {what[:200]!r}: {why}")
+
+    def provider_wait(self, line: str) -> None:
+        """A model request waits on its provider's cooldown: ``peek`` says so."""
+        self.record.touch(line)
+
+    def flag_usage(self, line: str) -> None:
+        """A usage report the ledger refused or clamped: the run log and the reject log."""
+        self.log.write(f"fleet: usage report flagged: {line}")
+        self.host.reject("usage", self.key, {"flag": line})
 
     def session_spent(self) -> bool:
         return self.host.spend.ledger.session_refusal() is not None
@@ -323,6 +339,9 @@ class ChildRun(ParentCommands, Ending):
                 self.log.write(
                     f"turn {turn.number} failed on quota; retrying on {record.models[-1]}"
                 )
+                # Journaled now, before the retry can settle: a supervisor killed after the
+                # settle note must revive the child on the fallback, not the limited model.
+                self.host.journal.changed(record)
                 record.touch(f"retrying on {record.models[-1]}")
                 turn = self._new_turn()
                 if not await self._prompt(turn, text, retry):
@@ -334,6 +353,7 @@ class ChildRun(ParentCommands, Ending):
         await self._check_result(turn)
         await self._observe(turn)
         self._settled(turn)
+        self.host.spend.cross_check(self)  # what it reported against what the gateway metered
 
     async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
         """Send *turn*'s prompt and wait for it to settle; ``False``: the child is going away."""

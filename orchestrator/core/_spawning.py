@@ -32,8 +32,8 @@ from orchestrator.core._remote import REMOTE_SURFACES, node_directory, node_layo
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._checked import instruction
 from orchestrator.governance._diagnostics import RunLog
-from orchestrator.governance._roles import load_roles
 from orchestrator.launch._sandboxing import check_available
+from orchestrator.spend._roles import load_roles
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost

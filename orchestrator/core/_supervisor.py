@@ -36,7 +36,6 @@ from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
 from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
-from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
@@ -50,7 +49,6 @@ from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning
 from orchestrator.core._views import FleetViews
-from orchestrator.governance._budget import parse_policy
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
@@ -60,6 +58,9 @@ from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv
 from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
+from orchestrator.spend._budgets import Budgets
+from orchestrator.spend._limits import parse_policy
+from orchestrator.spend._pacing import parse_pacing
 from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
 
@@ -183,6 +184,7 @@ class Supervisor(FleetViews):
         self.notifier.start(self.nursery)
         self.spend = Budgets(
             policy=parse_policy(self.config.budget, self.config.prices),
+            pacing=parse_pacing(self.config.pacing),
             nursery=self.nursery,
             notes=self.notes,
             notifier=self.notifier,
@@ -527,6 +529,7 @@ async def open_supervisor(config: Config, *, locked: bool = False) -> AsyncItera
 async def _open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
+    parse_pacing(config.pacing)
     listener = ipc.Listener(config.paths.ipc_socket)
     session_key = ipc.new_session_key()
     secrets = SecretSet([session_key])

@@ -14,7 +14,6 @@ from orchestrator.batch import Maps
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import Paper
-from orchestrator.core._budgets import Budgets
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees
 from orchestrator.core._notes import Notes
@@ -22,6 +21,7 @@ from orchestrator.core._registry import Registry
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.governance._ownership import LockTable
 from orchestrator.notify import Notifier
+from orchestrator.spend._budgets import Budgets
 
 __all__ = ["FleetViews"]
 

@@ -138,6 +138,8 @@ class ChildFacts:
     pid: int | None = None
     #: Whether its kept worktree was resolved after its handoff (copied back or discarded).
     resolved: bool = False
+    #: Its usage so far, every life's (the ledger's ``spent``), as last journaled.
+    spent: dict[str, Any] = attrs.Factory(dict)
 
     @property
     def ended(self) -> bool:
@@ -166,6 +168,7 @@ class ChildFacts:
             "handoff": self.handoff,
             "pid": self.pid,
             "resolved": self.resolved,
+            "spent": self.spent,
         }
 
 
@@ -186,6 +189,7 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
             handoff=fields.get("handoff"),
             pid=_pid(fields.get("pid")),
             resolved=bool(fields.get("resolved")),
+            spent=_spent(fields.get("spent")),
         )
         return
     child = facts.get(key)
@@ -199,6 +203,8 @@ def apply(facts: dict[str, ChildFacts], record: JournalRecord) -> None:
             child.handoff, child.pid, child.resolved = None, None, False
     elif kind == "pid":
         child.pid = _pid(fields.get("pid"))
+    elif kind == "usage":
+        child.spent = _spent(fields)
     elif kind == "resolved":
         child.resolved = True
     elif kind == "question":
@@ -228,6 +234,10 @@ def last_supervisor(records: Iterable[JournalRecord]) -> JournalRecord | None:
         if record.key == "" and record.kind in SUPERVISOR_KINDS:
             last = record
     return last
+
+
+def _spent(value: object) -> dict[str, Any]:
+    return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
 def _pid(value: object) -> int | None:

@@ -42,6 +42,8 @@ class SessionJournal:
     #: Every model each child ran on, as last written (a quota fallback adds one).
     _models: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     _pids: dict[str, int] = attrs.Factory(dict)
+    #: Each child's usage as last written (``fleet usage`` after a restart reads it).
+    _spent: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
     def spawned(self, record: ChildRecord, fields: Mapping[str, Any]) -> None:
         loadout = _plain(dict(fields))
@@ -131,6 +133,11 @@ class SessionJournal:
     def woke(self, record: ChildRecord) -> None:
         self._states[record.key] = str(record.state)
         self.journal.append("wake", record.key, durable=True, state=str(record.state))
+
+    def spent(self, key: str, spent: Mapping[str, Any]) -> None:
+        if self._spent.get(key) != spent:
+            self._spent[key] = dict(spent)
+            self.journal.append("usage", key, durable=True, **spent)
 
     def handed_off(self, record: ChildRecord) -> None:
         self._states.pop(record.key, None)

@@ -51,7 +51,13 @@ FailureKind = Literal[
     "surface-creation-failed",
 ]
 RejectKind = Literal[
-    "policy", "lock-conflict", "dropped-frame", "egress", "control-refused", "hello-refused"
+    "policy",
+    "lock-conflict",
+    "dropped-frame",
+    "egress",
+    "control-refused",
+    "hello-refused",
+    "usage",
 ]
 
 DEFAULT_CAP = 1 << 20

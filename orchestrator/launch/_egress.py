@@ -16,6 +16,10 @@ both ways until both sides are done. Anything else — another method, a malform
 head, a slow client, a target off the list, more than :data:`MAX_CONNECTIONS` at once — is
 answered with one status line and closed, and reported to ``on_refused`` (the supervisor writes
 it to the child's run log and the reject log).
+
+A target in :attr:`EgressProxy.models` (the child's model endpoint, when the supervisor runs a
+model gateway for it) is not dialled: after the ``200`` the tunnel's bytes go to that handler
+(``orchestrator.spend._gateway``), which relays, keys and meters each request itself.
 """
 
 import contextlib
@@ -25,7 +29,7 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -40,6 +44,8 @@ MAX_CONNECTIONS: Final = 32
 _CHUNK: Final = 65536
 
 Dial = Callable[[str, int], Awaitable[trio.abc.Stream]]
+#: Serves a tunnel to a model endpoint: the client's stream and the bytes after its CONNECT.
+ModelHandler = Callable[[trio.abc.Stream, bytes], Awaitable[None]]
 
 
 class EgressError(Exception):
@@ -120,6 +126,8 @@ class EgressProxy:
     max_connections: int = MAX_CONNECTIONS
     #: The launched process: only it and its descendants may use the proxy (see :meth:`admit`).
     owner_pid: int | None = None
+    #: Allowed targets served by a handler (the model gateway) instead of a dialled stream.
+    models: Mapping[tuple[str, int], ModelHandler] = attrs.Factory(dict)
     _active: int = 0
     _admitted: trio.Event = attrs.Factory(trio.Event)
 
@@ -199,6 +207,11 @@ class EgressProxy:
             return
         except trio.BrokenResourceError:
             return
+        if not isinstance(upstream, trio.abc.Stream):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await client.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await upstream(client, rest)
+            return
         async with upstream:
             try:
                 await client.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -210,9 +223,9 @@ class EgressProxy:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
 
-    async def _open(self, client: trio.abc.Stream) -> tuple[trio.abc.Stream, bytes]:
-        """Read and check the CONNECT, dial its target: the upstream and the bytes after the
-        head; :class:`_Refused` says why not."""
+    async def _open(self, client: trio.abc.Stream) -> tuple[trio.abc.Stream | ModelHandler, bytes]:
+        """Read and check the CONNECT, dial its target (or take its model handler): the
+        upstream and the bytes after the head; :class:`_Refused` says why not."""
         with trio.move_on_after(self.head_timeout) as timer:
             head, rest = await _read_head(client)
         if timer.cancelled_caught:
@@ -224,6 +237,9 @@ class EgressProxy:
             raise _Refused("400 Bad Request", "target is not host:port", target) from None
         if pair not in self.allowed:
             raise _Refused("403 Forbidden", "not in the egress allowlist", target)
+        handler = self.models.get(pair)
+        if handler is not None:
+            return handler, rest
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
                 return await self.dial(*pair), rest

@@ -100,15 +100,29 @@ class Connection:
         self._buffer += data
         return bool(data)
 
-    async def send_json(self, status: int, payload: object, *, keep_alive: bool = True) -> None:
+    async def send_json(
+        self,
+        status: int,
+        payload: object,
+        *,
+        keep_alive: bool = True,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
         body = json.dumps(payload).encode()
-        await self.send_whole(status, body, "application/json", keep_alive=keep_alive)
+        await self.send_whole(status, body, "application/json", keep_alive=keep_alive, extra=extra)
 
     async def send_whole(
-        self, status: int, body: bytes, content_type: str, *, keep_alive: bool = True
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        *,
+        keep_alive: bool = True,
+        extra: list[tuple[str, str]] | None = None,
     ) -> None:
         """A complete response; ``keep_alive=False`` announces that the server will close."""
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        headers += extra or []
         if not keep_alive:
             headers.append(("Connection", "close"))
         await self.stream.send_all(_head(status, headers) + body)

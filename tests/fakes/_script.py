@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import attrs
 
 _TURN_KEYS = ("text", "tool_calls", "status", "body", "stall", "delay", "usage")
-_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens")
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cost")
 
 T = TypeVar("T")
 
@@ -44,6 +44,8 @@ class Usage:
     input_tokens: int = 100
     output_tokens: int = 20
     cache_read_tokens: int = 0
+    #: A cost the server reports with the usage (OpenAI chat ``usage.cost``, as gateways do).
+    cost: float | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -146,6 +148,10 @@ def _usage(raw: object, *, where: str) -> Usage:
     if unknown:
         raise ScriptError(where, f"unknown key {unknown[0]!r}; use one of {_USAGE_KEYS}")
     for key, value in raw.items():
+        if key == "cost":  # any number: a hostile model may report a negative cost
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ScriptError(where, f"cost must be a number, got {value!r}")
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ScriptError(where, f"{key} must be an int >= 0, got {value!r}")
     return Usage(**raw)

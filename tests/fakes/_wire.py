@@ -114,7 +114,7 @@ def _chat_usage(reply: Reply) -> dict[str, Any]:
         "completion_tokens": usage.output_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens},
-    }
+    } | ({} if usage.cost is None else {"cost": usage.cost})
 
 
 def _chat_finish(turn: Turn) -> str:

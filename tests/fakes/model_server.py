@@ -36,6 +36,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import unquote
 
@@ -170,6 +171,12 @@ class ModelServer:
     _token: trio.lowlevel.TrioToken | None = attrs.field(default=None, init=False)
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _failure: BaseException | None = attrs.field(default=None, init=False)
+    #: A provider's rate limit (:meth:`rate_limit`): the window, its Retry-After, when it ends.
+    _window: float = attrs.field(default=0.0, init=False)
+    _retry_after: str = attrs.field(default="", init=False)
+    _closed_until: float | None = attrs.field(default=None, init=False)
+    #: When (``time.monotonic()``) and to which child each 429 of the rate limit was answered.
+    limited: list[tuple[float, str]] = attrs.field(factory=list, init=False)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -261,6 +268,24 @@ class ModelServer:
         with self._lock:
             self._default = parsed
 
+    def rate_limit(self, window: float, retry_after: str) -> None:
+        """Answer the next model request, and every one for *window* seconds after it, with
+        ``429`` and ``Retry-After: <retry_after>`` (a provider's limit; the script waits)."""
+        with self._lock:
+            self._window, self._retry_after, self._closed_until = window, retry_after, None
+
+    def _limited_now(self, child: str) -> bool:
+        with self._lock:
+            if not self._window:
+                return False
+            now = time.monotonic()
+            if self._closed_until is None:
+                self._closed_until = now + self._window
+            if now >= self._closed_until:
+                return False
+            self.limited.append((now, child))
+            return True
+
     def requests(self, child: str | None = None) -> list[Request]:
         """Every request received so far (for `child`, or for all), in arrival order."""
         with self._lock:
@@ -311,6 +336,11 @@ class ModelServer:
             else None
         )
         body = _parse_json(http.body)
+        if api is not None and isinstance(body, dict) and self._limited_now(child):
+            message = "model server: rate limited"
+            extra = [("Retry-After", self._retry_after)]
+            await connection.send_json(429, error_json(api, 429, message), extra=extra)
+            return http.keep_alive
         served = api is not None and isinstance(body, dict)
         request = Request(
             child=child,

@@ -14,13 +14,20 @@ does one wrong thing:
 - ``drop``: takes ownership of ``src/rogue.txt``, then closes its connection and stays alive.
 - ``vanish``: asks the parent a question (no deadline); the next request from the supervisor
   goes unanswered: it closes its connection and exits 0.
+- ``meterless``: answers each prompt by calling its model itself (a chat completion through
+  its egress proxy socket, as an agent CLI's HTTP client would) and reports no usage at all;
+  its report is the HTTP status line it got.
+- ``unspend``: reports usage with a negative cost and negative token counts (a lying model or
+  child trying to unspend its budget), then idles.
 """
 
+import contextlib
 import json
 import os
 import socket
 import sys
 import time
+from urllib.parse import urlsplit
 
 import trio
 
@@ -82,6 +89,8 @@ async def act(name: str, loadout: ipc.Loadout) -> None:
             body = envelope.body
             if isinstance(body, ipc.Prompt) and name == "late":
                 nursery.start_soon(late_frames, body.turn)
+            if isinstance(body, ipc.Prompt) and name == "meterless":
+                nursery.start_soon(call_model, body.turn)
             if name == "vanish" and not isinstance(body, ipc.Prompt):
                 await channel.aclose("vanishing mid-request")
                 os._exit(0)
@@ -101,6 +110,10 @@ async def act(name: str, loadout: ipc.Loadout) -> None:
                 ipc.Settled(turn=turn, text="a side turn nobody asked", side=True),
             ):
                 await channel.send_event(settled)
+
+        async def call_model(turn: int) -> None:
+            status = await trio.to_thread.run_sync(post_chat, loadout.model.base_url)
+            await channel.send_event(ipc.Settled(turn=turn, text=status))
 
         nursery.start_soon(channel.serve, handle, ignore)
         if name == "garbage":
@@ -123,6 +136,36 @@ async def act(name: str, loadout: ipc.Loadout) -> None:
             await trio.sleep_forever()
         elif name == "vanish":
             await channel.request(ipc.Question(text="Which way?"), timeout=None)
+        elif name == "unspend":
+            for usage in (
+                ipc.Usage(tokens=120, input_tokens=100, output_tokens=20, model="fake-model"),
+                ipc.Usage(tokens=-5000, input_tokens=-1, cost_usd=-997.0, model="fake-model"),
+                ipc.Usage(tokens=110, cost_usd=-1e-9, model="fake-model"),
+            ):
+                await channel.send_event(ipc.Event(activity="usage", usage=usage))
+
+
+def post_chat(base_url: str) -> str:
+    """One chat completion at *base_url* through the egress socket; its status line."""
+    parts = urlsplit(base_url)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(20)
+    s.connect(os.environ["FLEET_EGRESS_SOCKET"])
+    s.sendall(f"CONNECT {parts.hostname}:{parts.port} HTTP/1.1\r\n\r\n".encode())
+    s.sendall(
+        f"POST {parts.path}/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        "Authorization: Bearer fleet-placeholder\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            data += chunk
+    s.close()
+    answer = data.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in data else b""
+    return answer.split(b"\r\n", 1)[0].decode("latin-1")
 
 
 def main() -> None:

@@ -13,9 +13,10 @@ import pytest
 import trio
 
 from orchestrator._errors import PolicyError, UsageError
-from orchestrator._records import TERMINAL, State
-from orchestrator.core._budgets import SOFT_STEER
+from orchestrator._records import TERMINAL, ChildRecord, State
+from orchestrator.core._journaling import NoJournal
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from orchestrator.spend._budgets import SOFT_STEER
 from tests.fakes.model_server import ModelServer
 from tests.faults.conftest import Faults
 
@@ -302,3 +303,92 @@ async def test_a_spent_session_starts_no_wake_turn(faults) -> None:
                     )
                 assert (record.turn, record.state) == (turns, State.IDLE)
                 await sup.stop([record.key])
+
+
+async def test_a_model_reporting_a_negative_cost_unspends_nothing(faults) -> None:
+    """A hostile model answers with ``usage.cost`` -997: the cost is refused, the tokens are
+    priced, and the hard USD limit still stops the child (#36: it drove the spend to -997)."""
+    async with ModelServer() as srv:
+        hostile = {"usage": {"input_tokens": 100, "output_tokens": 20, "cost": -997.0}}
+        srv.script("c1", [{**READ, **hostile}, {"delay": 5, "text": "never reached"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        prices = {"fake-model": {"input": 100, "output": 100}}  # 120 tokens: $0.012
+        config = faults.config(model=model, budget={"child": {"hard_usd": 0.01}}, prices=prices)
+        with trio.fail_after(CEILING):
+            async with open_supervisor(config) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="read")])
+                await settled_state(sup, record.key, TERMINAL)
+                [handoff] = await sup.stop([record.key])
+                report = sup.spend.report()
+    assert handoff["incomplete"] == "budget spent: $0.0120 of $0.01"
+    [child] = report["agents"]
+    assert child["cost_usd"] == pytest.approx(0.012)
+    assert report["session"]["cost_usd"] == pytest.approx(0.012)
+
+
+async def test_a_child_reporting_negative_usage_is_clamped_and_flagged(faults) -> None:
+    """A rogue child sends usage with negative counts and negative costs: nothing
+    in the ledger goes below what was spent or below zero, and each lie is flagged."""
+    prices = {"fake-model": {"input": 1, "output": 1}}
+    config = faults.rogue_config(reject_log=True, prices=prices)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(config) as sup:
+            [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-unspend")])
+            await Faults.until(lambda: len(sup.spend.report()["agents"][0].get("flags", [])) >= 4)
+            report = sup.spend.report()
+            peeked = sup.peek([record.key])["agents"][0]
+            await sup.stop([record.key])
+        log = (sup.paths.logs / f"{record.key}.log").read_text()
+        rejects = (sup.paths.logs / "rejected.jsonl").read_text()
+    [child] = report["agents"]
+    assert (child["tokens"], child["input_tokens"], child["output_tokens"]) == (120, 100, 20)
+    assert child["cost_usd"] == pytest.approx(120 / 1e6)
+    assert report["session"]["cost_usd"] == pytest.approx(120 / 1e6)
+    assert report["session"]["tokens"] == 120
+    assert child["flags"] == [
+        "tokens -5000 is not a whole number >= 0: counted as 0",
+        "input_tokens -1 is not a whole number >= 0: counted as 0",
+        "cost_usd -997.0 is negative: refused",
+        "cost_usd -1e-09 is negative: refused",
+    ]
+    assert peeked["usage"]["tokens"] == 120
+    assert peeked["usage"]["cost_usd"] == pytest.approx(120 / 1e6)
+    assert "usage report flagged: cost_usd -997.0 is negative: refused" in log
+    assert '"kind": "usage"' in rejects
+
+
+class _Recorder(NoJournal):
+    """A journal that keeps, in order, each settle and each change of a child's models."""
+
+    def __init__(self) -> None:
+        self.facts: list[tuple[str, Any]] = []
+
+    def changed(self, record: ChildRecord) -> None:
+        if not self.facts or self.facts[-1] != ("models", list(record.models)):
+            self.facts.append(("models", list(record.models)))
+
+    def settled(self, record: ChildRecord, *, report: str, error: str) -> None:
+        self.facts.append(("settled", report))
+
+
+async def test_the_move_to_a_fallback_is_journaled_before_its_turn_settles(faults) -> None:
+    """#37 item 5: journaled after the settle note, a supervisor killed right then revived the
+    child on the rate-limited primary."""
+    async with ModelServer() as srv:
+        base = srv.base_url("c1") + "/v1"
+        (faults.home / "roles.yaml").write_text(
+            f"roles:\n  worker:\n    model: openai/primary@{base}\n"
+            f"    fallbacks: [openai/spare@{base}]\n"
+        )
+        srv.script("c1", [*[{"status": 429, "body": "rate limited"}] * 3, {"text": "spare"}])
+        with trio.fail_after(CEILING):
+            async with open_supervisor(faults.config()) as sup:
+                sup.journal = recorder = _Recorder()
+                [record] = await sup.spawn([SpawnRequest(task="go", role="worker")])
+                await settled_state(sup, record.key, frozenset({State.IDLE}))
+                await sup.stop([record.key])
+        messages = srv.requests("c1")[3].body["messages"]
+    both = [f"openai/primary@{base}", f"openai/spare@{base}"]
+    moved = recorder.facts.index(("models", both))
+    assert moved < recorder.facts.index(("settled", "spare")), recorder.facts
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["go"]  # sent once

@@ -140,12 +140,17 @@ def test_a_revived_child_keeps_its_role_and_the_fallback_it_moved_to(faults) -> 
         assert note["report"] == "## Summary\nafter the revive"
         models = [r.body["model"] for r in srv.requests("c1")]
         assert models == ["primary"] * 3 + ["spare"] * 3  # no second trip through the primary
+        # The fallback turn sent the prompt once.
+        assert _user_texts(srv.requests("c1")[3].body) == ["turn one"]
         [agent] = _json(faults, "peek", "a1")["agents"]
         assert agent["role"] == "worker"
         assert agent["models"] == [f"openai/primary@{base}", f"openai/spare@{base}"]
         events = [json.loads(line) for line in faults.cli("events", "--json").stdout.splitlines()]
         [moved] = [e for e in events if e["kind"] == "models"]
         assert moved["models"] == agent["models"]
+        # The move was journaled before the turn on the spare settled (and its note was sent).
+        settled = [e["seq"] for e in events if e["kind"] == "settled"]
+        assert moved["seq"] < settled[0], (moved, settled)
         scratch = faults.home / "sessions" / "t" / "scratch" / "a1"
         assert (scratch / "transcript.json").is_file()
         _json(faults, "stop", "a1")

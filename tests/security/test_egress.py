@@ -197,3 +197,99 @@ async def test_a_model_using_child_reaches_its_model_and_nothing_else(home, othe
     assert "egress" not in plain_log
 
     assert (honest_note["error"], honest_note["report"]) == ("", "## Summary\nhonest and sandboxed")
+
+
+ATTACKS = r"""
+import json, os, socket, sys
+
+model, other = int(sys.argv[1]), int(sys.argv[2])
+path = os.environ["FLEET_EGRESS_SOCKET"]
+
+def ask(head, *, then=b"", whole=False):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    try:
+        s.sendall(head)
+        if then:
+            first = s.recv(4096)
+            s.sendall(then)
+    except BrokenPipeError:
+        pass  # refused before it read all: the answer is still there to read
+    data = first if then else b""
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+            if not whole:
+                break
+    except (socket.timeout, ConnectionResetError):
+        pass
+    s.close()
+    return data.decode("latin-1") if whole else data.split(b"\r\n", 1)[0].decode("latin-1")
+
+def connect(target):
+    return ask(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode("latin-1"))
+
+def code(line):
+    return line[9:12] if line.startswith("HTTP/1.1 ") else line
+
+out = {"targets": []}
+for target in [
+    f"127.0.0.1:{other}", f"localhost:{other}", f"[::1]:{other}", f"[::1]:{model}",
+    f"2130706433:{model}", f"0x7f000001:{model}", f"127.1:{model}", f"0177.0.0.1:{model}",
+    f"127.0.0.2:{model}", f"[::ffff:127.0.0.1]:{model}", f"127.0.0.1.:{model}",
+    f"localhost.:{model}", f"127.0.0.1\x00.evil.example:{model}", f"127.0.0.1:{model}\x00",
+    f"127.0.0.1\x00:{other}", "169.254.169.254:80", "[fd00:ec2::254]:80",
+    f"127.0.0.1:{model}@127.0.0.1:{other}", f"127.0.0.1:+{model}", f"127.0.0.1:{model + 65536}",
+]:
+    out["targets"].append(code(connect(target)))
+# Not a CONNECT: an absolute-URI request, a lower-case method, a request line with extra spaces.
+out["absolute"] = code(ask(f"GET http://127.0.0.1:{other}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
+out["metadata"] = code(ask(b"GET http://169.254.169.254/latest/ HTTP/1.1\r\nHost: x\r\n\r\n"))
+out["lower"] = code(ask(f"connect 127.0.0.1:{other} HTTP/1.1\r\n\r\n".encode()))
+out["spaces"] = code(ask(f"CONNECT  127.0.0.1:{other} HTTP/1.1\r\n\r\n".encode()))
+# A second CONNECT on an allowed tunnel goes to the model server (as data), never to the proxy;
+# and a second CONNECT pipelined behind the first in one write likewise.
+hop = f"CONNECT 127.0.0.1:{other} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+first = f"CONNECT 127.0.0.1:{model} HTTP/1.1\r\n\r\n".encode()
+for name, answer in (
+    ("second", ask(first, then=hop, whole=True)), ("pipelined", ask(first + hop, whole=True))
+):
+    tunnel, _, rest = answer.partition("\r\n\r\n")
+    out[name] = [code(tunnel), answer.count("Connection established"), code(rest)]
+print(json.dumps(out))
+"""
+
+
+async def test_a_hostile_child_cannot_spell_its_way_past_the_egress_allowlist(home, other_port):
+    """#36 item 3: other host:ports, loopback's other spellings, ``[::1]``, null bytes and
+    trailing dots, the metadata address, absolute-URI requests and a second CONNECT on a
+    tunnel — every one refused or kept inside the allowed tunnel, nothing reaches the host."""
+    listener, other = other_port
+    repo = make_repo(home / "repo")
+    async with ModelServer() as srv:
+        _write_definition(repo, srv.port)
+        config = Config(
+            home=home / "state", session="t", workspace=repo, agents_scope="project",
+            reject_log=True,
+        )  # fmt: skip
+        async with open_supervisor(config) as sup:
+            command = (sys.executable, "-c", ATTACKS, str(srv.port), str(other))
+            [hostile] = await sup.spawn([SpawnRequest(task="x", agent="hostile", command=command)])
+            got = await _report(sup, hostile.key)
+            sandboxed = sup.peek([hostile.key])["agents"][0]["sandboxed"]
+        log = (config.paths.logs / f"{hostile.key}.log").read_text()
+        tunnelled = [r for r in srv.requests() if r.method == "CONNECT"]
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nothing ever reached the host's other service
+    assert sandboxed is True
+    assert (got["absolute"], got["metadata"], got["lower"]) == ("405", "405", "405")
+    assert got["spaces"] == "400"
+    assert [code for code in got["targets"] if code not in {"403", "400"}] == []
+    assert "egress refused '169.254.169.254:80': not in the egress allowlist" in log
+    assert f"egress refused '[::1]:{srv.port}': not in the egress allowlist" in log
+    # The tunnel's second CONNECT reached the model server as data, which refused it itself.
+    for tunnel, established, then in (got["second"], got["pipelined"]):
+        assert (tunnel, established) == ("200", 1)
+        assert then.startswith("4"), then
+    assert len(tunnelled) <= 2

@@ -181,6 +181,7 @@ class BuiltinBackend:
             if side
             else text
         )
+        restarted, mark = self.restarted, len(self.messages)
         if self.restarted:
             content, self.restarted = f"{RESTARTED}\n{content}", False
         self.messages.append({"role": "user", "content": content})
@@ -194,6 +195,10 @@ class BuiltinBackend:
             try:
                 return await self._loop(text, side=side)
             except ModelError as exc:
+                # The turn is undone: a retry (a role's fallback) sends the prompt once, not
+                # twice; what its tools did stays done.
+                del self.messages[mark:]
+                self.restarted = restarted
                 return TurnResult(text="", ok=False, error=f"model: {exc}")
             finally:
                 self._scope = None

@@ -8,8 +8,8 @@ import yaml
 
 from orchestrator._errors import UsageError
 from orchestrator.core._agent_format import EFFORTS as AGENT_EFFORTS
-from orchestrator.governance import _roles
-from orchestrator.governance._roles import Candidate, first_available, load_roles, resolve
+from orchestrator.spend import _roles
+from orchestrator.spend._roles import Candidate, first_available, load_roles, resolve
 
 OAI = "openai"
 A = "anthropic"

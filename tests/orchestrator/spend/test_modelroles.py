@@ -10,7 +10,7 @@ from orchestrator._errors import UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.core._agent_format import AgentDefinitionError, parse_agent
 from orchestrator.core._plan import plan_spawn
-from orchestrator.governance._roles import _entries
+from orchestrator.spend._roles import _entries
 
 URL = "http://127.0.0.1:9/v1"
 ROLES = _entries(

@@ -1,7 +1,7 @@
 """Mid-run model fallback: a turn that failed on a quota, rate-limit or overload error is
 retried once on its model role's next candidate.
 
-The supervisor decides (the classifier is :func:`orchestrator.governance._quota.retryable`);
+The supervisor decides (the classifier is :func:`orchestrator.spend._quota.retryable`);
 the child obeys: the retried ``prompt`` names the candidate's index in the loadout's
 ``models``, and the child runs it on that model (:meth:`child._runtime.Runtime._use_model`).
 The record's ``models`` lists every model the child ran on, so its last entry is the current
@@ -10,7 +10,7 @@ one; ``peek`` and the handoff show it. A child without a role never falls back.
 
 import ipc
 from orchestrator._records import ChildRecord
-from orchestrator.governance._quota import retryable
+from orchestrator.spend._quota import retryable
 
 
 def current_model(record: ChildRecord) -> int:

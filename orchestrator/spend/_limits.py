@@ -6,7 +6,7 @@ and validated as a whole by :func:`parse_policy`: every value a non-negative num
 hard, unknown keys refused — each problem one :class:`UsageError` line. A spawn (and a
 definition, and a nested spawn) may only *lower* the limit it would get: :func:`lower` refuses
 a raise with one :class:`PolicyError` line, :func:`clamp` silently takes the lower of two.
-The accounting itself is :mod:`orchestrator.governance._ledger`.
+The accounting itself is :mod:`orchestrator.spend._ledger`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 import ipc
 from orchestrator._records import ChildRecord
-from orchestrator.core._fallback import current_model, fallback
+from orchestrator.spend._fallback import current_model, fallback
 
 SPECS = ["openai/a", "openai/b", "openai/c"]
 

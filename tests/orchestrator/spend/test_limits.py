@@ -7,7 +7,8 @@ import pytest
 
 from orchestrator._errors import PolicyError, UsageError
 from orchestrator._records import budget_from_text
-from orchestrator.governance._budget import (
+from orchestrator.spend._ledger import Crossing, Ledger
+from orchestrator.spend._limits import (
     Limit,
     Price,
     clamp,
@@ -16,7 +17,6 @@ from orchestrator.governance._budget import (
     parse_policy,
     resolve_limit,
 )
-from orchestrator.governance._ledger import Crossing, Ledger
 
 
 @attrs.frozen(kw_only=True)
@@ -287,3 +287,51 @@ def test_a_report_never_lowers_what_was_spent() -> None:
     account = ledger.accounts["a1"]
     assert (account.tokens, account.input_tokens, account.cost_usd) == (90, 80, 0.9)
     assert [c.level for c in ledger.record("a1", U(tokens=1, cost_usd=1.0))] == ["hard"]
+
+
+def test_a_report_never_goes_negative_and_each_lie_is_flagged() -> None:
+    ledger = _ledger(budget=None, prices={"m": {"input": 1.0}})
+    ledger.open("a1", "scout", Limit(hard_usd=1.0))
+    problems: list[str] = []
+    for cost in (-997.0, float("nan"), float("-inf")):
+        ledger.record("a1", U(tokens=-5, input_tokens=-1, model="m", cost_usd=cost), problems)
+    account = ledger.accounts["a1"]
+    assert (account.tokens, account.input_tokens, account.cost_usd) == (0, 0, 0.0)
+    assert ledger.session()["cost_usd"] == 0.0
+    assert "cost_usd -997.0 is negative: refused" in problems
+    assert "cost_usd nan is not a number: refused" in problems
+    assert "tokens -5 is not a whole number >= 0: counted as 0" in problems
+    assert account.as_json()["flags"] == problems[:20]
+    # a real spend after the lies still reaches the limit
+    assert [c.level for c in ledger.record("a1", U(tokens=10, cost_usd=1.5))] == ["hard"]
+
+
+def test_a_new_life_adds_and_a_restored_account_goes_on_from_the_journal() -> None:
+    ledger = _ledger(budget=None, prices={"m": {"input": 1.0, "output": 1.0}})
+    ledger.open("a1", "scout", Limit(hard_tokens=300))
+    ledger.record("a1", U(tokens=120, input_tokens=100, output_tokens=20, model="m"))
+    ledger.new_life("a1")  # woken: the new process reports from zero
+    assert ledger.record("a1", U(tokens=120, input_tokens=100, output_tokens=20)) == []
+    account = ledger.accounts["a1"]
+    assert (account.tokens, account.input_tokens) == (240, 200)
+    assert account.cost_usd == pytest.approx(240 / 1e6)
+    spent = ledger.spent(account)
+    # a supervisor restart: a new ledger restores it; the revived child's open keeps it
+    again = _ledger(budget=None, prices={"m": {"input": 1.0, "output": 1.0}})
+    again.restore("a1", spent, "scout")
+    assert again.report()["session"]["tokens"] == 240
+    again.open("a1", "scout", Limit(hard_tokens=300))
+    crossings = again.record("a1", U(tokens=120, input_tokens=100, output_tokens=20))
+    assert crossings == [Crossing(scope="child", level="hard", what="360 of 300 tokens")]
+    assert again.accounts["a1"].cost_usd == pytest.approx(360 / 1e6)
+    again.restore("a2", {"tokens": -5, "cost_usd": -1.0, "model": 3}, "scout")
+    assert (again.accounts["a2"].tokens, again.accounts["a2"].cost_usd) == (0, None)
+
+
+def test_fleet_usage_says_what_is_left_of_each_limit() -> None:
+    ledger = _ledger(budget={"session": {"hard_tokens": 1000, "hard_usd": 1.0}})
+    ledger.open("a1", "scout", Limit(soft_tokens=100, hard_tokens=300))
+    ledger.record("a1", U(tokens=120, cost_usd=0.25))
+    report = ledger.report()
+    assert report["agents"][0]["left"] == {"soft_tokens": 0, "hard_tokens": 180}
+    assert report["session"]["left"] == {"hard_tokens": 880, "hard_usd": 0.75}

@@ -16,7 +16,7 @@ from typing import Final
 import attrs
 
 from orchestrator._errors import UsageError
-from orchestrator.governance._roles import (
+from orchestrator.spend._roles import (
     Candidate,
     RoleEntry,
     available,

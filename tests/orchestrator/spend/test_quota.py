@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.governance._quota import retryable
+from orchestrator.spend._quota import retryable
 
 
 @pytest.mark.parametrize(

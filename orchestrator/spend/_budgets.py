@@ -17,20 +17,29 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, PolicyError, UsageError
 from orchestrator._records import ChildRecord
-from orchestrator.core._notes import Notes
-from orchestrator.governance._budget import (
+from orchestrator.notify import Notifier, budget_event
+from orchestrator.spend._ledger import Crossing, Ledger
+from orchestrator.spend._limits import (
     Limit,
     SpendPolicy,
     clamp,
     parse_limit,
     resolve_limit,
 )
-from orchestrator.governance._ledger import Crossing, Ledger
-from orchestrator.notify import Notifier, budget_event
+from orchestrator.spend._metering import Metered
+from orchestrator.spend._pacing import Pacing
 
 __all__ = ["SOFT_STEER", "Budgets"]
 
 SOFT_STEER = "budget nearly spent: finish and report"
+
+
+class Notes(Protocol):
+    """Where the parent's notes wait (``core._notes.Notes``)."""
+
+    @property
+    def pending(self) -> list[dict[str, Any]]: ...
+    def changed(self) -> None: ...
 
 
 class Budgeted(Protocol):
@@ -40,6 +49,7 @@ class Budgeted(Protocol):
     def key(self) -> str: ...
     @property
     def record(self) -> ChildRecord: ...
+    def flag_usage(self, line: str) -> None: ...
     async def steer(self, text: str) -> None: ...
     async def stop_incomplete(self, reason: str) -> None: ...
 
@@ -54,6 +64,8 @@ class Budgets:
     notifier: Notifier
     session: str
     scrub: Callable[[str], str] = str
+    #: The session's provider gates (the model gateway paces every child's requests here).
+    pacing: Pacing | None = None
     ledger: Ledger = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -84,12 +96,26 @@ class Budgets:
 
     def revived(self, record: ChildRecord, journaled: Mapping[str, Any] | None) -> None:
         """A revived child's account: the budget it was spawned with, never more than the
-        configuration gives its definition now (the spend of its earlier life is not kept)."""
+        configuration gives its definition now; what it spent before (restored from the
+        journal) is kept."""
         try:
             before = parse_limit(journaled, f"revive {record.key}: budget")
         except UsageError:
             before = None  # a journal line from elsewhere: the configured limit applies
         self.open(record, clamp(self.policy.configured(record.agent), before))
+
+    def new_life(self, key: str) -> None:
+        """*key*'s process starts again (woken, revived): its reports from zero add up."""
+        self.ledger.new_life(key)
+
+    def restore(self, key: str, agent: str, spent: object) -> None:
+        """What *key* spent as the session journal says (a supervisor restart)."""
+        self.ledger.restore(key, spent, agent)
+
+    def spent(self, key: str) -> dict[str, Any] | None:
+        """What *key* spent so far, as journaled; None for no account."""
+        account = self.ledger.accounts.get(key)
+        return None if account is None else self.ledger.spent(account)
 
     def check_turn(self, what: str) -> None:
         """Refuse a new turn once the session's hard limit is reached."""
@@ -100,15 +126,58 @@ class Budgets:
     # -- usage --------------------------------------------------------------------------
 
     def on_usage(self, run: Budgeted, usage: ipc.Usage) -> None:
-        """Account *run*'s cumulative *usage* and act on every limit it newly reached."""
-        crossings = self.ledger.record(run.key, usage)
+        """Account *run*'s cumulative *usage* and act on every limit it newly reached; what
+        was wrong with the report (a negative count or cost) is flagged (run log, reject log)."""
+        problems: list[str] = []
+        crossings = self.ledger.record(run.key, usage, problems)
+        for problem in problems:
+            run.flag_usage(problem)
         account = self.ledger.accounts.get(run.key)
         if account is not None:
             run.record.usage = account.as_json()
+            run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)
         for crossing in crossings:
             self._act(run, crossing)
+
+    def on_metered(self, run: Budgeted, metered: Metered) -> None:
+        """One response's bill as the model gateway read it: the ledger's own count."""
+        crossings = self.ledger.meter(run.key, metered)
+        self._show(run)
+        for crossing in crossings:
+            self._act(run, crossing)
+
+    def refusal(self, key: str) -> str | None:
+        """Why the gateway must refuse *key*'s next model request (a hard limit reached)."""
+        account = self.ledger.accounts.get(key)
+        if account is not None and "hard" in account.reached:
+            what = account.limit.reached("hard", account.tokens, account.cost_usd)
+            return f"fleet: budget spent ({what or 'hard limit reached'}): no more model requests"
+        session = self.ledger.session_refusal()
+        return None if session is None else f"fleet: {session}"
+
+    def cross_check(self, run: Budgeted) -> None:
+        """After a turn: a child that reported fewer tokens than the gateway metered is
+        flagged (it is counted what was metered either way)."""
+        account = self.ledger.accounts.get(run.key)
+        if account is None or not account.metered:
+            return
+        reported, metered = self.ledger.reported(account), account.metered.get("tokens", 0)
+        if reported < metered:
+            line = f"the child reported {reported} tokens, the gateway metered {metered}"
+            if line not in account.flags:
+                account.flag(line)
+                run.flag_usage(line)
+                self._show(run)
+
+    def _show(self, run: Budgeted) -> None:
+        account = self.ledger.accounts.get(run.key)
+        if account is not None:
+            run.record.usage = account.as_json()
+            run.record.tokens = account.tokens
+            if account.cost_usd is not None:
+                run.record.cost_usd = round(account.cost_usd, 6)
 
     def _act(self, run: Budgeted, crossing: Crossing) -> None:
         scope = "session budget" if crossing.scope == "session" else "budget"

@@ -1,0 +1,287 @@
+"""The model gateway: one child's model traffic, relayed by the supervisor, keyed and metered.
+
+The egress proxy hands a child's tunnel to its model endpoint to :meth:`Gateway.serve` instead
+of dialling it: the child speaks plain HTTP/1.1 (its base URL is ``http://``, over the relay in
+its sandbox), read here with ``h11``. Each request is
+
+- refused when a hard cap is reached (:attr:`Gateway.refusal` says why): a ``403`` with a JSON
+  error body both OpenAI and Anthropic clients show (``error.message``), never retried;
+- otherwise relayed upstream with ``httpx`` (TLS when the upstream is ``https``): every
+  credential header the child sent (``authorization``, ``x-api-key``, ``api-key``) is dropped
+  and the real one the supervisor holds (:attr:`Gateway.credentials`) is set, so a child needs
+  only a placeholder; ``accept-encoding: identity`` so what passes can be read;
+- streamed back as it arrives (SSE or whole), each byte fed to a :class:`Meter`; when the
+  response ends its bill goes to :attr:`Gateway.on_usage` — the ledger's own count.
+
+A request body over :data:`MAX_BODY` bytes, a malformed request or a broken upstream is answered
+with one status line; the gateway never raises into the proxy.
+"""
+
+import contextlib
+import functools
+import json
+import ssl
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
+
+import attrs
+import h11
+import httpx
+import trio
+
+import ipc
+from orchestrator.spend._metering import Meter, Metered
+from orchestrator.spend._pacing import Pacing, retry_after
+
+__all__ = ["MAX_BODY", "MAX_RETRIES", "Gateway", "model_gateway"]
+
+MAX_BODY: Final = 32 << 20
+#: How often one request is retried after a 429/529 cooldown before the child gets the answer.
+MAX_RETRIES: Final = 5
+_CHUNK: Final = 65536
+_CREDENTIALS: Final = frozenset({"authorization", "x-api-key", "api-key"})
+_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The system's trust store, loaded once (loading it per connection cost ~0.3 s)."""
+    return ssl.create_default_context()
+
+
+def _model_of(body: bytes | bytearray) -> str:
+    """The ``model`` a request body names ("" when it names none)."""
+    try:
+        value = json.loads(body).get("model") if body[:1] == b"{" else None
+    except (ValueError, AttributeError):
+        return ""
+    return value[:200] if isinstance(value, str) else ""
+
+
+def _error_body(message: str) -> bytes:
+    return json.dumps(
+        {"type": "error", "error": {"type": "fleet_refused", "message": message}}
+    ).encode()
+
+
+@attrs.define(eq=False)
+class Gateway:
+    """One child's model gateway (see the module docstring)."""
+
+    #: The real endpoint: ``scheme://host[:port]`` (the child's request path is kept).
+    upstream: str
+    on_usage: Callable[[Metered], None]
+    #: The headers that carry the real credential (``{"x-api-key": "sk-..."}``); empty: the
+    #: child's own credential headers pass (a loopback model that needs none).
+    credentials: Mapping[str, str] = attrs.Factory(dict)
+    #: Why no further model request may go out (a hard cap reached), or None.
+    refusal: Callable[[], str | None] = lambda: None
+    #: Each request refused or failed, for the run log: (what, why).
+    on_refused: Callable[[str, str], None] = lambda _what, _why: None
+    client: httpx.AsyncClient | None = None
+    timeout: float = 600.0
+    #: The session's provider gates; None: unpaced, a 429 goes straight to the child.
+    pacing: Pacing | None = None
+    #: A request waits on its provider's cooldown (``peek`` shows the line).
+    on_wait: Callable[[str], None] = lambda _line: None
+
+    async def serve(self, stream: trio.abc.Stream, first: bytes = b"") -> None:
+        """Serve HTTP/1.1 requests on *stream* (the bytes *first* already read) until it
+        closes; every request relayed, metered or refused."""
+        connection = h11.Connection(h11.SERVER)
+        if first:
+            connection.receive_data(first)
+        async with contextlib.AsyncExitStack() as stack:
+            client = self.client
+            if client is None:
+                client = await stack.enter_async_context(
+                    httpx.AsyncClient(timeout=self.timeout, trust_env=False, verify=_tls())
+                )
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError
+            ):
+                while await self._one(stream, connection, client):
+                    connection.start_next_cycle()
+
+    async def _one(
+        self, stream: trio.abc.Stream, connection: h11.Connection, client: httpx.AsyncClient
+    ) -> bool:
+        """One request and its response; whether the connection may carry another."""
+        request = await _next(stream, connection)
+        if not isinstance(request, h11.Request):
+            return False
+        body = bytearray()
+        while True:
+            event = await _next(stream, connection)
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > MAX_BODY:
+                    await self._answer(stream, connection, 413, "request body too large")
+                    return False
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                return False
+        target = request.target.decode("ascii", "replace")
+        refusal = self.refusal()
+        if refusal is not None:
+            self.on_refused(target, refusal)
+            await self._answer(stream, connection, 403, refusal)
+            return connection.our_state is h11.DONE and connection.their_state is h11.DONE
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in request.headers
+            if name.lower().decode("latin-1") not in _HOP
+            and (not self.credentials or name.lower().decode("latin-1") not in _CREDENTIALS)
+        ]
+        headers += [*self.credentials.items(), ("accept-encoding", "identity")]
+        gate = None if self.pacing is None else self.pacing.gate(self.upstream, _model_of(body))
+        for attempt in range(MAX_RETRIES + 1):
+            if gate is not None:
+                if gate.cooling:
+                    self.on_wait(f"waiting on {gate.key} ({gate.cooling:.0f} s cooldown)")
+                await gate.turn()
+            outgoing = client.build_request(
+                request.method.decode("ascii", "replace"),
+                self.upstream.rstrip("/") + target,
+                headers=headers,
+                content=bytes(body),
+            )
+            try:
+                response = await client.send(outgoing, stream=True)
+            except httpx.HTTPError as exc:
+                self.on_refused(target, f"upstream failed: {exc}")
+                message = f"fleet gateway: upstream failed: {exc}"
+                await self._answer(stream, connection, 502, message)
+                return False
+            if gate is None or self.pacing is None or response.status_code not in (429, 529):
+                break
+            wait = retry_after(response.headers.get("retry-after"))
+            gate.cool(wait)  # every child's request to this provider waits it out
+            if wait > self.pacing.patience or attempt == MAX_RETRIES:
+                break  # the child gets the 429 (a role's fallback may take over)
+            await response.aclose()
+        async with contextlib.aclosing(response):
+            meter = Meter(streaming="event-stream" in response.headers.get("content-type", ""))
+            reply = [
+                (name, value)
+                for name, value in response.headers.multi_items()
+                if name.lower() not in _HOP and name.lower() != "content-encoding"
+            ]
+            await stream.send_all(
+                connection.send(
+                    h11.Response(
+                        status_code=response.status_code,
+                        headers=reply,
+                        reason=response.reason_phrase.encode("latin-1", "replace"),
+                    )
+                )
+                or b""
+            )
+            try:
+                async for chunk in response.aiter_raw(_CHUNK):
+                    meter.feed(chunk)
+                    await stream.send_all(connection.send(h11.Data(data=chunk)) or b"")
+            except httpx.HTTPError as exc:
+                self.on_refused(target, f"upstream broke off: {exc}")
+                return False
+            finally:
+                usage = meter.usage()
+                if not usage.empty:
+                    self.on_usage(usage)
+            await stream.send_all(connection.send(h11.EndOfMessage()) or b"")
+        return connection.our_state is h11.DONE and connection.their_state is h11.DONE
+
+    async def _answer(
+        self, stream: trio.abc.Stream, connection: h11.Connection, status: int, message: str
+    ) -> None:
+        body = _error_body(message)
+        headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        data = connection.send(h11.Response(status_code=status, headers=headers)) or b""
+        data += connection.send(h11.Data(data=body)) or b""
+        data += connection.send(h11.EndOfMessage()) or b""
+        await stream.send_all(data)
+
+
+async def _next(stream: trio.abc.Stream, connection: h11.Connection) -> object:
+    """The next h11 event, reading from *stream* as needed (None: the peer closed)."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = bytes(await stream.receive_some(_CHUNK))
+            connection.receive_data(data)
+            if not data and connection.their_state is not h11.DONE:
+                event = connection.next_event()
+                return None if event is h11.NEED_DATA else event
+            continue
+        if event is h11.PAUSED:
+            return None
+        return event
+
+
+class Metering(Protocol):
+    """What a child's gateway reports to (``spend._budgets.Budgets``)."""
+
+    @property
+    def pacing(self) -> Pacing | None: ...
+    def on_metered(self, run: Any, metered: Metered) -> None: ...
+    def refusal(self, key: str) -> str | None: ...
+
+
+class Logged(Protocol):
+    @property
+    def key(self) -> str: ...
+    def gateway_refused(self, what: str, why: str) -> None: ...
+    def provider_wait(self, line: str) -> None: ...
+
+
+def model_gateway(
+    spend: Metering,
+    run: Logged,
+    model: ipc.ModelSpec,
+    allowed: Iterable[str],
+    environ: Mapping[str, str],
+) -> dict[tuple[str, int], Callable[[trio.abc.Stream, bytes], Awaitable[None]]]:
+    """The egress proxy's model handler for *run*: its model endpoint, when that is plain
+    ``http`` and on its allowlist, served by a :class:`Gateway` (metered, capped; the real key
+    of ``model.api_key_env`` from *environ* set on the way out); else nothing."""
+    parts = urlsplit(model.base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        return {}
+    pair = (parts.hostname.lower(), parts.port or 80)
+    if f"{parts.hostname.lower()}:{pair[1]}" not in {a.lower() for a in allowed} and (
+        f"[{pair[0]}]:{pair[1]}" not in {a.lower() for a in allowed}
+    ):
+        return {}
+    key = environ.get(model.api_key_env, "") if model.api_key_env else ""
+    credentials: dict[str, str] = {}
+    if key:
+        credentials = (
+            {"x-api-key": key} if model.kind == "anthropic" else {"authorization": f"Bearer {key}"}
+        )
+    host = f"[{pair[0]}]" if ":" in pair[0] else pair[0]
+    gateway = Gateway(
+        upstream=f"http://{host}:{pair[1]}",
+        on_usage=lambda metered: spend.on_metered(run, metered),
+        credentials=credentials,
+        refusal=lambda: spend.refusal(run.key),
+        on_refused=run.gateway_refused,
+        pacing=spend.pacing,
+        on_wait=run.provider_wait,
+    )
+    return {pair: gateway.serve}
