@@ -41,7 +41,7 @@ SECURITY_HEADERS: Final = {
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # no-referrer would make Origin "null"
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
@@ -123,9 +123,11 @@ class WebApp:
 
     def _fleet_context(self, peek: Mapping[str, Any]) -> dict[str, Any]:
         agents = _render.fleet_order(peek.get("agents", []))
+        asked = {q["id"]: q["text"] for q in peek.get("questions", [])}
         rows = [
             {
                 "agent": agent,
+                "asks": asked.get(agent.get("question") or "", agent.get("question")),
                 "spawned": self.timelines.spawned.get(agent["key"], {}),
                 "model": _render.model_of(agent, self.timelines.spawned.get(agent["key"])),
             }
@@ -160,8 +162,10 @@ class WebApp:
     async def _child(self, key: str) -> dict[str, Any]:
         peek = await self.client.call("peek", {"agents": [key]})
         await self.timelines.refresh(self.client.call)
-        [agent] = peek["agents"]
-        return agent
+        agents: list[dict[str, Any]] = peek["agents"]
+        asked = {q["id"]: q["text"] for q in peek.get("questions", [])}
+        question = agents[0].get("question")
+        return {**agents[0], "asks": asked.get(question, question) if question else None}
 
     async def child_page(self, request: Request) -> Response:
         key = request.path_params["key"]

@@ -52,7 +52,7 @@ def highlighted_diff(text: str) -> markupsafe.Markup:
 
 
 def highlight_css() -> str:
-    return str(_FORMATTER.get_style_defs(".diff"))
+    return str(_FORMATTER.get_style_defs(".diff"))  # type: ignore[no-untyped-call]
 
 
 def budget_of(usage: Mapping[str, Any]) -> str:
