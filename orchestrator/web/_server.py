@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,7 +24,7 @@ import trio
 
 from orchestrator._config import Config
 from orchestrator._errors import OperationFailed, Unreachable
-from orchestrator.control._daemon_client import ensure_daemon
+from orchestrator.control._daemon_client import ensure_daemon, lock_holder
 from orchestrator.web._guard import mint_login
 
 TYPE_CHECKING = False
@@ -35,6 +35,9 @@ START_TIMEOUT: Final = 20.0
 STOP_TIMEOUT: Final = 10.0
 #: Seconds an open stream gets to finish when the server stops.
 GRACE: Final = 2.0
+#: The server ends once its session has had no supervisor this long (seconds); how often it looks.
+ORPHAN_EXIT: Final = 60.0
+ORPHAN_CHECK: Final = 5.0
 
 
 def state_path(config: Config) -> Path:
@@ -111,7 +114,8 @@ async def serve_app(
 
 
 async def serve(config: Config, announce: Callable[[str], None]) -> None:
-    """Serve the web view until SIGTERM or SIGINT; *announce* gets the first login URL."""
+    """Serve the web view until SIGTERM or SIGINT, or until the session has had no supervisor
+    for :data:`ORPHAN_EXIT` s; *announce* gets the first login URL."""
     from orchestrator.web._app import WebApp  # noqa: PLC0415
     from orchestrator.web._guard import Guard  # noqa: PLC0415
     from orchestrator.web._ops import Client  # noqa: PLC0415
@@ -130,14 +134,44 @@ async def serve(config: Config, announce: Callable[[str], None]) -> None:
             port = await nursery.start(serve_app, app, stopped)
             _write_state(state, {"pid": os.getpid(), "port": port, "key": key.hex()})
             announce(login_url(port, key))
+            quit_ = trio.Event()
             try:
-                async for _ in signals:
-                    break
+                async with trio.open_nursery() as watchers:
+                    watchers.start_soon(_on_signal, signals, quit_)
+                    watchers.start_soon(_while_supervised, paths.lock, quit_)
+                    await quit_.wait()
+                    watchers.cancel_scope.cancel()
             finally:
                 with contextlib.suppress(OSError, ValueError):
                     if json.loads(state.read_text()).get("pid") == os.getpid():
                         state.unlink()
                 stopped.set()
+                nursery.cancel_scope.deadline = trio.current_time() + GRACE + 1
+
+
+async def _on_signal(signals: AsyncIterator[int], quit_: trio.Event) -> None:
+    async for _ in signals:
+        quit_.set()
+        return
+
+
+async def _while_supervised(lock: Path, quit_: trio.Event) -> None:
+    """Set *quit_* once no supervisor has held the session for :data:`ORPHAN_EXIT` s.
+
+    It looks at the session lock, not the control socket: a request would keep an idle
+    supervisor from its own idle exit.
+    """
+    gone_since: float | None = None
+    while True:
+        await trio.sleep(ORPHAN_CHECK)
+        if await trio.to_thread.run_sync(lock_holder, lock) is not None:
+            gone_since = None
+            continue
+        now = trio.current_time()
+        gone_since = now if gone_since is None else gone_since
+        if now - gone_since >= ORPHAN_EXIT:
+            quit_.set()
+            return
 
 
 def start_or_reuse(config: Config) -> dict[str, Any]:
