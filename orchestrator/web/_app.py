@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from orchestrator._errors import FleetError, NotFound, UsageError
+from orchestrator._records import shown_state
 from orchestrator.web import _render
 from orchestrator.web._guard import CSRF_FIELD, CSRF_HEADER, Guard, GuardMiddleware, Session
 from orchestrator.web._guard import request_session as session_of
@@ -128,6 +129,7 @@ class WebApp:
             {
                 "agent": agent,
                 "asks": asked.get(agent.get("question") or "", agent.get("question")),
+                "shown": shown_state(str(agent.get("state")), str(agent.get("activity"))),
                 "spawned": self.timelines.spawned.get(agent["key"], {}),
                 "model": _render.model_of(agent, self.timelines.spawned.get(agent["key"])),
             }
