@@ -46,6 +46,8 @@ SECURITY_HEADERS: Final = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
+#: The most democracy rounds the paper page shows.
+MAX_ROUNDS: Final = 50
 STATIC: Final = {"app.js": "text/javascript", "style.css": "text/css"}
 
 
@@ -216,7 +218,25 @@ class WebApp:
             brief = await self.client.call("brief", {})
         except FleetError as exc:
             return self._page(request, "error.html", 503, error=str(exc))
-        return self._page(request, "paper.html", paper=paper, brief=brief.get("text", ""))
+        rounds = await self._rounds()
+        return self._page(
+            request, "paper.html", paper=paper, brief=brief.get("text", ""), rounds=rounds
+        )
+
+    async def _rounds(self) -> list[dict[str, Any]]:
+        """This session's democracy rounds (``r1``, ``r2``, …), newest first: each one's
+        outcome, or ``running`` (``fleet vote``'s wait with no time to wait)."""
+        rounds = []
+        for number in range(1, MAX_ROUNDS + 1):
+            try:
+                rounds.append(
+                    await self.client.call(
+                        "vote", {"action": "wait", "round": f"r{number}", "timeout": 0}
+                    )
+                )
+            except FleetError:
+                break
+        return rounds[::-1]
 
     async def usage_page(self, request: Request) -> Response:
         try:

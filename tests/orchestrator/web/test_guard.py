@@ -15,6 +15,7 @@ import httpx
 import pytest
 import trio
 
+from orchestrator._errors import NotFound
 from orchestrator.web._app import WebApp, _safe_next
 from orchestrator.web._guard import LOGIN_TTL, Guard, mint_login
 from orchestrator.web._ops import Client
@@ -63,6 +64,25 @@ EVENTS = {
 }
 
 
+ROUND = {
+    "round": "r1",
+    "status": "winner",
+    "invited": ["a1", "a2", "a3"],
+    "counts": {"sqlite": 2, "postgres": 1},
+    "ballots": [
+        {"voter": "a1", "status": "valid", "option": "sqlite", "rationale": HOSTILE, "reason": ""},
+        {"voter": "a2", "status": "valid", "option": "sqlite", "rationale": "small", "reason": ""},
+        {"voter": "a3", "status": "valid", "option": "postgres", "rationale": "", "reason": ""},
+    ],
+    "winner": "sqlite",
+}
+USAGE = {
+    "session": {"tokens": 30, "cost_usd": None, "children": 2, "budget": {}},
+    "agents": [{"key": "a1", "agent": HOSTILE, "tokens": 20}, {"key": "a2", "tokens": 10}],
+    "definitions": {"scout": {"tokens": 30}},
+}
+
+
 @attrs.define(eq=False)
 class RecordingClient(Client):
     calls: list[tuple[str, dict[str, Any]]] = attrs.Factory(list)
@@ -79,6 +99,14 @@ class RecordingClient(Client):
             return {"files": []}
         if op == "logs":
             return {"tail": HOSTILE}
+        if op == "vote":
+            if args["round"] != "r1":
+                raise NotFound(f"vote: no round {args['round']!r}")
+            return ROUND
+        if op == "discuss":
+            return {"entries": [{"id": "d1", "author": "a1", "to": None, "text": HOSTILE}]}
+        if op == "usage":
+            return USAGE
         return {}
 
     def ops(self) -> list[str]:
@@ -260,3 +288,21 @@ async def test_an_unknown_action_reaches_no_op(served):
         page = await http.get("/")
         assert "no such action: shutdown" in page.text
     assert served.client.ops() == []
+
+
+async def test_the_paper_rounds_and_usage_are_read_through_their_ops_and_escaped(served):
+    async with served.logged_in() as http:
+        paper = await http.get("/paper")
+        assert paper.status_code == 200
+        assert 'data-round="r1"' in paper.text
+        assert "r1 · winner" in paper.text
+        assert paper.text.count('<td class="text">sqlite</td>') == 3  # the tally, two ballots
+        usage = await http.get("/usage")
+        assert usage.status_code == 200
+        assert usage.text.count("<rect") == 3  # two children, one definition
+        for page in (paper, usage):
+            assert "<script>document" not in page.text
+            assert "&lt;script&gt;" in page.text
+    rounds = [args["round"] for op, args in served.client.calls if op == "vote"]
+    assert rounds == ["r1", "r2"]  # read until the first round that is not there
+    assert all(args["action"] == "wait" for op, args in served.client.calls if op == "vote")
