@@ -58,7 +58,17 @@ def _stopped(form: Form, reply: Mapping[str, Any]) -> str:
     lines = []
     for handoff in reply.get("handoffs", []):
         applied = ", ".join(handoff.get("applied", [])) or "nothing"
-        lines.append(f"{handoff['key']} {handoff['state']} (applied: {applied})")
+        line = f"{handoff['key']} {handoff['state']} (applied: {applied}"
+        held = [entry.get("path", "?") for entry in handoff.get("held", [])]
+        pending = handoff.get("pending", [])
+        if pending:
+            line += f"; kept for review: {', '.join(pending)}"
+        if held:
+            line += f"; held, each lands only by name: {', '.join(held)}"
+        conflicts = [c.get("path", "?") for c in handoff.get("conflicts", [])]
+        if conflicts:
+            line += f"; conflicts: {', '.join(conflicts)}"
+        lines.append(line + ")")
     return "; ".join(lines) or "stopped"
 
 
@@ -73,6 +83,18 @@ ACTIONS: Final[dict[str, Action]] = {
     ),
     "pause": Action(op="pause", args=lambda form: {"agent": field(form, "agent")}, done=_state),
     "stop": Action(op="stop", args=lambda form: {"agents": [field(form, "agent")]}, done=_stopped),
+    # fleet stop --hold: nothing is copied back; the change waits in its worktree for review.
+    "hold": Action(
+        op="stop",
+        args=lambda form: {"agents": [field(form, "agent")], "hold": True},
+        done=_stopped,
+    ),
+    # fleet apply AGENT PATH: one named file of a kept change (a held file lands no other way).
+    "apply": Action(
+        op="apply",
+        args=lambda form: {"agent": field(form, "agent"), "paths": [field(form, "path")]},
+        done=_stopped,
+    ),
     "answer": Action(
         op="answer",
         args=lambda form: {"question": field(form, "question"), "text": field(form, "text")},

@@ -64,6 +64,25 @@ EVENTS = {
 }
 
 
+FILES = [
+    {
+        "path": "/repo/src/app.py",
+        "owner": "a1",
+        "status": "modified",
+        "diff": "--- a/src/app.py\n+++ b/src/app.py\n-    return 42\n+    return 43\n",
+        "pending": True,
+        "held": "",
+    },
+    {
+        "path": "/repo/.mcp.json",
+        "owner": "a1",
+        "status": "added",
+        "diff": "--- /dev/null\n+++ b/.mcp.json\n+{}\n",
+        "pending": True,
+        "held": "agent and MCP config: instructs an agent",
+    },
+    {"path": "/repo/NOTES.md", "owner": "a1", "status": "added", "diff": "+x\n", "pending": False},
+]
 ROUND = {
     "round": "r1",
     "status": "winner",
@@ -86,17 +105,20 @@ USAGE = {
 @attrs.define(eq=False)
 class RecordingClient(Client):
     calls: list[tuple[str, dict[str, Any]]] = attrs.Factory(list)
+    state: str = "idle"
 
     async def call(self, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append((op, dict(args)))
         if op == "peek":
-            return PEEK
+            return {**PEEK, "agents": [{**AGENT, "state": self.state}]}
         if op == "events":
             return EVENTS if args.get("since", 0) < 2 else {"events": [], "seq": 2}
         if op == "stop":
             return {"handoffs": [{"key": "a1", "state": "stopped", "applied": []}]}
         if op == "diff":
-            return {"files": []}
+            return {"files": FILES}
+        if op == "apply":
+            return {"handoffs": [{"key": "a1", "state": "stopped", "applied": args["paths"]}]}
         if op == "logs":
             return {"tail": HOSTILE}
         if op == "vote":
@@ -306,3 +328,32 @@ async def test_the_paper_rounds_and_usage_are_read_through_their_ops_and_escaped
     rounds = [args["round"] for op, args in served.client.calls if op == "vote"]
     assert rounds == ["r1", "r2"]  # read until the first round that is not there
     assert all(args["action"] == "wait" for op, args in served.client.calls if op == "vote")
+
+
+async def test_a_kept_change_is_applied_one_named_file_at_a_time(served):
+    async with served.logged_in() as http:
+        live = await http.get("/child/a1")
+        assert 'action="/act/apply"' not in live.text  # a live child's change cannot land
+        assert 'value="hold"' not in live.text  # a scout has no change to hold
+        served.client.state = "stopped"
+        page = (await http.get("/child/a1")).text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+        forms = re.findall(r'<form method="post" action="/act/apply".*?</form>', page, re.DOTALL)
+        assert len(forms) == 2  # one per pending file, none for "everything"
+        assert all('name="path" value="/repo/' in form for form in forms)
+        assert "held: agent and MCP config: instructs an agent" in page
+        assert "Apply this held file" in page
+        assert page.count("Accept this file") == 1  # the applied file: accept or revert
+        reply = await http.post(
+            "/act/apply",
+            data={"agent": "a1", "path": "/repo/.mcp.json", "csrf": csrf},
+            headers={"Origin": served.base},
+        )
+        assert reply.status_code == 303
+        missing = await http.post(
+            "/act/apply", data={"agent": "a1", "csrf": csrf}, headers={"Origin": served.base}
+        )
+        assert missing.status_code == 303
+        assert "apply: path is empty" in (await http.get("/child/a1")).text
+    applied = [args for op, args in served.client.calls if op == "apply"]
+    assert applied == [{"agent": "a1", "paths": ["/repo/.mcp.json"]}]
