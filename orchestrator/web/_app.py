@@ -65,6 +65,10 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def _offset(value: str | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0
+
+
 def _safe_next(value: object) -> str:
     """A same-origin path to return to after an action (never another host)."""
     if not isinstance(value, str) or not value.startswith("/") or value.startswith("//"):
@@ -193,6 +197,9 @@ class WebApp:
             logs = (await self.client.call("logs", {"agent": key, "tail": 6000})).get("tail", "")
         except FleetError as exc:
             logs = f"(no log: {exc})"
+        offsets = {
+            part: _offset(request.query_params.get(part)) for part in ("report", "transcript")
+        }
         return self._page(
             request,
             "child.html",
@@ -203,7 +210,17 @@ class WebApp:
             reports=self.timelines.reports(key),
             files=files,
             logs=logs,
+            full={part: await self._part(key, part, offsets[part]) for part in offsets},
         )
+
+    async def _part(self, key: str, part: str, offset: int) -> dict[str, Any] | None:
+        """A page of the child's whole report or transcript (``fleet report``), or ``None``
+        when there is none (or the supervisor has no such op)."""
+        try:
+            return await self.client.call("report", {"agent": key, "part": part, "offset": offset})
+        except FleetError as exc:
+            log.debug("no %s for %s: %s", part, key, exc)
+            return None
 
     async def questions_page(self, request: Request) -> Response:
         try:

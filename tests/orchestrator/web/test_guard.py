@@ -21,6 +21,7 @@ from orchestrator.web._guard import LOGIN_TTL, Guard, mint_login
 from orchestrator.web._ops import Client
 from orchestrator.web._server import serve_app
 
+DASH = "\N{EN DASH}"
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)><b>bold</b>"
 AGENT = {
     "key": "a1",
@@ -102,6 +103,10 @@ USAGE = {
 }
 
 
+#: The control ops a page reads with (everything else acts).
+READS = frozenset({"peek", "events", "diff", "logs", "report", "vote", "discuss", "usage", "brief"})
+
+
 @attrs.define(eq=False)
 class RecordingClient(Client):
     calls: list[tuple[str, dict[str, Any]]] = attrs.Factory(list)
@@ -129,10 +134,22 @@ class RecordingClient(Client):
             return {"entries": [{"id": "d1", "author": "a1", "to": None, "text": HOSTILE}]}
         if op == "usage":
             return USAGE
+        if op == "report":
+            text = HOSTILE * 3 if args["part"] == "report" else "line\n" * 100
+            offset = args["offset"]
+            end = min(len(text), offset + 120)
+            return {
+                "key": "a1",
+                "part": args["part"],
+                "offset": offset,
+                "text": text[offset:end],
+                "next_offset": end if end < len(text) else None,
+                "total": len(text),
+            }
         return {}
 
     def ops(self) -> list[str]:
-        return [op for op, _ in self.calls if op not in {"peek", "events", "diff", "logs"}]
+        return [op for op, _ in self.calls if op not in READS]
 
 
 @attrs.define
@@ -357,3 +374,19 @@ async def test_a_kept_change_is_applied_one_named_file_at_a_time(served):
         assert "apply: path is empty" in (await http.get("/child/a1")).text
     applied = [args for op, args in served.client.calls if op == "apply"]
     assert applied == [{"agent": "a1", "paths": ["/repo/.mcp.json"]}]
+
+
+async def test_the_whole_report_and_transcript_are_paged_as_text(served):
+    async with served.logged_in() as http:
+        page = (await http.get("/child/a1")).text
+        assert "Whole report" in page
+        assert f"characters 0{DASH}120 of {len(HOSTILE) * 3}" in page
+        assert '<a href="?report=120">next page</a>' in page
+        assert "<script>document" not in page
+        second = (await http.get("/child/a1", params={"transcript": "120"})).text
+        assert f"characters 120{DASH}240 of 500" in second
+        assert '<a href="?transcript=0">first page</a>' in second
+        assert (await http.get("/child/a1", params={"transcript": "-5"})).status_code == 200
+    reads = [args for op, args in served.client.calls if op == "report"]
+    assert {"agent": "a1", "part": "transcript", "offset": 120} in reads
+    assert {"agent": "a1", "part": "transcript", "offset": 0} in reads  # "-5" reads the start
