@@ -1,5 +1,8 @@
 """What the pages draw: the fleet's order, escaped diffs and charts, timelines from the journal."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from orchestrator.web import _render
 from orchestrator.web._timeline import KEEP, Timelines
 
@@ -63,9 +66,9 @@ async def test_timelines_read_only_new_records_and_keep_each_childs_own():
     ]
     asked: list[int] = []
 
-    async def call(op: str, args: dict[str, object]) -> dict[str, object]:
+    async def call(op: str, args: Mapping[str, Any]) -> dict[str, Any]:
         assert op == "events"
-        since = int(args["since"])  # type: ignore[call-overload]
+        since = int(args["since"])
         asked.append(since)
         newer = [r for r in journal if r["seq"] > since][:2]  # replies are capped
         return {"events": newer, "seq": journal[-1]["seq"]}
