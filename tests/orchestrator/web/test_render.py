@@ -57,7 +57,7 @@ def test_budget_and_age_read_as_a_person_would():
 
 
 async def test_timelines_read_only_new_records_and_keep_each_childs_own():
-    journal = [
+    journal: list[dict[str, Any]] = [
         {"seq": 1, "kind": "serve", "key": "", "at": 1.0},
         {"seq": 2, "kind": "spawn", "key": "a1", "at": 2.0, "task": "t", "loadout": {"x": 1}},
         {"seq": 3, "kind": "pid", "key": "a1", "at": 3.0, "pid": 7},
