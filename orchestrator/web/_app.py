@@ -9,6 +9,7 @@ server re-renders the fragment every :data:`LIVE_INTERVAL` and sends it when it 
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any, Final
@@ -46,6 +47,8 @@ SECURITY_HEADERS: Final = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
+#: The most samples of the session's tokens kept for the usage chart.
+SPEND_SAMPLES: Final = 2000
 #: The most democracy rounds the paper page shows.
 MAX_ROUNDS: Final = 50
 STATIC: Final = {"app.js": "text/javascript", "style.css": "text/css"}
@@ -84,6 +87,8 @@ class WebApp:
     client: Client
     session_name: str
     timelines: Timelines = attrs.Factory(Timelines)
+    #: The session's tokens each time the fleet was read and they had changed (for the chart).
+    spend: list[tuple[float, float]] = attrs.Factory(list)
     env: jinja2.Environment = attrs.Factory(_environment)
 
     def asgi(self) -> GuardMiddleware:
@@ -122,11 +127,21 @@ class WebApp:
 
     async def _fleet(self) -> dict[str, Any]:
         peek = await self.client.call("peek", {})
+        self._sample(float((peek.get("usage") or {}).get("tokens") or 0))
         try:
             await self.timelines.refresh(self.client.call)
         except FleetError as exc:  # a supervisor without a journal still has a fleet
             log.debug("no journal: %s", exc)
         return peek
+
+    def _sample(self, tokens: float) -> None:
+        now = time.time()
+        flat = len(self.spend) > 1 and self.spend[-1][1] == self.spend[-2][1] == tokens
+        if flat:
+            self.spend[-1] = (now, tokens)  # a flat stretch: move its end
+            return
+        self.spend.append((now, tokens))
+        del self.spend[:-SPEND_SAMPLES]
 
     def _fleet_context(self, peek: Mapping[str, Any]) -> dict[str, Any]:
         agents = _render.fleet_order(peek.get("agents", []))
@@ -261,6 +276,8 @@ class WebApp:
         except FleetError as exc:
             return self._page(request, "error.html", 503, error=str(exc))
         children = [(f"{a['key']} {a.get('agent', '')}", a) for a in usage.get("agents", [])]
+        tokens = float(usage.get("session", {}).get("tokens") or 0)
+        self._sample(tokens)
         definitions = list(usage.get("definitions", {}).items())
         return self._page(
             request,
@@ -268,6 +285,7 @@ class WebApp:
             usage=usage,
             by_child=_render.bar_chart(_render.usage_rows(children)),
             by_definition=_render.bar_chart(_render.usage_rows(definitions)),
+            over_time=_render.line_chart([*self.spend, (time.time(), tokens)]),
         )
 
     async def act(self, request: Request) -> Response:

@@ -128,3 +128,36 @@ def usage_rows(entries: Iterable[tuple[str, Mapping[str, Any]]]) -> list[tuple[s
         )
         rows.append((label, tokens, caption))
     return rows
+
+
+def line_chart(points: Sequence[tuple[float, float]]) -> markupsafe.Markup:
+    """The session's tokens over time (seconds since the first point) as an inline SVG line."""
+    if len(points) < 2:
+        return markupsafe.Markup("<p class='muted'>not enough samples yet</p>")
+    start, end = points[0][0], points[-1][0]
+    top = max(value for _, value in points) or 1.0
+    width, height, pad = CHART_WIDTH, 160, 30
+    span = (end - start) or 1.0
+    coordinates = " ".join(
+        f"{pad + (width - 2 * pad) * (at - start) / span:.1f},"
+        f"{height - pad - (height - 2 * pad) * value / top:.1f}"
+        for at, value in points
+    )
+    return markupsafe.Markup(
+        '<svg class="chart line" role="img" width="{w}" height="{h}" viewBox="0 0 {w} {h}">'
+        '<polyline points="{c}" class="line"></polyline>'
+        '<text x="{pad}" y="{top_y}" class="caption">{top:.0f} tokens</text>'
+        '<text x="{pad}" y="{bottom_y}" class="caption">{age} ago</text>'
+        '<text x="{right}" y="{bottom_y}" class="caption" text-anchor="end">now</text>'
+        "</svg>"
+    ).format(
+        w=width,
+        h=height,
+        c=coordinates,
+        pad=pad,
+        top_y=pad - 10,
+        top=top,
+        bottom_y=height - 8,
+        age=age(time.time() - start),
+        right=width - pad,
+    )

@@ -88,3 +88,11 @@ async def test_timelines_read_only_new_records_and_keep_each_childs_own():
     kept = timelines.of("a1")
     assert len(kept) == KEEP
     assert kept[0]["kind"] == "spawn"  # the spawn record stays
+
+
+def test_the_session_over_time_is_a_line_through_each_sample():
+    assert "not enough samples" in _render.line_chart([(1.0, 5.0)])
+    svg = _render.line_chart([(100.0, 0.0), (110.0, 50.0), (120.0, 100.0)])
+    assert svg.startswith("<svg")
+    assert 'points="30.0,130.0 320.0,80.0 610.0,30.0"' in svg
+    assert "100 tokens" in svg
