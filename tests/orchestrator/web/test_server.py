@@ -2,10 +2,14 @@
 
 import fcntl
 import os
+import stat
 
+import httpx
+import pytest
 import trio
 
 from orchestrator.web._server import ORPHAN_EXIT, _while_supervised
+from tests.e2e.conftest import running_fleet
 
 
 async def test_the_server_ends_once_its_session_has_no_supervisor(tmp_path, autojump_clock):
@@ -22,3 +26,31 @@ async def test_the_server_ends_once_its_session_has_no_supervisor(tmp_path, auto
         gone = trio.current_time()
         await quit_.wait()
         assert ORPHAN_EXIT <= trio.current_time() - gone <= ORPHAN_EXIT + 10
+
+
+@pytest.mark.slow
+def test_fleet_web_starts_once_reuses_its_server_and_each_url_logs_in_once(tmp_path):
+    with running_fleet(tmp_path) as fleet:
+        try:
+            first = fleet.json("web")
+            assert first["started"] is True
+            state = fleet.home / "sessions" / "t" / "web.json"
+            assert stat.S_IMODE(state.stat().st_mode) == 0o600
+            second = fleet.json("web")
+            assert second["started"] is False
+            assert (second["port"], second["pid"]) == (first["port"], first["pid"])
+            assert second["url"] != first["url"]  # a new one-time token each time
+            base = f"http://127.0.0.1:{first['port']}"
+            assert httpx.get(base + "/").status_code == 401
+            for url in (first["url"], second["url"]):
+                with httpx.Client(follow_redirects=True) as http:
+                    assert http.get(url).status_code == 200  # redirected to the fleet
+                    assert http.get(url, follow_redirects=False).status_code == 401  # spent
+            human = fleet.run("web")
+            assert human.returncode == 0
+            assert human.stdout.startswith(f"open {base}/login?token=")
+            assert fleet.json("web", "--stop") == {"stopped": True}
+            assert not state.exists()
+            assert fleet.json("web", "--stop") == {"stopped": False}
+        finally:
+            fleet.run("web", "--stop")
