@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: How often a live fragment is re-rendered (seconds): a new child shows within a second.
 LIVE_INTERVAL: Final = 0.4
+#: How long one ``peek`` answers every page that asks (seconds): streams share it.
+FRESH: Final = 0.25
 #: A comment line this often keeps an idle stream open through any proxy (seconds).
 KEEPALIVE: Final = 15.0
 #: Every response: no inline script, nothing from elsewhere, no framing by another page.
@@ -90,6 +92,8 @@ class WebApp:
     #: The session's tokens each time the fleet was read and they had changed (for the chart).
     spend: list[tuple[float, float]] = attrs.Factory(list)
     env: jinja2.Environment = attrs.Factory(_environment)
+    _reading: trio.Lock = attrs.Factory(trio.Lock)
+    _peeked: tuple[float, dict[str, Any]] | None = None
 
     def asgi(self) -> GuardMiddleware:
         routes = [
@@ -126,13 +130,19 @@ class WebApp:
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     async def _fleet(self) -> dict[str, Any]:
-        peek = await self.client.call("peek", {})
-        self._sample(float((peek.get("usage") or {}).get("tokens") or 0))
-        try:
-            await self.timelines.refresh(self.client.call)
-        except FleetError as exc:  # a supervisor without a journal still has a fleet
-            log.debug("no journal: %s", exc)
-        return peek
+        """The fleet (``peek``) with the journal read up to now. Every open page's stream asks
+        for it; one answer serves them all for :data:`FRESH` seconds."""
+        async with self._reading:
+            if self._peeked is not None and trio.current_time() - self._peeked[0] < FRESH:
+                return self._peeked[1]
+            peek = await self.client.call("peek", {})
+            self._sample(float((peek.get("usage") or {}).get("tokens") or 0))
+            try:
+                await self.timelines.refresh(self.client.call)
+            except FleetError as exc:  # a supervisor without a journal still has a fleet
+                log.debug("no journal: %s", exc)
+            self._peeked = (trio.current_time(), peek)
+            return peek
 
     def _sample(self, tokens: float) -> None:
         now = time.time()
@@ -309,6 +319,7 @@ class WebApp:
             session.flash.append(("error", f"{name}: {exc}"))
         else:
             session.flash.append(("ok", said))
+        self._peeked = None  # the next page shows what the action changed
         return RedirectResponse(
             _safe_next(fields.get("next")), status_code=303, headers=SECURITY_HEADERS
         )

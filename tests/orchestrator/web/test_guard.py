@@ -5,6 +5,7 @@ reached no control op (a refused stop must not stop anything).
 """
 
 import contextlib
+import http.client as http_client
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -390,3 +391,27 @@ async def test_the_whole_report_and_transcript_are_paged_as_text(served):
     reads = [args for op, args in served.client.calls if op == "report"]
     assert {"agent": "a1", "part": "transcript", "offset": 120} in reads
     assert {"agent": "a1", "part": "transcript", "offset": 0} in reads  # "-5" reads the start
+
+
+async def test_the_live_fleet_is_a_stream_of_server_sent_fragments(served):
+    async with served.logged_in() as http:
+        cookie = "; ".join(f"{name}={value}" for name, value in http.cookies.items())
+
+    def first_event() -> tuple[str, list[str]]:
+        # The stdlib client in a thread: it reads a never-ending body line by line and closes.
+        connection = http_client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        try:
+            connection.request("GET", "/live/fleet", headers={"Cookie": cookie})
+            response = connection.getresponse()
+            lines: list[str] = []
+            while line := response.readline().decode().rstrip("\n"):
+                lines.append(line)
+            return response.getheader("content-type") or "", lines
+        finally:
+            connection.close()
+
+    kind, lines = await trio.to_thread.run_sync(first_event)
+    assert kind.startswith("text/event-stream")
+    assert lines[0] == "event: fleet"
+    assert all(line.startswith("data: ") for line in lines[1:])
+    assert any('data-key="a1"' in line for line in lines)
