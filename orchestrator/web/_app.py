@@ -137,6 +137,7 @@ class WebApp:
                 return self._peeked[1]
             peek = await self.client.call("peek", {})
             self._sample(float((peek.get("usage") or {}).get("tokens") or 0))
+            self.timelines.observe(peek.get("agents", []))
             try:
                 await self.timelines.refresh(self.client.call)
             except FleetError as exc:  # a supervisor without a journal still has a fleet
@@ -194,6 +195,7 @@ class WebApp:
 
     async def _child(self, key: str) -> dict[str, Any]:
         peek = await self.client.call("peek", {"agents": [key]})
+        self.timelines.observe(peek.get("agents", []))
         await self.timelines.refresh(self.client.call)
         agents: list[dict[str, Any]] = peek["agents"]
         asked = {q["id"]: q["text"] for q in peek.get("questions", [])}

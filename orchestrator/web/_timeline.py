@@ -3,10 +3,12 @@
 The journal holds what the supervisor recorded of a child: its spawn (task, model, budget),
 state changes, questions and answers, settled turns with their (clipped) reports, resume ids
 and its handoff. :class:`Timelines` keeps them per child, asking only for records after the
-last one it has.
+last one it has, with the activities (tool calls, messages) ``peek`` showed while a page
+looked, in the order seen.
 """
 
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -41,6 +43,7 @@ class Timelines:
     seq: int = 0
     spawned: dict[str, dict[str, Any]] = attrs.Factory(dict)
     records: dict[str, list[dict[str, Any]]] = attrs.Factory(dict)
+    _activity: dict[str, str] = attrs.Factory(dict)
 
     async def refresh(self, call: Call) -> None:
         """Read the records after the last one seen (each reply is capped; ask until done)."""
@@ -64,13 +67,32 @@ class Timelines:
         shown = {k: v for k, v in record.items() if k != "loadout"}  # the loadout is plumbing
         if kind == "spawn":
             self.spawned[key] = shown
+        self._keep(key, shown)
+
+    def _keep(self, key: str, record: dict[str, Any]) -> None:
         kept = self.records.setdefault(key, [])
-        kept.append(shown)
+        kept.append(record)
         if len(kept) > KEEP:
             del kept[1 : len(kept) - KEEP + 1]
 
+    def observe(self, agents: Iterable[Mapping[str, Any]]) -> None:
+        """Note each child's activity when it changed since the last look (a tool call, a
+        message): the journal does not keep them, ``peek`` shows only the current one."""
+        now = time.time()
+        for agent in agents:
+            key, activity = agent.get("key"), agent.get("activity")
+            if not isinstance(key, str) or not isinstance(activity, str) or not activity:
+                continue
+            if self._activity.get(key) == activity:
+                continue
+            self._activity[key] = activity
+            if activity == agent.get("state"):
+                continue  # "working", "idle": the state records say it
+            self._keep(key, {"kind": "activity", "key": key, "at": now, "activity": activity})
+
     def of(self, key: str) -> list[dict[str, Any]]:
-        return list(self.records.get(key, []))
+        """The child's records, oldest first (journal records and seen activities by time)."""
+        return sorted(self.records.get(key, []), key=lambda r: float(r.get("at") or 0))
 
     def reports(self, key: str) -> list[dict[str, Any]]:
         """Each settled turn's report, oldest first."""

@@ -84,7 +84,7 @@ async def test_timelines_read_only_new_records_and_keep_each_childs_own():
     assert asked[-1] == 5
     assert [r["kind"] for r in timelines.of("a1")][-1] == "question"
     for seq in range(7, 7 + KEEP + 10):
-        timelines.add({"seq": seq, "kind": "state", "key": "a1", "state": "idle"})
+        timelines.add({"seq": seq, "kind": "state", "key": "a1", "at": seq, "state": "idle"})
     kept = timelines.of("a1")
     assert len(kept) == KEEP
     assert kept[0]["kind"] == "spawn"  # the spawn record stays
@@ -96,3 +96,15 @@ def test_the_session_over_time_is_a_line_through_each_sample():
     assert svg.startswith("<svg")
     assert 'points="30.0,130.0 320.0,80.0 610.0,30.0"' in svg
     assert "100 tokens" in svg
+
+
+def test_activities_seen_between_journal_records_join_the_timeline():
+    timelines = Timelines()
+    timelines.add({"seq": 1, "kind": "spawn", "key": "a1", "at": 1.0})
+    for activity in ("working", "read README.md", "read README.md", "grep TODO", "idle"):
+        timelines.observe([{"key": "a1", "state": "working", "activity": activity}])
+    timelines.observe([{"key": "a2", "state": "idle", "activity": "idle"}])
+    seen = [r["activity"] for r in timelines.of("a1") if r["kind"] == "activity"]
+    assert seen == ["read README.md", "grep TODO", "idle"]  # each change once, not the state
+    assert timelines.of("a2") == []
+    assert timelines.of("a1")[0]["kind"] == "spawn"
