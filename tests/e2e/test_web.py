@@ -182,3 +182,49 @@ def test_a_hostile_report_is_shown_as_text_and_runs_nothing(web):
     assert page.locator("#bold").count() == 0
     assert page.locator("img[src=x]").count() == 0
     page.screenshot(path=str(shots / "hostile.png"), full_page=True)
+
+
+HOLDS = """
+turns:
+  - steps:
+      - tool: edit
+        args: {path: src/app.py, old_text: "return 42", new_text: "return 43"}
+      - tool: write
+        args: {path: .mcp.json, content: "{\\"mcpServers\\": {}}\\n"}
+      - reply: "## Summary\\nbumped the answer, added an MCP config"
+"""
+
+
+def test_a_held_change_lands_from_the_page_one_named_file_at_a_time(web):
+    from playwright.sync_api import expect  # noqa: PLC0415
+
+    fleet, page, shots = web
+    model = fleet.script("holds", HOLDS)
+    fleet.json("spawn", "--agent", "worker", "--model", model, "bump the answer")
+    fleet.json("wait", "a1", "--timeout", "30")
+    page.goto(page.url.rstrip("/") + "/child/a1")
+    app = fleet.repo / "src" / "app.py"
+    config = fleet.repo / ".mcp.json"
+    # The live worker's change, before anything lands: shown, marked, not yet appliable.
+    expect(page.locator("article.file.pending")).to_have_count(2)
+    held = page.locator(f'article.file[data-path="{config}"]')
+    expect(held.locator(".status-held")).to_contain_text("held:")
+    assert page.locator('form[action="/act/apply"]').count() == 0
+    page.locator("button", has_text="Stop and hold its change").click()
+    expect(page.locator(".flash.ok")).to_contain_text("a1 stopped", timeout=60_000)
+    assert app.read_text() == "def main():\n    return 42\n"  # held: nothing landed
+    assert not config.exists()
+    page.screenshot(path=str(shots / "held.png"), full_page=True)
+    # One button per file, none for everything.
+    expect(page.locator('form[action="/act/apply"]')).to_have_count(2)
+    page.locator(f'article.file[data-path="{app}"]').locator(
+        "button", has_text="Apply this file"
+    ).click()
+    expect(page.locator(".flash.ok")).to_contain_text("applied: src/app.py")
+    assert app.read_text() == "def main():\n    return 43\n"
+    assert not config.exists()
+    page.locator(f'article.file[data-path="{config}"]').locator(
+        "button", has_text="Apply this held file"
+    ).click()
+    expect(page.locator(".flash.ok")).to_contain_text(".mcp.json")
+    assert config.read_text() == '{"mcpServers": {}}\n'
