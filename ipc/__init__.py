@@ -8,7 +8,14 @@ Frames are a 4-byte big-endian length plus a UTF-8 JSON envelope (:mod:`ipc._fra
 uid (:mod:`ipc._auth`, :mod:`ipc._handshake`), then carried by one :class:`Channel`.
 """
 
-from ipc._auth import derive_token, new_session_key, peer_uid, tokens_match, valid_identifier
+from ipc._auth import (
+    derive_token,
+    new_launch,
+    new_session_key,
+    peer_uid,
+    tokens_match,
+    valid_identifier,
+)
 from ipc._channel import MAX_DROPS, Channel
 from ipc._errors import (
     ChannelClosed,
@@ -123,6 +130,7 @@ __all__ = [
     "encode_frame",
     "ensure_private_dir",
     "hello_on",
+    "new_launch",
     "new_session_key",
     "open_client",
     "open_tls_client",

@@ -1,8 +1,10 @@
-"""Session keys, per-owner tokens and the peer-uid check.
+"""Session keys, per-launch tokens and the peer-uid check.
 
-A supervisor draws one 32-byte session key. Each owner (a child key such as ``a1``, or
-``control``) gets ``HMAC-SHA256(session_key, owner)`` as its token, delivered only inside its
-0600 loadout (or the 0600 control-token file). Tokens are compared in constant time.
+A supervisor draws one 32-byte session key. Each launch of an owner (a child key such as
+``a1``) gets ``HMAC-SHA256(session_key, owner NUL launch)`` as its token, *launch* a fresh
+nonce (:func:`new_launch`), delivered only inside its 0600 loadout: a child launched again (woken
+from hibernation, revived) gets a new token and its old one opens nothing. Tokens are compared
+in constant time.
 """
 
 import hashlib
@@ -23,9 +25,21 @@ def new_session_key() -> bytes:
     return secrets.token_bytes(SESSION_KEY_BYTES)
 
 
-def derive_token(session_key: bytes, owner: str) -> str:
-    """The token of *owner* under *session_key*, as 64 hex characters."""
-    return hmac.new(session_key, owner.encode(), hashlib.sha256).hexdigest()
+LAUNCH_BYTES: Final = 16
+
+
+def new_launch() -> str:
+    """A fresh launch nonce for :func:`derive_token` (hex)."""
+    return secrets.token_hex(LAUNCH_BYTES)
+
+
+def derive_token(session_key: bytes, owner: str, launch: str = "") -> str:
+    """The token of *owner*'s *launch* under *session_key*, as 64 hex characters.
+
+    Without a *launch* the token is the owner's alone (a connection made once, e.g. a
+    benchmark's); every child launch passes a fresh :func:`new_launch`."""
+    message = owner.encode() if not launch else f"{owner}\0{launch}".encode()
+    return hmac.new(session_key, message, hashlib.sha256).hexdigest()
 
 
 def token_bytes(token: str) -> bytes:

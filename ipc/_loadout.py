@@ -98,6 +98,9 @@ class Loadout:
     scratch: str = ""
     #: The fleet state directory (``$FLEET_HOME``): the builtin tools refuse every path in it.
     state_dir: str = ""
+    #: Every other fleet's of the user, and the runtime root holding every fleet's sockets and
+    #: tokens: the builtin tools refuse every path in them too (a child unsandboxed by leave).
+    fenced: list[str] = attrs.Factory(list)
     paper: str = ""
     surface: str = "process"
     env: dict[str, str] = attrs.Factory(dict)

@@ -19,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from orchestrator._errors import UsageError
+from orchestrator._runtime import session_runtime
 from orchestrator._yamlfile import read_yaml_file
 
 CAPS: Final = (2, 4, 6, 8, 16)
@@ -144,6 +145,21 @@ def _notify(value: object) -> NotifyConfig:
         raise UsageError(f"subagents.notify: {exc} (fix config.yaml)") from None
 
 
+def hold_globs(value: object) -> tuple[str, ...]:
+    """``copyback.hold``: path globs held at copy-back on top of the built-in list (which no
+    setting shortens; ``orchestrator.workspace._quarantine``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(item, str) and item.strip("/ ") for item in value
+    ):
+        raise UsageError(
+            f"copyback.hold {value!r} must be a list of path globs (they add to the built-in "
+            "list; fix config.yaml)"
+        )
+    return tuple(item.strip() for item in value)
+
+
 def default_home() -> Path:
     """``$FLEET_HOME``, else the platform's user state directory."""
     env = os.environ.get("FLEET_HOME")
@@ -208,33 +224,62 @@ class Config:
     #: given; the supervisor validates them as a whole (``governance._budget.parse_policy``).
     budget: object = None
     prices: object = None
+    #: ``copyback.hold``: globs of paths a worker's copy-back holds for a person's say, added
+    #: to the built-in list (docs/worktrees.md "Held files").
+    copyback_hold: tuple[str, ...] = attrs.field(default=(), converter=hold_globs)
 
     @property
     def paths(self) -> "SessionPaths":
         return SessionPaths(root=self.home / "sessions" / self.session)
 
 
+def _runtime_of(paths: "SessionPaths") -> Path:
+    return session_runtime(paths.root)
+
+
 @attrs.frozen
 class SessionPaths:
-    """Where one session keeps its state (``$FLEET_HOME/sessions/<id>/``)."""
+    """Where one session keeps its state (``$FLEET_HOME/sessions/<id>/``), and its sockets and
+    secrets: in its directory under the per-user runtime root (:mod:`orchestrator._runtime`),
+    never under ``$FLEET_HOME``, so no sandbox of any fleet can see them."""
 
     root: Path
+    #: ``<runtime root>/<digest of root>``: the control socket and token, the IPC listener,
+    #: the private tmux server's socket and the egress proxies' sockets.
+    runtime: Path = attrs.field(
+        default=attrs.Factory(_runtime_of, takes_self=True), eq=False, repr=False
+    )
 
     @property
     def ipc_socket(self) -> Path:
-        return self.root / "ipc.sock"
+        return self.runtime / "ipc.sock"
 
     @property
     def control_socket(self) -> Path:
-        return self.root / "control.sock"
+        return self.runtime / "control.sock"
 
     @property
     def control_token(self) -> Path:
-        return self.root / "control.token"
+        return self.runtime / "control.token"
+
+    @property
+    def tmux_socket(self) -> Path:
+        return self.runtime / "tmux.sock"
+
+    @property
+    def egress(self) -> Path:
+        """Every child's egress proxy socket (``<key>.sock``); ``_runtime`` removes it."""
+        return self.runtime / "egress"
 
     @property
     def lock(self) -> Path:
         return self.root / "supervisor.lock"
+
+    @property
+    def runtime_note(self) -> Path:
+        """Where a running daemon says which runtime directory it serves from (a command run
+        with another ``XDG_RUNTIME_DIR`` looks elsewhere, and is told so)."""
+        return self.root / "runtime.path"
 
     @property
     def loadouts(self) -> Path:
@@ -342,6 +387,11 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
     ):
         if key in sub:
             settings[target] = sub[key]
+    copyback = data.get("copyback")
+    if copyback is not None:
+        if not isinstance(copyback, dict) or set(copyback) - {"hold"}:
+            raise UsageError("config.yaml: copyback must be a mapping with one key, hold")
+        settings["copyback_hold"] = copyback.get("hold")
     env = os.environ
     for name, target, convert in (
         ("FLEET_MAX_SUBAGENTS", "max_subagents", int),

@@ -22,10 +22,29 @@ if TYPE_CHECKING:
 
 
 class FleetError(Exception):
-    """Root of every supervisor error; messages are one line."""
+    """Root of every supervisor error; messages are one line.
+
+    A *hint* is the way past a refusal that only a person or the parent may take (a mode, a
+    setting, a flag): the message shows it, in parentheses, to them; a child is told
+    :attr:`for_child`, the message without it, so no refusal teaches a child how it would
+    have been allowed.
+    """
 
     kind: ClassVar[str] = "error"
     exit_code: ClassVar[int] = 1
+
+    def __init__(self, *args: object, hint: str = "") -> None:
+        super().__init__(*args)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} ({self.hint})" if self.hint else text
+
+    @property
+    def for_child(self) -> str:
+        """The message as a child may read it: without the hint."""
+        return super().__str__()
 
 
 class UsageError(FleetError):

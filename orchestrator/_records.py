@@ -85,6 +85,10 @@ class ChildRecord:
     applied: list[str] = attrs.Factory(list)
     conflicts: list[dict[str, str]] = attrs.Factory(list)
     remaining: list[str] = attrs.Factory(list)
+    #: Changed paths kept in its worktree because they run later or instruct an agent
+    #: (``{path, why}``), and ordinary ones not landed yet (``stop --hold``).
+    held: list[dict[str, str]] = attrs.Factory(list)
+    pending: list[str] = attrs.Factory(list)
     #: The model role it runs on ("" for none) and every model it ran on, in order (a quota
     #: error moves it to the role's next candidate).
     role: str = ""
@@ -122,6 +126,7 @@ class ChildRecord:
             "question": self.question,
             "role": self.role,
             "models": list(self.models),
+            "held": len(self.held),
         }
 
     def peek_line(self) -> str:
@@ -147,6 +152,8 @@ class ChildRecord:
             "applied": list(self.applied),
             "remaining": list(self.remaining),
             "conflicts": list(self.conflicts),
+            "held": list(self.held),
+            "pending": list(self.pending),
             "last": clip(self.report),
             "error": self.error,
             "sandboxed": self.sandboxed,

@@ -23,8 +23,9 @@ Why each flag is there (traps verified on these machines, see docs/sandbox.md):
 - ``--new-session``: the child cannot push keystrokes into the caller's terminal (TIOCSTI).
 - ``--proc /proc`` after ``--unshare-pid``: a fresh procfs of the child's own pid namespace, so
   no ``/proc/<pid>/environ|cmdline|cwd|root`` of the supervisor or a sibling exists inside.
-- ``--tmpfs H`` for each hidden path (the fleet state directory): every session's tokens,
-  sockets, loadouts and logs vanish; what the child needs below it is bound back afterwards.
+- ``--tmpfs H`` for each hidden path (every fleet state directory of the user, the runtime
+  root holding every fleet's tokens and sockets): they vanish; what the child needs below one
+  is bound back afterwards.
 - ``--seccomp FD``: :mod:`sandbox._seccomp`'s filter, so a child running as root cannot leave a
   setuid or setgid file on the host.
 - ``--tmpfs /tmp`` hides the host's /tmp, so every named path is bound again after it.

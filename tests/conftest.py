@@ -21,6 +21,7 @@ RAY_DRIVERS = (
     "tests/orchestrator/launch/test_ray_sweep.py",
     "tests/security/test_ray_node.py",
     "tests/security/test_ray_node_sandbox.py",
+    "tests/security/test_ray_local_node.py",
 )
 #: Set in the wrapper's own pytest: there, and only there, the driver modules are collected.
 DRIVER_ENV = "FLEET_TEST_RAY_DRIVER"

@@ -58,6 +58,10 @@ def _realpaths(paths: Iterable[Path | str]) -> tuple[Path, ...]:
     return tuple(map(_realpath, paths))
 
 
+def _paths(paths: Iterable[Path | str]) -> tuple[Path, ...]:
+    return tuple(Path(path) for path in paths)
+
+
 @attrs.define(eq=False)
 class ToolContext:
     """What the child runtime lends its tools for one session.
@@ -77,6 +81,9 @@ class ToolContext:
     #: reads, lists or writes anything below it but the paths in ``own`` (the child's workspace
     #: and scratch, which may lie inside it), sandboxed or not.
     state_dir: Path | None = None
+    #: Every other fleet's state directory and the per-user runtime root (every fleet's control
+    #: token and sockets): refused like ``state_dir``.
+    fenced: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     own: tuple[Path, ...] = attrs.field(default=(), converter=_realpaths)
     # Paths ``may_write`` already allowed: it is asked before the *first* write only.
     _allowed: set[Path] = attrs.field(factory=set, init=False)
@@ -98,26 +105,32 @@ class ToolContext:
         """
         path = Path(raw).expanduser()
         path = path if path.is_absolute() else self.workspace / path
-        if self.forbidden(path):
+        root = self.forbidden_root(path)
+        if root is not None:
             raise ToolError(
-                f"refused {raw}: it is inside the fleet state directory {self.state_dir}, "
+                f"refused {raw}: it is inside the fleet state directory {root}, "
                 "which no child may read or write"
             )
         return path
 
     def forbidden(self, path: Path) -> bool:
         """Whether ``path`` (as named, or with symlinks resolved) lies in the state directory
-        outside the child's own workspace and scratch."""
-        if self.state_dir is None:
-            return False
-        roots = {Path(os.path.normpath(self.state_dir)), _realpath(self.state_dir)}
+        or a fenced one outside the child's own workspace and scratch."""
+        return self.forbidden_root(path) is not None
+
+    def forbidden_root(self, path: Path) -> Path | None:
+        """The state directory (or fenced one) ``path`` lies in outside the child's own
+        workspace and scratch, or ``None``."""
+        dirs: tuple[Path, ...] = (*((self.state_dir,) if self.state_dir else ()), *self.fenced)
         own = (self.workspace, *self.own)
-        for form in {Path(os.path.normpath(path)), _realpath(path)}:
-            if any(form.is_relative_to(root) for root in roots) and not any(
-                form.is_relative_to(mine) for mine in own
-            ):
-                return True
-        return False
+        for named in dirs:
+            roots = {Path(os.path.normpath(named)), _realpath(named)}
+            for form in {Path(os.path.normpath(path)), _realpath(path)}:
+                if any(form.is_relative_to(root) for root in roots) and not any(
+                    form.is_relative_to(mine) for mine in own
+                ):
+                    return named
+        return None
 
     def display(self, path: Path) -> str:
         """``path`` relative to the workspace when inside it, so the model can pass it back."""

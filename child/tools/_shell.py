@@ -14,7 +14,9 @@ step, or, when no turn runs, asks the supervisor to wake the child.
 
 A tool call never waits on a shell but ``kill`` (at most the grace and a moment); the output
 pump and the exit watch run as trio system tasks, as a shell outlives the call that started it.
-The toolset's owner must ``await aclose()`` at exit: every shell is stopped.
+The toolset's owner must ``await aclose()`` at exit: every shell is stopped, and in a child
+process whatever a shell hid from its group (``setsid``, a double fork, an emptied environment)
+was re-parented to the child, which ends it too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from ._base import (
     optional_str,
     require_str,
 )
-from ._shellproc import KILL_GRACE, Guardian, spawn, stop_group, wait_exit
+from ._shellproc import (
+    KILL_GRACE,
+    Guardian,
+    adopt_orphans,
+    end_adopted,
+    spawn,
+    stop_group,
+    wait_exit,
+)
 
 if TYPE_CHECKING:
     import subprocess
@@ -170,6 +180,8 @@ class ShellTool(BaseTool):
         self._count = 0
         self._guardian = Guardian()
         self._closed = False
+        #: This child process adopts what its shells orphan (:func:`adopt_orphans`).
+        self._adopting = False
 
     async def execute(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolResult:
         action = require_str(args, "action", tool="shell")
@@ -208,6 +220,7 @@ class ShellTool(BaseTool):
         while len(self.shells) >= MAX_KEPT:
             oldest = next(s for s in self.shells.values() if s.finished.is_set())
             del self.shells[oldest.id]
+        self._adopting = self._adopting or adopt_orphans()
         process, output = spawn(command, ctx.workspace)
         self._guardian.add(process.pid)
         self._count += 1
@@ -274,6 +287,9 @@ class ShellTool(BaseTool):
             for shell in self.shells.values():
                 if not shell.finished.is_set():
                     nursery.start_soon(self._kill, shell)
+        if self._adopting:  # what hid from the groups (setsid, double fork, no environment)
+            guardian = self._guardian.pid
+            end_adopted(keep=() if guardian is None else (guardian,))
         await self._guardian.aclose()
 
 

@@ -18,6 +18,7 @@ descendants snapshotted before, which may have left it with ``setsid``), up to
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -28,14 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
+import psutil
 import trio
 
 from ._bash import _any_alive, _descendants, _group_alive, _signal_all
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import psutil
+    from collections.abc import Callable, Collection
 
 log = logging.getLogger("child")
 
@@ -43,6 +43,7 @@ log = logging.getLogger("child")
 KILL_GRACE: Final = 3.0
 _POLL: Final = 0.05
 _PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
 #: Run as a script, never imported by the child (see its docstring).
 _GUARD_SCRIPT: Final = Path(__file__).with_name("_shellguard.py")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -59,6 +60,37 @@ def _die_with(parent: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
+
+
+def adopt_orphans() -> bool:
+    """In a child process (``FLEET_CHILD=1``), become the subreaper of everything it starts;
+    whether it now is.
+
+    A process that double-forks or ``setsid``s away from its shell, and empties its
+    environment (so no run marker finds it), was re-parented to init and outlived its child's
+    stop. Re-parented here instead, it stays in the child's process tree: the supervisor's
+    kill ladder snapshots it, and :func:`end_adopted` ends it when the child exits. Never in
+    another process (a test's, which has its own children to keep)."""
+    if sys.platform != "linux" or os.environ.get("FLEET_CHILD") != "1":
+        return False
+    return int(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+
+
+def end_adopted(keep: Collection[int]) -> int:
+    """SIGKILL every descendant of this process but *keep* (the guardian): at the child's
+    exit, what its shells left behind, re-parented here (:func:`adopt_orphans`); how many."""
+    try:
+        found = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    ended = 0
+    for process in found:
+        if process.pid in keep:
+            continue
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil checks the pid was not reused
+            ended += 1
+    return ended
 
 
 def spawn(command: str, cwd: Path) -> tuple[subprocess.Popen[bytes], trio.lowlevel.FdStream]:
@@ -167,6 +199,10 @@ class Guardian:
             log.warning("shell guardian is gone (%s)", exc)
             os.close(self._pipe)
             self._pipe = -1
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
     async def aclose(self) -> None:
         """Close the pipe (the guardian exits) and reap it, within a second."""

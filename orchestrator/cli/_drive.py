@@ -16,6 +16,7 @@ from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
 from orchestrator.cli._outcome import note_failed
+from orchestrator.cli._review import shown
 from orchestrator.control._client import WAIT_SLICE
 
 
@@ -116,8 +117,11 @@ def cmd_answer(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     if not args.agents and not args.all:
         raise UsageError("name at least one agent, or pass --all")
-    data = call(args, "stop", {"agents": list(args.agents), "all": args.all})
-    out(args, data, lambda d: _render.handoff_text(d["handoffs"]) or "no live children")
+    payload = {"agents": list(args.agents), "all": args.all}
+    if args.hold:
+        payload["hold"] = True
+    data = call(args, "stop", payload)
+    out(args, data, lambda d: _render.handoff_text(d["handoffs"], shown) or "no live children")
     return 1 if any(stop_failed(h) for h in data["handoffs"]) else 0
 
 

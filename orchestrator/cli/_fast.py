@@ -23,6 +23,7 @@ import time
 
 from orchestrator._digests import drift_warning, drifted, start_digests
 from orchestrator._errors import FleetError, TimedOut
+from orchestrator._runtime import session_runtime
 from orchestrator.cli import _locate
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code, note_failed
 from orchestrator.control._blocking import Connection, read_token
@@ -137,8 +138,9 @@ def _connect(warm: WarmVerb) -> Connection:
     settings = _locate.start_settings(env, _locate.file_settings(home))
     workspace = _locate.repo_root(os.getcwd(), env)
     root = os.path.join(home, "sessions", _locate.session_of(warm.session, workspace, env))
-    token = read_token(os.path.join(root, "control.token"))
-    connection = Connection.open(os.path.join(root, "control.sock"), token, timeout=5.0)
+    runtime = session_runtime(root, env)  # SessionPaths.runtime, without attrs
+    token = read_token(runtime / "control.token")
+    connection = Connection.open(os.fspath(runtime / "control.sock"), token, timeout=5.0)
     try:
         answer = connection.request("ping", {}, timeout=5.0)
     except FleetError:

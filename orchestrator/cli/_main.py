@@ -30,7 +30,7 @@ from orchestrator.cli._drive import (
 from orchestrator.cli._durable import cmd_events, cmd_revive
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
-from orchestrator.cli._review import cmd_accept, cmd_diff, cmd_revert
+from orchestrator.cli._review import cmd_accept, cmd_apply, cmd_diff, cmd_revert
 from orchestrator.cli._watch import cmd_attach, cmd_peek, cmd_top, cmd_usage
 from orchestrator.control._client import call as call_control
 from orchestrator.control._client import read_token
@@ -288,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("stop", cmd_stop, "stop children (final) and print their handoffs")
     p.add_argument("agents", nargs="*")
     p.add_argument("--all", action="store_true")
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help="keep a worker's change for review instead of applying it (fleet apply lands it)",
+    )
 
     p = verb("discard", cmd_discard, "forget a child and its unresolved state")
     p.add_argument("agent")
@@ -331,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     verb("brief", cmd_brief, "what the fleet is doing and how to moderate it")
 
-    p = verb("diff", cmd_diff, "review the changes children copied back")
+    p = verb("diff", cmd_diff, "review children's changes: copied back, or still in a worktree")
     p.add_argument("targets", nargs="*", help="agents or paths (default: everything)")
     p.add_argument("--context", type=int, default=3, help="lines of context")
 
@@ -341,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("revert", cmd_revert, "restore the pre-images of copied-back changes")
     p.add_argument("targets", nargs="*", help="agents or paths (default: everything)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    p = verb("apply", cmd_apply, "land a worker's kept change; held files only when named")
+    p.add_argument("agent")
+    p.add_argument("paths", nargs="*", help="exactly these files (the only way a held file lands)")
 
     p = verb("serve", cmd_serve, "run the session's supervisor")
     p.add_argument("--foreground", action="store_true")

@@ -1,7 +1,7 @@
 """Human output: tables and lines for the CLI (``--json`` bypasses all of this)."""
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TextIO
 
 TERMINAL_STATES: Final = frozenset({"stopped", "failed"})
@@ -77,6 +77,11 @@ def peek_table(data: Mapping[str, Any], *, width: int = 120) -> str:
     extra = [f"{q['id']} from {q['key']}: {q['text']}" for q in data.get("questions", [])]
     extra += [f"lock {owner}: {', '.join(specs)}" for owner, specs in data.get("locks", {}).items()]
     extra += [line for a in data["agents"] if (line := _usage_line(a))]
+    extra += [
+        f"held {a['key']}: {a['held']} file(s) wait for a person (fleet diff {a['key']})"
+        for a in data["agents"]
+        if a.get("held")
+    ]
     return "\n".join([head, body, *extra, *stale])
 
 
@@ -306,7 +311,8 @@ def settled_text(notes: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def handoff_text(handoffs: Sequence[Mapping[str, Any]]) -> str:
+def handoff_text(handoffs: Sequence[Mapping[str, Any]], shown: Callable[[str], str] = str) -> str:
+    """Human handoffs; *shown* turns a repository path into the one the user types."""
     parts = []
     for h in handoffs:
         parts.append(f"── {h['key']} {h['name']} {h['state']}")
@@ -318,6 +324,13 @@ def handoff_text(handoffs: Sequence[Mapping[str, Any]]) -> str:
             if h.get(label)
         ]
         parts += [f"conflict: {c['path']}: {c['reason']}" for c in h.get("conflicts", [])]
+        if h.get("pending"):
+            parts.append(f"kept for review: {', '.join(h['pending'])} (fleet apply {h['key']})")
+        parts += [
+            f"held: {e['path']}: {e['why']} (fleet diff {h['key']} {shown(e['path'])} reviews "
+            f"it, fleet apply {h['key']} {shown(e['path'])} lands it)"
+            for e in h.get("held", [])
+        ]
         if h.get("last"):
             parts.append(h["last"].rstrip())
     return "\n".join(parts)

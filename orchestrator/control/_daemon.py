@@ -2,7 +2,9 @@
 
 The daemon holds an exclusive ``flock`` on ``supervisor.lock`` for its whole life, so two
 commands racing to start one cannot both bind: the loser exits and the winner serves. The
-control token is a fresh random secret in a 0600 file, never on argv.
+control token is a fresh random secret in a 0600 file, never on argv; it and the control
+socket live in the session's runtime directory (:mod:`orchestrator._runtime`), out of every
+sandbox's view.
 
 The session journal (:mod:`orchestrator.control._durable`) is the daemon's only record of the
 fleet: a daemon that starts reads what a previous one left from it alone
@@ -26,6 +28,7 @@ import trio
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import Refused
+from orchestrator._runtime import ensure_session_runtime, remove_session_runtime
 from orchestrator.control._durable import Durability, close_durability, open_durability
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import open_supervisor
@@ -60,6 +63,8 @@ async def serve(
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(paths.root)
     with session_lock(paths.lock):
+        ensure_session_runtime(paths.runtime)
+        ipc.write_private(paths.runtime_note, os.fsencode(paths.runtime))
         token = secrets.token_hex(32)
         ipc.write_private(paths.control_token, token.encode())
         listener = ipc.Listener(paths.control_socket)
@@ -87,6 +92,9 @@ async def serve(
                 await listener.aclose()
             with contextlib.suppress(OSError):
                 paths.control_token.unlink()
+            remove_session_runtime(paths.runtime)
+            with contextlib.suppress(OSError):
+                paths.runtime_note.unlink()
 
 
 async def exit_when_idle(server: ControlServer, idle_s: float) -> None:

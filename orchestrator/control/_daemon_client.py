@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator._config import Config
+from orchestrator._config import Config, SessionPaths
 from orchestrator._digests import drift_warning, drifted, start_digests
 from orchestrator._errors import Unreachable
 from orchestrator.control._client import call, read_token
@@ -128,6 +128,7 @@ def ensure_daemon(config: Config) -> str:
                 found = read_token(paths.control_token)
                 warn_if_drifted(config, answer, found)
                 return found
+            _check_same_runtime(paths, holder)
         if time.monotonic() >= deadline:
             if holder is None:
                 raise Unreachable(f"no supervisor started (see {paths.daemon_log})")
@@ -136,6 +137,20 @@ def ensure_daemon(config: Config) -> str:
                 f"{STOP_TIMEOUT:g} s (see {paths.daemon_log}; end it with kill {holder})"
             )
         time.sleep(0.1)
+
+
+def _check_same_runtime(paths: SessionPaths, holder: str) -> None:
+    """Raise :class:`Unreachable` when the session's supervisor serves from another runtime
+    directory than this command looks in (it was started with another ``XDG_RUNTIME_DIR``)."""
+    try:
+        served = paths.runtime_note.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return  # starting, or stopped: the caller waits
+    if served and served != str(paths.runtime):
+        raise Unreachable(
+            f"the session's supervisor (pid {holder}) serves its control socket in {served}, "
+            f"not in {paths.runtime}: run fleet with the XDG_RUNTIME_DIR it was started with"
+        )
 
 
 def _start(config: Config) -> str | None:

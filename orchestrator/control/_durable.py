@@ -56,6 +56,7 @@ class Durability:
         ops: dict[str, Op] = {"events": self._events, "revive": self._revive}
         ops["discard"] = self._discard
         ops["stop"] = self._stop
+        ops["apply"] = self._apply
         for name in ("resume", "ask", "steer"):
             ops[name] = self._reviving(OPS[name])
         return ops
@@ -87,6 +88,15 @@ class Durability:
                 for entry in sup.stale:
                     if entry["key"] == key:
                         entry.update(state="stopped", revivable=False, revive="")
+        self.note_resolved()
+        return result
+
+    async def _apply(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet apply``: the new handoff (what landed, what is still held) is journaled."""
+        result = await OPS["apply"](sup, args)
+        for handoff in result.get("handoffs", []):
+            fields = {k: v for k, v in handoff.items() if k not in ENVELOPE}
+            self.journal.append("handoff", handoff["key"], durable=True, **fields)
         self.note_resolved()
         return result
 

@@ -23,7 +23,7 @@ from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
-from orchestrator.control._review import review_accept, review_diff, review_revert
+from orchestrator.control._review import review_accept, review_apply, review_diff, review_revert
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
 from orchestrator.coordination._paper import PARENT
 from orchestrator.core._supervisor import Supervisor
@@ -105,12 +105,15 @@ async def _answer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _stop(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    hold = args.get("hold", False)
+    if not isinstance(hold, bool):
+        raise UsageError("stop: hold must be true or false")
     if args.get("all"):
-        return {"handoffs": await sup.stop_all()}
+        return {"handoffs": await sup.stop_all(hold=hold)}
     refs = strs_arg(args, "agents")
     if not refs:
         raise UsageError("stop: name at least one agent, or pass --all")
-    return {"handoffs": await sup.stop(refs)}
+    return {"handoffs": await sup.stop(refs, hold=hold)}
 
 
 async def _discard(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,7 +275,30 @@ OPS: Final[dict[str, Op]] = {
     "diff": review_diff,
     "accept": review_accept,
     "revert": review_revert,
+    "apply": review_apply,
 }
+
+
+#: The namespaces a control peer must share with the supervisor: every sandbox of every fleet
+#: (bwrap's ``--unshare-user --unshare-pid``) has its own of both.
+NAMESPACES: Final = ("user", "pid")
+
+
+def other_namespace(pid: int) -> str | None:
+    """Why the process *pid* lives in another user or pid namespace than ours (a sandboxed
+    process of any fleet), or ``None`` when it shares both. Unreadable counts as other."""
+    for kind in NAMESPACES:
+        try:
+            ours = os.stat(f"/proc/self/ns/{kind}")
+        except OSError:
+            continue  # a kernel without this namespace: nothing can be in another one
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{kind}")
+        except OSError as exc:
+            return f"pid {pid}'s {kind} namespace is unreadable ({exc.strerror})"
+        if (theirs.st_ino, theirs.st_dev) != (ours.st_ino, ours.st_dev):
+            return f"pid {pid} is in another {kind} namespace (a sandboxed process)"
+    return None
 
 
 @attrs.define(eq=False)
@@ -296,10 +322,12 @@ class ControlServer:
         return self.token if owner == CONTROL_OWNER else None
 
     async def _from_a_child(self, stream: trio.SocketStream) -> str | None:
-        """Why the peer of *stream* is one of our children (or inside one's tree), or None.
+        """Why the peer of *stream* is one of our children (or inside one's tree), or a
+        sandboxed process of any fleet (another user or pid namespace), or None.
 
         The socket serves the parent only: a child holding the control token (read from
-        disk by an unsandboxed child, or leaked) must not spawn, stop or shut down anything.
+        disk by an unsandboxed child, or leaked) must not spawn, stop or shut down anything,
+        nor may any sandboxed process of another fleet of the user, token or not.
         """
         so_peercred = getattr(socket, "SO_PEERCRED", None)
         if so_peercred is None:
@@ -311,6 +339,9 @@ class ControlServer:
         pid = struct.unpack("3i", creds)[0]
         if pid <= 0:
             return "its peer has no pid in our pid namespace"
+        foreign = other_namespace(pid)
+        if foreign is not None:
+            return foreign
         children = {run.launched.pid for run in self.sup.runs.values() if run.launched}
         children.update(r.pid for r in self.sup.registry.live() if r.pid)
         children.discard(None)

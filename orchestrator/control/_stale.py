@@ -117,6 +117,8 @@ def take_stale(sup: Supervisor, journal: Journal) -> Stale:
         listed.append(f"{facts.key} ({revival.agent}, {facts.state})")
         if recoverable and not alive:
             _adopt(sup, revival, worktree, pid)
+            if (facts.handoff or {}).get("pending"):  # kept by stop --hold: still held
+                sup.worktrees.holding.add(facts.key)
             kept.append(facts.key)
         if alive:
             running.append(str(facts.pid))

@@ -32,14 +32,15 @@ class Capacity:
         if self.used + self.hibernated + count > bound:
             raise CapacityError(
                 f"spawn: {count} new child(ren) would exceed max_retained {bound} "
-                f"({self.used} live, {self.hibernated} hibernated) (stop or discard a "
-                "hibernated child, or raise subagents.max_retained)"
+                f"({self.used} live, {self.hibernated} hibernated)",
+                hint="stop or discard a hibernated child, or raise subagents.max_retained",
             )
         if self.used + count > self.cap:
             free = max(0, self.cap - self.used)
             raise CapacityError(
                 f"spawn: {count} new child(ren) would exceed max_subagents {self.cap} "
-                f"({self.used} live, {free} free) (stop or discard a child, or raise the cap)"
+                f"({self.used} live, {free} free)",
+                hint="stop or discard a child, or raise the cap",
             )
         self.used += count
 

@@ -7,6 +7,11 @@ workspace (:mod:`orchestrator.workspace._worktree`). Stop copies its changes bac
 worktree: it stays *unresolved* — recoverable by a later ``fleet stop`` or deleted by
 ``fleet discard`` — and survives report-history trimming.
 
+Copy-back lands only the ordinary files; files that run later or instruct an agent are *held*
+in the worktree (:mod:`orchestrator.workspace._quarantine`) until ``fleet apply aN PATH`` names
+each. ``fleet stop aN --hold`` keeps the whole change for review (``fleet diff aN``) and
+``fleet apply aN`` lands its ordinary files later.
+
 Git work is blocking; it runs in a worker thread (no process started there must outlive it).
 """
 
@@ -16,13 +21,15 @@ from typing import Any
 import attrs
 import trio
 
-from orchestrator._errors import FleetError
+from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import ChildRecord, State
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._launcher import ShipsBack
 from orchestrator.workspace._bundle import import_bundle, ship_snapshot
-from orchestrator.workspace._copyback import finalize
+from orchestrator.workspace._copyback import FinalizeResult, Pending, finalize, survey
 from orchestrator.workspace._git import WorktreeError
+from orchestrator.workspace._patch import patches
+from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
 from orchestrator.workspace._worktree import Snapshot, create_worktree, remove_worktree
 
@@ -34,7 +41,10 @@ class Worktrees:
     root: Path
     repo: Path
     review: ReviewStore
+    rules: HoldRules = attrs.Factory(HoldRules)
     snapshots: dict[str, Snapshot] = attrs.Factory(dict)
+    #: Children stopped with ``--hold``: their change is kept for review, not copied back.
+    holding: set[str] = attrs.Factory(set)
     #: The commit a remote child's worktree went out as (its changes must build on it).
     shipped: dict[str, str] = attrs.Factory(dict)
     # One creation at a time: a batch launches its children together, and two snapshots of
@@ -67,8 +77,9 @@ class Worktrees:
 
         A worktree that travelled (*shipped*) first takes the node's bundle of changes; one
         that never came back, or is refused, keeps the worktree with the reason as the error.
-        Returns the handoff fields: ``changed``, ``applied``, ``conflicts``, ``remaining`` and
-        ``error`` ("" when the worktree was resolved).
+        A worktree in :attr:`holding` is only surveyed: nothing lands.
+        Returns the handoff fields: ``changed``, ``applied``, ``conflicts``, ``held``,
+        ``pending``, ``remaining`` and ``error`` ("" when the worktree was resolved).
         """
         snapshot = self.snapshots.get(key)
         if snapshot is None:
@@ -90,29 +101,104 @@ class Worktrees:
                 await trio.to_thread.run_sync(import_bundle, snapshot, returned, base)
             except WorktreeError as exc:
                 return {"remaining": [keep_note], "error": f"copy-back failed: {exc}"}
-        result = await trio.to_thread.run_sync(finalize, snapshot, self.review, key)
+        if key in self.holding:
+            found = await trio.to_thread.run_sync(survey, snapshot, self.rules)
+            if all(p.landed for p in found):  # nothing to review: nothing to keep
+                await self.discard(key)
+                return {"changed": [p.path for p in found], "remaining": [], "error": ""}
+            note = (
+                f"worktree kept at {snapshot.worktree}: held for review by stop --hold "
+                f"(fleet diff {key} shows it, fleet apply {key} lands it, fleet discard {key} "
+                "deletes it)"
+            )
+            return _kept_fields(found, note)
+        result = await trio.to_thread.run_sync(
+            lambda: finalize(snapshot, self.review, key, rules=self.rules)
+        )
+        return await self._settled(key, result, keep_note)
+
+    async def _settled(self, key: str, result: FinalizeResult, keep_note: str) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "changed": list(result.changed),
             "applied": list(result.applied),
             "conflicts": [{"path": c.path, "reason": c.reason} for c in result.conflicts],
+            "held": [{"path": h.path, "why": h.why} for h in result.held],
+            "pending": list(result.pending),
             "error": result.error,
             "remaining": [],
         }
-        if result.conflicts or result.error:
+        if not result.resolved:
+            if not (result.conflicts or result.error):
+                snapshot = self.snapshots[key]
+                keep_note = (
+                    f"worktree kept at {snapshot.worktree}: {len(result.held)} held file(s) "
+                    f"land only by name (fleet diff {key} PATH reviews one, fleet apply {key} "
+                    f"PATH lands it; fleet discard {key} deletes them)"
+                )
             fields["remaining"] = [keep_note]
             return fields
         await self.discard(key)
         return fields
 
+    async def apply(self, key: str, names: list[str] | None) -> dict[str, Any]:
+        """Land *key*'s kept change: its ordinary files, or exactly the paths *names*
+        (held ones included); the handoff fields as :meth:`settle` gives them."""
+        snapshot = self.snapshots[key]
+        self.holding.discard(key)
+        result = await trio.to_thread.run_sync(
+            lambda: finalize(snapshot, self.review, key, rules=self.rules, names=names)
+        )
+        note = (
+            f"worktree kept at {snapshot.worktree} (fleet diff {key} shows what is left; "
+            f"fleet discard {key} deletes it)"
+        )
+        return await self._settled(key, result, note)
+
+    async def change(self, key: str, paths: list[str]) -> list[tuple[Pending, str]]:
+        """*key*'s change against its snapshot (only *paths* when given): each changed path
+        with its hold reason, whether it landed, and its ``git apply``-able patch."""
+        snapshot = self.snapshots[key]
+
+        def work() -> list[tuple[Pending, str]]:
+            found = survey(snapshot, self.rules)
+            if paths:
+                known = {p.path for p in found}
+                unknown = [p for p in paths if p not in known]
+                if unknown:
+                    raise UsageError(
+                        f"diff: {unknown[0]!r} is not a change of {key} (fleet diff {key} lists "
+                        "them)"
+                    )
+                found = [p for p in found if p.path in paths]
+            texts = patches(snapshot, [p.delta for p in found])
+            return [(p, texts[p.path]) for p in found]
+
+        return await trio.to_thread.run_sync(work)
+
     async def discard(self, key: str) -> None:
+        self.holding.discard(key)
         snapshot = self.snapshots.pop(key, None)
         if snapshot is not None:
             await trio.to_thread.run_sync(remove_worktree, snapshot)
 
 
+def _kept_fields(found: list[Pending], note: str) -> dict[str, Any]:
+    """The handoff of a change kept by ``stop --hold``: nothing landed."""
+    left = [p for p in found if not p.landed]
+    return {
+        "changed": [p.path for p in found],
+        "applied": [],
+        "conflicts": [],
+        "held": [{"path": p.path, "why": p.why} for p in left if p.why],
+        "pending": [p.path for p in left if not p.why],
+        "error": "",
+        "remaining": [note],
+    }
+
+
 def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:
     """Copy a worktree settlement's handoff fields onto *record*."""
-    for name in ("changed", "applied", "conflicts", "remaining"):
+    for name in ("changed", "applied", "conflicts", "held", "pending", "remaining"):
         if name in fields:
             setattr(record, name, fields[name])
     if fields.get("error"):

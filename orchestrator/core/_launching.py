@@ -67,7 +67,10 @@ class Launching:
             keep = os.environ.get("FLEET_KEEP_FAILED_PANES", "").lower() in {"1", "true", "yes"}
             if surface == "tmux":
                 launcher = TmuxLauncher.private(
-                    sup.config.paths.root, sup.config.session, base_env=os.environ, keep_failed=keep
+                    sup.config.paths.tmux_socket,
+                    sup.config.session,
+                    base_env=os.environ,
+                    keep_failed=keep,
                 )
             elif surface == "tmux:current":
                 launcher = TmuxLauncher.current(os.environ, keep_failed=keep)
@@ -245,7 +248,7 @@ class Launching:
             await launcher.open_egress(run.key, str(path), loadout.egress, refused)
             run.log.write(f"egress allowed to {', '.join(loadout.egress)} (on its node)")
             return path
-        directory = sup.config.paths.root / "egress"
+        directory = sup.config.paths.egress
         ipc.ensure_private_dir(directory)
         proxy = EgressProxy(
             path=directory / f"{run.key}.sock",

@@ -162,14 +162,14 @@ class Services:
             )
         except PolicyError as exc:
             self.reject("policy", run.key, {"subagent": body.agent, "error": str(exc)})
-            return ipc.Reply(ok=False, error=str(exc))
+            return ipc.Reply(ok=False, error=exc.for_child)
         try:
             [record] = await self.fleet.spawn(
                 [SpawnRequest(task=body.task, agent=body.agent, name=body.name or None)],
                 parent=run,
             )
-        except FleetError as exc:
-            return ipc.Reply(ok=False, error=str(exc))
+        except FleetError as exc:  # its hint (a mode, a setting, a flag) is the parent's
+            return ipc.Reply(ok=False, error=exc.for_child)
         settled = self._nested_settled.setdefault(record.key, trio.Event())
         done = self.fleet.run_done(record.key)
         try:

@@ -25,6 +25,7 @@ import trio
 import ipc
 from orchestrator._errors import FleetError, OperationFailed, UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._runtime import fenced_paths
 from orchestrator.core._launching import inherits
 from orchestrator.core._plan import plan_spawn, resume_id
 from orchestrator.core._remote import REMOTE_SURFACES, node_directory, node_layout
@@ -232,7 +233,9 @@ class Spawning:
             ipc.ensure_private_dir(scratch)
         if record.mode == "worktree":
             record.workspace = str(sup.worktrees.path_for(record.key))
-        token = ipc.derive_token(sup.session_key, record.key)
+        # Fresh for every launch: a child woken from hibernation or revived gets a new token,
+        # and whatever held its old one (a leaked loadout, a log) is refused at hello.
+        token = ipc.derive_token(sup.session_key, record.key, ipc.new_launch())
         sup.secrets.add(token)  # before it is written anywhere: every log redacts it from now
         loadout = ipc.Loadout(
             session=sup.config.session,
@@ -248,6 +251,7 @@ class Spawning:
             paper=str(paths.paper),
             scratch=str(scratch),
             state_dir=str(sup.config.home),
+            fenced=[str(path) for path in fenced_paths()],
             surface=record.surface,
             request_timeout=sup.config.request_timeout,
             **fields,

@@ -24,6 +24,7 @@ from orchestrator._errors import (
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
+from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
@@ -52,6 +53,7 @@ from orchestrator.launch._forkserver import ForkServer
 from orchestrator.launch._launcher import Launched, Launcher, child_argv
 from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
+from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
 
 __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
@@ -119,7 +121,10 @@ class Supervisor(FleetViews):
         self.paper = Paper(self.config.paths.paper)
         self.review = ReviewStore(self.config.paths.review)
         self.worktrees = Worktrees(
-            root=self.config.paths.worktrees, repo=self.config.workspace, review=self.review
+            root=self.config.paths.worktrees,
+            repo=self.config.workspace,
+            review=self.review,
+            rules=HoldRules(extra=self.config.copyback_hold),
         )
         self.democracy = Democracy(fleet=self)
         self.services = Services(
@@ -279,10 +284,13 @@ class Supervisor(FleetViews):
         self.journal.answered(question.key, question.id, text)
         return question
 
-    async def stop(self, refs: Sequence[str]) -> list[dict[str, Any]]:
-        """Stop each child (final) and return its handoff."""
+    async def stop(self, refs: Sequence[str], *, hold: bool = False) -> list[dict[str, Any]]:
+        """Stop each child (final) and return its handoff; with *hold*, a worker's change is
+        kept for review (``fleet apply``) instead of copied back."""
         records = [self.registry.find(ref) for ref in refs]
         handoffs = [record.handoff() for record in records]
+        if hold:
+            self.worktrees.holding.update(r.key for r in records if r.mode == "worktree")
 
         async def stop_one(index: int, run: ChildRun) -> None:
             handoffs[index] = await run.stop()
@@ -313,8 +321,8 @@ class Supervisor(FleetViews):
         run = self.runs.get(key)
         return self.hibernation.ended(key) if run is None else run.done
 
-    async def stop_all(self) -> list[dict[str, Any]]:
-        return await self.stop([r.key for r in self.registry.live()])
+    async def stop_all(self, *, hold: bool = False) -> list[dict[str, Any]]:
+        return await self.stop([r.key for r in self.registry.live()], hold=hold)
 
     async def discard(self, ref: str) -> str:
         """Forget a child: stop it if live and drop its record and unresolved state."""
@@ -417,6 +425,10 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
+    # Sockets and secrets go to the per-user runtime root; the home joins the registry every
+    # sandbox of every fleet of this user hides (orchestrator._runtime).
+    ensure_session_runtime(config.paths.runtime)
+    register_home(config.home)
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)
@@ -451,4 +463,5 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
                 for forks in (sup.fork_server, sup.boxed_fork_server):
                     if forks is not None:
                         await forks.aclose()
+                remove_session_runtime(config.paths.runtime)  # a daemon's token keeps it
             nursery.cancel_scope.cancel()

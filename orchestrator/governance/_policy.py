@@ -46,13 +46,13 @@ def validate_toolset(mode: str, agent: str, tools: Iterable[str], backend: str) 
     extra = sorted(set(tools) - READ_ONLY_TOOLS)
     if extra:
         raise PolicyError(
-            f"spawn {agent}: tool {extra[0]} is not allowed in {mode} mode "
-            f"(only read-only tools outside build; switch with fleet mode build)"
+            f"spawn {agent}: tool {extra[0]} is not allowed in {mode} mode",
+            hint="only read-only tools outside build; switch with fleet mode build",
         )
     if backend == "command":
         raise PolicyError(
-            f"spawn {agent}: the command backend is not read-only, refused in {mode} mode "
-            "(switch with fleet mode build)"
+            f"spawn {agent}: the command backend is not read-only, refused in {mode} mode",
+            hint="switch with fleet mode build",
         )
 
 

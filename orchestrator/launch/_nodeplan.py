@@ -12,8 +12,10 @@ spec of :func:`._sandboxing.child_spec` with only the paths that exist on the no
 The plan is checked before anything is bound: its paths must be the ones of the actor's own
 node directory (and its egress socket the one the actor serves), the child is always
 ``python -I -m child``, the node's temporary directory (every other child's node directory)
-is always hidden, and no extra visible path may lie in a hidden one or another node directory.
-A plan can therefore make a child see less, never more.
+and the node's own fence (its runtime root and every fleet home on it,
+:func:`orchestrator._runtime.fenced_paths`) are always hidden, and no extra visible path may
+lie in a hidden one or another node directory. A plan can therefore make a child see less,
+never more.
 """
 
 import os
@@ -28,6 +30,7 @@ import attrs
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import OperationFailed, PolicyError
+from orchestrator._runtime import fenced_paths
 from orchestrator.launch._sandboxing import (
     POLICIES,
     checked_visible,
@@ -162,7 +165,8 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
             off=plan.sandbox_off, allowed=plan.allow_unsandboxed, where="on its node"
         )
     except PolicyError as exc:
-        raise PolicyError(str(exc).replace("spawn:", f"spawn {plan.owner}:", 1)) from None
+        named = exc.for_child.replace("spawn:", f"spawn {plan.owner}:", 1)
+        raise PolicyError(named, hint=exc.hint) from None
     if reason is not None:
         placed = unsandboxed(argv, reason)
         # The supervisor's temporary directory names a place on its machine, not here.
@@ -174,7 +178,13 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
             sandboxed=False,
             reason=reason,
         )
-    hidden = (*(Path(path) for path in plan.hidden), Path(tempfile.gettempdir()))
+    # The node's own fence too: its runtime root, its default state directory and every
+    # fleet home registered on it (another fleet of the user on the node).
+    hidden = tuple(
+        dict.fromkeys(
+            (*(Path(path) for path in plan.hidden), Path(tempfile.gettempdir()), *fenced_paths())
+        )
+    )
     try:
         shown = checked_visible(plan.visible, hidden, nodes=NODE_PREFIX)
     except PolicyError as exc:

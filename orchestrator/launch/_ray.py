@@ -12,7 +12,10 @@ goes through the actor to the child's whole process group — TERM, then KILL af
 and only then is the actor ``ray.kill``-ed.
 
 Every call into Ray is blocking, so it runs in a worker thread
-(``trio.to_thread.run_sync(..., abandon_on_cancel=True)``): the trio loop is never blocked.
+(``trio.to_thread.run_sync(..., abandon_on_cancel=True)``): the trio loop is never blocked —
+except ``ray.init`` itself, which runs on one thread kept for the process's life (a local node
+dies with the thread that started it), with Ray told to wait for a lost GCS rather than end
+the supervisor: a lost node costs only its children.
 
 The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
 starts, its actor makes a key and CSR on the node (``python -m child._tls``; the key never
@@ -37,6 +40,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -55,6 +59,28 @@ SLOT = "agent_slot"
 _remote_cls: Any = None
 #: Held while this process connects to Ray: ``ray.init`` twice at once fails the second.
 _CONNECTING = threading.Lock()
+#: Ray's own setting (read at ``ray.init``) of how long its driver waits for a lost GCS before
+#: it ends the process; a user's value is kept.
+_GCS_WAIT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+_GCS_WAIT_S = 365 * 24 * 3600
+#: The one thread that calls ``ray.init`` (made on first use, alive for the process's life).
+_keeper: ThreadPoolExecutor | None = None
+
+
+def _on_keeper(call: Callable[[], None]) -> None:
+    """Run *call* (``ray.init``) on a thread that lives as long as this process.
+
+    A local cluster's GCS and raylet are started by ``ray.init`` with ``PR_SET_PDEATHSIG`` =
+    SIGKILL, which fires when the *thread* that started them exits (DESIGN §10). Called from a
+    trio worker thread, they were killed when trio retired that thread after 10 s idle, and 60 s
+    later Ray ended the whole supervisor for want of its GCS, with every child. A
+    ``ThreadPoolExecutor``'s worker never retires while its executor lives (this one always
+    does), so the local node lives until the supervisor exits.
+    """
+    global _keeper  # noqa: PLW0603 - one keeper thread per process
+    if _keeper is None:
+        _keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-ray-init")
+    _keeper.submit(call).result()
 
 
 def _actor_class() -> Any:
@@ -169,9 +195,13 @@ class RayLauncher:
         ray = ray_module()
         with _CONNECTING:  # a batch's launches connect from several threads at once
             if not ray.is_initialized():
-                self._init(ray)
+                _on_keeper(lambda: self._init(ray))
 
     def _init(self, ray: Any) -> None:
+        # Ray ends its driver process — the whole supervisor, with every child — when the GCS
+        # it joined stays unreachable for 60 s (a lost head node, or our own local node). A
+        # lost node must cost only its children: this process waits for the GCS instead.
+        os.environ.setdefault(_GCS_WAIT_ENV, str(_GCS_WAIT_S))
         if self.address in (None, "", "local"):
             # "local", not None: None would join any cluster already running on this machine.
             # A node without agent_slot would queue every child for ever: give it the lane.
@@ -237,7 +267,7 @@ class RayLauncher:
             abandon_on_cancel=True,
         )
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
-            raise PolicyError(str(info["refused"]))
+            raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))
         return info
 
     async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import attrs
 import trio
 
 from orchestrator.launch._launcher import OutputSink
-from orchestrator.launch._ray_node import ray_module
+from orchestrator.launch._ray_node import ReturnRefused, ray_module
 from orchestrator.launch._ray_sweep import sweep_on_node
 
 __all__ = ["LaunchedRay"]
@@ -102,7 +102,7 @@ class LaunchedRay:
                 if child_running:
                     self._stopped = ray.get(self.actor.stop.remote(grace), timeout=grace + 10)
                 if self.ships_back:
-                    self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
+                    self._bring_back(ray)
                 ray.get(self.actor.clean_up.remote(), timeout=60)
             except Exception as exc:  # actor gone: PDEATHSIG took the child
                 log.info("ray child %s: stop through actor failed: %s", self.pid, exc)
@@ -124,6 +124,17 @@ class LaunchedRay:
                 self._sweep_soon()
         with trio.move_on_after(grace + 15):
             await self.exited.wait()
+
+    def _bring_back(self, ray: Any) -> None:
+        """Fetch the node's bundle into :attr:`returned`; a node that refused to send it (over
+        the cap) says why in :attr:`lost`. Blocking: runs in a worker thread."""
+        try:
+            self.returned = ray.get(self.actor.bring_back.remote(), timeout=120)
+        except Exception as exc:
+            refused = getattr(exc, "cause", None)
+            if not isinstance(refused, ReturnRefused):
+                raise
+            self.lost = str(refused)
 
     async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
         """Hand each egress refusal of the child's node-side proxy to *refused* (the

@@ -30,11 +30,20 @@ from orchestrator._trees import remove_tree
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan, realise
 
-__all__ = ["ChildActor", "ray_module"]
+__all__ = ["MAX_RETURN", "ChildActor", "ReturnRefused", "ray_module"]
 
 _PR_SET_PDEATHSIG = 1
+#: The largest change a node sends back (``orchestrator.workspace._bundle.MAX_BUNDLE``, which
+#: the supervisor checks again on what arrives).
+MAX_RETURN = 256 * 1024 * 1024
+#: The child's output kept for its exit report.
+_TAIL = 8192
 #: A session or child id, as it may appear in a node directory's name.
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class ReturnRefused(RuntimeError):
+    """A node will not send a child's changes back (over the cap): one line, nothing sent."""
 
 
 def ray_module() -> Any:
@@ -191,22 +200,52 @@ class ChildActor:
             shutil.rmtree(private, ignore_errors=True)  # nothing comes back from a reader
             self.git_dir = ""
 
-    def bring_back(self) -> bytes:
+    def bring_back(self, cap: int = MAX_RETURN) -> bytes:
         """Commit what the child left in its work tree on top of the snapshot; the bundle of
-        that one commit (``base..HEAD``)."""
+        that one commit (``base..HEAD``). Changes over *cap* bytes raise :class:`ReturnRefused`
+        (one line): they are measured here on the node, from the sizes of the changed files
+        before Git reads one and from the bundle file before it is read, so an oversize return
+        is never hashed, packed or sent whole."""
         if not self.git_dir:
             return b""
-        self._git("add", "-A")
-        tree = self._git("write-tree").decode().strip()
-        commit = self._git("commit-tree", "-p", self.base, "-m", "fleet: a node's changes", tree)
-        self._git("update-ref", "HEAD", commit.decode().strip())
-        out = os.path.join(os.path.dirname(self.git_dir), "back.bundle")
-        self._git("bundle", "create", "-q", out, "HEAD", f"^{self.base}")
-        with open(out, "rb") as handle:
-            data = handle.read()
-        shutil.rmtree(os.path.dirname(self.git_dir), ignore_errors=True)
-        self.git_dir = ""
-        return data
+        private = os.path.dirname(self.git_dir)
+        try:
+            size = self._changed_bytes(cap)
+            if size > cap:
+                raise ReturnRefused(_oversize(f"over {size} bytes", cap))
+            self._git("add", "-A")
+            tree = self._git("write-tree").decode().strip()
+            commit = self._git(
+                "commit-tree", "-p", self.base, "-m", "fleet: a node's changes", tree
+            )
+            self._git("update-ref", "HEAD", commit.decode().strip())
+            out = os.path.join(private, "back.bundle")
+            self._git("bundle", "create", "-q", out, "HEAD", f"^{self.base}")
+            size = os.path.getsize(out)
+            if size > cap:
+                raise ReturnRefused(_oversize(f"a {size}-byte bundle", cap))
+            with open(out, "rb") as handle:
+                return handle.read()
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+            self.git_dir = ""
+
+    def _changed_bytes(self, cap: int) -> int:
+        """The sizes of the files the child added or changed (by ``lstat``; Git reads none of
+        their contents to list them), summed until past *cap*."""
+        listed = self._git(
+            "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames"
+        )
+        total = 0
+        for entry in listed.split(b"\0"):
+            if len(entry) < 4 or entry[:2] == b" D" or entry[:2] == b"D ":
+                continue
+            path = os.path.join(self.work_tree, os.fsdecode(entry[3:]))
+            with contextlib.suppress(OSError):
+                total += os.lstat(path).st_size
+            if total > cap:
+                break
+        return total
 
     def make_node(self, session: str, key: str) -> str:
         """Make child *key*'s node directory in this node's own temporary directory: a fresh,
@@ -299,7 +338,8 @@ class ChildActor:
                 )
             except PolicyError as exc:
                 self.clean_up()  # nothing of a child that never runs stays on the node
-                return {"refused": " ".join(str(exc).split())}
+                # The hint (the way past) travels apart: the parent sees it, a child never.
+                return {"refused": " ".join(exc.for_child.split()), "hint": exc.hint}
             argv, env, cwd = made.argv, made.env, made.cwd
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
@@ -326,10 +366,14 @@ class ChildActor:
         }
 
     def wait(self) -> tuple[int, bytes]:
-        """Block until the child ends; its status and its last 8 KiB of output."""
-        out = self.proc.stdout.read() if self.proc.stdout is not None else b""
-        code = self.proc.wait()
-        return code, out[-8192:]
+        """Block until the child ends; its status and its last 8 KiB of output (read in
+        chunks, keeping only that tail: a child printing gigabytes costs the actor no memory)."""
+        tail = b""
+        if self.proc.stdout is not None:
+            with self.proc.stdout as out:
+                while chunk := out.read1(65536):
+                    tail = (tail + chunk)[-_TAIL:]
+        return self.proc.wait(), tail
 
     def stop(self, grace: float) -> int:
         """TERM the child's whole process group, KILL it after *grace*; the exit status."""
@@ -349,6 +393,13 @@ class ChildActor:
             except subprocess.TimeoutExpired:
                 continue
         return int(self.proc.wait())
+
+
+def _oversize(what: str, cap: int) -> str:
+    return (
+        f"the node's changes are {what}, over the {cap}-byte cap for what a node sends back; "
+        "nothing was sent back and the worktree is left as the snapshot"
+    )
 
 
 def _write_new(files: Mapping[str, bytes], under: str = "") -> None:

@@ -5,9 +5,10 @@ definition asks), workers under ``worker`` with their worktree writable, builtin
 backends alike. No sandboxed child has the network: one that talks to a model reaches the
 ``host:port`` pairs of its allowlist (:func:`egress_allowlist`) through its egress proxy
 (``_egress``), whose socket is bound into the sandbox. The whole state directory
-(``config.home``: every session's tokens, sockets, loadouts, logs, registry, paper, worktrees
-and scratch) is hidden; only the child's own scratch, its worktree, its IPC socket and its
-loadout file are bound back.
+(``config.home``: every session's loadouts, logs, registry, paper, worktrees and scratch) is
+hidden, and so is every other fleet's of this user and the per-user runtime root holding every
+fleet's tokens and sockets (:func:`hidden_paths`); only the child's own scratch, its worktree,
+its IPC socket, its egress socket and its loadout file are bound back.
 
 When no sandbox works (or ``sandbox: off``), every spawn is refused with one line saying how to
 get one, unless the user passed ``--allow-unsandboxed``; then the child runs unwrapped and
@@ -28,6 +29,7 @@ import ipc
 import sandbox
 from orchestrator._config import Config
 from orchestrator._errors import PolicyError, UsageError
+from orchestrator._runtime import ensure_session_runtime, fenced_paths
 from orchestrator.launch._egress import EgressError, allowlist
 
 POLICIES = {p.value: p for p in sandbox.Policy}
@@ -43,8 +45,6 @@ EGRESS_SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
 #: "1" exactly when the child was wrapped (``child.backends._cli_env.SANDBOXED_ENV``).
 SANDBOXED_ENV: Final = "FLEET_SANDBOXED"
 _SCHEME_PORTS: Final = {"http": 80, "https": 443}
-#: Below the session directory: every child's egress proxy socket.
-EGRESS_DIR: Final = "egress"
 
 
 def policy_for(mode: str, requested: str | None) -> str:
@@ -83,9 +83,9 @@ def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str 
         if allowed:
             return "sandbox turned off (--allow-unsandboxed)"
         raise PolicyError(
-            "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed; "
-            "turn it back on, or pass --allow-unsandboxed (either read when the supervisor "
-            "starts: fleet serve --stop first)"
+            "spawn: the sandbox is turned off (sandbox: off) and every child must be sandboxed",
+            hint="turn it back on, or pass --allow-unsandboxed (either read when the supervisor "
+            "starts: fleet serve --stop first)",
         )
     result = sandbox.probe()
     if result.available:
@@ -93,7 +93,7 @@ def decide_unsandboxed(*, off: bool, allowed: bool, where: str = "here") -> str 
     if allowed:
         suffix = "" if where == "here" else f" {where}"
         return f"no working sandbox{suffix} ({result.reason}); --allow-unsandboxed"
-    raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason} ({HOW_TO_SANDBOX})")
+    raise PolicyError(f"spawn: no OS sandbox works {where}: {result.reason}", hint=HOW_TO_SANDBOX)
 
 
 def check_available(config: Config, agent: str, *, remote: bool = False) -> None:
@@ -163,8 +163,28 @@ class Placement:
 
 
 def hidden_paths(config: Config) -> tuple[Path, ...]:
-    """What no sandboxed child may see: the whole state directory, every session in it."""
-    return (config.home,)
+    """What no sandboxed child may see: its own state directory (every session in it), and
+    every other fleet's of this user (:func:`orchestrator._runtime.fenced_paths`: the runtime
+    root holding every fleet's sockets and secrets, the default state directory, every
+    registered ``FLEET_HOME``), canonical, none inside another.
+
+    Another fleet's home that holds this session's workspace keeps only its ``sessions``
+    directory hidden (all of its state): hiding it whole would hide the repository too.
+    """
+    own = Path(os.path.realpath(config.home))
+    workspace = Path(os.path.realpath(config.workspace))
+    found = [own]
+    for path in fenced_paths():
+        holds = path == workspace or path in workspace.parents
+        found.append(path / "sessions" if holds else path)
+    return outermost(found)
+
+
+def outermost(paths: Iterable[Path]) -> tuple[Path, ...]:
+    """*paths* without duplicates and without any that lies inside another (one hidden tree
+    covers them)."""
+    unique = list(dict.fromkeys(paths))
+    return tuple(path for path in unique if not any(other in path.parents for other in unique))
 
 
 def ipc_endpoint(loadout: ipc.Loadout) -> tuple[Path, ...]:
@@ -327,13 +347,17 @@ def fork_server_wrapper(config: Config) -> tuple[str, ...] | None:
     """The bwrap command of this session's sandboxed fork server, or ``None`` where sandboxed
     children cannot be forked here (no bwrap, ``sandbox: off``): they start under bwrap.
 
-    Its view hides the whole state directory and brings back only what its children's views
-    are built from: the session's scratch and worktree roots (writable) and its egress sockets.
+    Its view keeps the host's ``/tmp`` (a child's visible paths below it are bound from
+    there), so it hides by name what every child hides (:func:`hidden_paths`: the runtime root
+    with every fleet's sockets and secrets, every fleet's state directory) and brings back only
+    what its children's views are built from: the session's scratch and worktree roots
+    (writable) and its egress sockets. A fleet started later is hidden by each child's own view.
     """
     if config.sandbox == "off" or sys.platform != "linux":
         return None
     paths = config.paths
-    roots = (paths.scratch, paths.worktrees, paths.root / EGRESS_DIR)
+    roots = (paths.scratch, paths.worktrees, paths.egress)
+    ensure_session_runtime(paths.runtime)  # before its egress directory, made below it
     for root in roots:
         ipc.ensure_private_dir(root)
     return sandbox.wrap_fork_server(

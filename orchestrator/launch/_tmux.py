@@ -1,7 +1,8 @@
 """The tmux launcher: each child runs in a tmux window whose pane runs the child itself.
 
-By default the windows live on a PRIVATE tmux server (``tmux -S <session dir>/tmux.sock``, the
-session directory being 0700, no user configuration loaded), in one tmux session per fleet
+By default the windows live on a PRIVATE tmux server (``tmux -S <runtime dir>/tmux.sock``, the
+session's 0700 directory in the per-user runtime root that no sandbox of any fleet shows, no
+user configuration loaded), in one tmux session per fleet
 session (``fleet-<session>``), one window per child named ``<key>-<name>``. ``tmux:current`` puts
 the windows into the user's current session instead (``$TMUX``). Only windows we created are ever
 closed: never a session, never a server. The private server exits by itself when its last
@@ -230,17 +231,18 @@ class TmuxLauncher:
     @classmethod
     def private(
         cls,
-        session_dir: Path,
+        socket: Path,
         session: str,
         *,
         base_env: Mapping[str, str],
         keep_failed: bool = False,
     ) -> "TmuxLauncher":
-        """Windows on our own server at ``<session_dir>/tmux.sock``, tmux session ``fleet-<id>``.
+        """Windows on our own server at *socket* (the session's ``SessionPaths.tmux_socket``,
+        in the per-user runtime root no sandbox shows), tmux session ``fleet-<id>``.
 
         *base_env* is the supervisor's own environment; see :meth:`window_env`.
         """
-        server = TmuxServer(socket=str(session_dir / "tmux.sock"), private=True)
+        server = TmuxServer(socket=str(socket), private=True)
         return cls(
             server=server, session=f"fleet-{session}", base_env=base_env, keep_failed=keep_failed
         )

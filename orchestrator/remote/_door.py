@@ -129,8 +129,7 @@ class TlsDoor:
             try:
                 await stream.do_handshake()
             except trio.BrokenResourceError as exc:
-                cause = exc.__cause__
-                reason = "certificate" if isinstance(cause, ssl.SSLCertVerificationError) else "tls"
+                reason = "certificate" if _no_valid_certificate(exc.__cause__) else "tls"
             else:
                 der = stream.getpeercert(binary_form=True)
                 cert = x509.load_der_x509_certificate(der) if der else None
@@ -142,6 +141,13 @@ class TlsDoor:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
         return None
+
+
+def _no_valid_certificate(cause: BaseException | None) -> bool:
+    """Whether a failed handshake failed on the client's certificate: a bad one, or none."""
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return True
+    return isinstance(cause, ssl.SSLError) and cause.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE"
 
 
 def _bracket(host: str) -> str:

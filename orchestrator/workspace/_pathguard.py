@@ -45,9 +45,17 @@ _LOOKALIKES = str.maketrans(
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def fold_name(name: str) -> str:
+    """One path component as the most forgiving file system compares it: Unicode NFC, HFS+
+    ignorable code points dropped, NTFS ``:stream`` suffixes and trailing dots and spaces cut,
+    case folded."""
+    name = unicodedata.normalize("NFC", name.translate(_HFS_IGNORABLE))
+    return name.split(":", 1)[0].rstrip(". ").casefold()
+
+
 def is_git_metadata(name: str) -> bool:
     """Whether one path component is ``.git`` under any case, HFS+ or NTFS folding."""
-    folded = name.translate(_HFS_IGNORABLE).split(":", 1)[0].rstrip(". ").casefold()
+    folded = fold_name(name)
     return folded == ".git" or _NTFS_SHORT_NAME.fullmatch(folded) is not None
 
 

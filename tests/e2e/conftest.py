@@ -17,6 +17,9 @@ import attrs
 import psutil
 import pytest
 
+from orchestrator._config import SessionPaths
+from orchestrator._runtime import session_runtime
+
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
     "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -40,13 +43,16 @@ def fleet_processes(home: Path) -> list[psutil.Process]:
     """Every live process that belongs to the fleet under *home*."""
     found = []
     marker = str(home)
+    # Its sessions, not the home alone: every sandbox of every fleet names each other home
+    # of the user it hides on its command line (``--tmpfs HOME``).
+    sessions = str(home / "sessions")
     for process in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
             if process.pid == os.getpid():
                 continue
             cmdline = " ".join(process.info["cmdline"] or [])
             environ = process.info["environ"] or {}
-            mine = marker in cmdline or environ.get("FLEET_HOME") == marker
+            mine = sessions in cmdline or environ.get("FLEET_HOME") == marker
             if mine and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except psutil.Error:
@@ -60,6 +66,12 @@ class Fleet:
     home: Path
     scripts: Path
     env: dict[str, str]
+
+    @property
+    def paths(self) -> SessionPaths:
+        """The session's state directory, and its sockets and secrets in the runtime root."""
+        root = self.home / "sessions" / self.env["FLEET_SESSION"]
+        return SessionPaths(root, runtime=session_runtime(root, self.env))
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -85,17 +97,25 @@ class Fleet:
 
 @contextlib.contextmanager
 def running_fleet(
-    tmp_path: Path, *, prefix: str = "flh-", session: str = "t", env: dict[str, str] | None = None
+    tmp_path: Path,
+    *,
+    prefix: str = "flh-",
+    session: str = "t",
+    env: dict[str, str] | None = None,
+    home_dir: str = "/tmp",
 ) -> Iterator[Fleet]:
-    """A real CLI fleet on a private ``FLEET_HOME`` under /tmp (short socket paths); on exit
-    its supervisor is stopped and no process of it may survive."""
-    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    scripts = tmp_path / "scripts"
+    """A real CLI fleet on a private ``FLEET_HOME`` under *home_dir*; on exit its supervisor
+    is stopped and no process of it may survive."""
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir=home_dir))
+    # A second fleet of the test (another home_dir) gets its own repository and scripts.
+    suffix = "" if home_dir == "/tmp" else f"-{home.name}"
+    scripts = tmp_path / f"scripts{suffix}"
     scripts.mkdir()
     full = {**os.environ, **GIT_ENV, "FLEET_HOME": str(home), "FLEET_SESSION": session}
     full.pop("FLEET_MODEL", None)
     full.update(env or {})
-    fleet = Fleet(repo=make_repo(tmp_path / "repo"), home=home, scripts=scripts, env=full)
+    repo = make_repo(tmp_path / f"repo{suffix}")
+    fleet = Fleet(repo=repo, home=home, scripts=scripts, env=full)
     try:
         yield fleet
     finally:

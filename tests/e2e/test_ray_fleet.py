@@ -86,7 +86,7 @@ def assert_nothing_local(fleet: Fleet, key: str) -> None:
     assert not (session / "checkouts").exists()
     assert not (session / "scratch" / key).exists()
     assert not (session / "loadouts" / f"{key}.json").exists()
-    assert not (session / "egress" / f"{key}.sock").exists()  # its proxy is its node's
+    assert not (fleet.paths.egress / f"{key}.sock").exists()  # its proxy is its node's
     assert (session / "logs" / f"{key}.log").exists()  # the supervisor's record stays here
 
 

@@ -122,7 +122,7 @@ class Surfaces:
 
     @property
     def private(self) -> Path:
-        return self.fleet.home / "sessions" / "t" / "tmux.sock"
+        return self.fleet.paths.tmux_socket
 
     def kept(self, key: str) -> Path:
         return kept_loadout(self.fleet, key)

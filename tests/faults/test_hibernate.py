@@ -20,6 +20,7 @@ import psutil
 import pytest
 import trio
 
+import ipc
 from orchestrator._errors import CapacityError, UsageError
 from orchestrator._records import State
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
@@ -132,6 +133,38 @@ async def test_a_prompt_wakes_a_hibernated_child_and_max_retained_bounds_spawns(
                 assert sup.capacity.hibernated == 0
         second = srv.requests("c1")[1].body
         assert _texts(second)[:2] == ["one", "first"]
+    assert faults.processes() == []
+
+
+async def test_a_woken_child_gets_a_fresh_token_and_its_old_one_opens_nothing(faults) -> None:
+    """A token is good for one launch: whatever kept the sleeping child's (a leaked loadout,
+    a log line) cannot speak for the child woken in its place (issue 36)."""
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "first"}, {"text": "second"}])
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        config = faults.config(hibernate_after_s=0, reject_log=True)
+        with trio.fail_after(60):
+            async with open_supervisor(config) as sup:
+                [record] = await sup.spawn([SpawnRequest(task="one", model=model)])
+                old = sup.runs[record.key].token
+                await _all_hibernated(sup, [record.key])
+                assert (await sup.wait([record.key]))[0]["report"] == "first"
+                await sup.prompt(record.key, "two")  # wakes it: a launch of its own
+                [note] = await sup.wait([record.key])
+                assert note["report"] == "second"
+                new = sup.runs[record.key].token
+                assert new != old
+                assert sup.secrets.scrub(f"{old} {new}") == "[redacted] [redacted]"
+                refused = sup.refusals.total
+                with pytest.raises(ipc.HandshakeError):
+                    await ipc.open_client(
+                        config.paths.ipc_socket,
+                        owner=record.key,
+                        token=old,
+                        hello=ipc.Hello(pid=os.getpid()),
+                    )
+                await Faults.until(lambda: sup.refusals.total == refused + 1)
+                await sup.stop([record.key])
     assert faults.processes() == []
 
 

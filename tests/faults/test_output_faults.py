@@ -3,7 +3,6 @@
 import pytest
 import trio
 
-import ipc
 from orchestrator._records import State
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
@@ -18,7 +17,7 @@ async def test_a_recorded_flood_is_capped_and_the_token_never_reaches_the_log(fa
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-flood")])
-            token = ipc.derive_token(sup.session_key, record.key)
+            token = sup.runs[record.key].token
             [note] = await sup.wait([record.key])  # the flood is over: it became the real child
             assert note["state"] == "idle"
             pids = faults.tree(record.pid)
@@ -41,7 +40,7 @@ async def test_a_failed_floods_diagnostics_show_a_redacted_tail_once(faults) -> 
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-flood", model=hang)])
-            token = ipc.derive_token(sup.session_key, record.key)
+            token = sup.runs[record.key].token
             await faults.until(lambda: record.pid is not None)
             pids = faults.tree(record.pid)
             note = await faults.ended(sup, record.key, state=State.FAILED, kind="idle", pids=pids)

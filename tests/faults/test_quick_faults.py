@@ -6,7 +6,6 @@ question pause or in ``ask`` is caught by ``make test-fast`` too.
 
 import trio
 
-import ipc
 from orchestrator._records import State
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
@@ -18,7 +17,7 @@ async def test_a_childs_own_token_never_reaches_its_log_or_tail(faults) -> None:
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-leak")])
-            token = ipc.derive_token(sup.session_key, record.key)
+            token = sup.runs[record.key].token
             [note] = await sup.wait([record.key])  # it printed, then became the real child
             assert note["state"] == "idle"
             pids = faults.tree(record.pid)

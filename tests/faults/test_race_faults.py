@@ -110,7 +110,7 @@ async def test_late_settled_frames_are_ignored_and_a_dead_owner_cannot_come_back
     with trio.fail_after(CEILING):
         async with open_supervisor(config) as sup:
             [record] = await sup.spawn([SpawnRequest(task="t", name="rogue-late")])
-            token = ipc.derive_token(sup.session_key, record.key)
+            token = sup.runs[record.key].token
             [note] = await sup.wait([record.key])
             assert (note["state"], note["report"]) == ("idle", "first")
             log = sup.paths.logs / f"{record.key}.log"

@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipc import derive_token, new_session_key, peer_uid, tokens_match, valid_identifier
+from ipc import (
+    derive_token,
+    new_launch,
+    new_session_key,
+    peer_uid,
+    tokens_match,
+    valid_identifier,
+)
 
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 
@@ -30,6 +37,18 @@ def test_tokens_differ_by_owner_and_by_session():
     assert derive_token(key, "a1") != derive_token(key, "a2")
     assert derive_token(key, "a1") != derive_token(new_session_key(), "a1")
     assert derive_token(key, "a1") == derive_token(key, "a1")
+
+
+def test_each_launch_of_an_owner_has_its_own_token():
+    key = new_session_key()
+    first, second = new_launch(), new_launch()
+    assert first != second
+    assert len(first) == 32
+    assert derive_token(key, "a1", first) != derive_token(key, "a1", second)
+    assert derive_token(key, "a1", first) == derive_token(key, "a1", first)
+    assert derive_token(key, "a1", first) != derive_token(key, "a1")
+    expected = hmac.new(key, f"a1\0{first}".encode(), hashlib.sha256).hexdigest()
+    assert derive_token(key, "a1", first) == expected
 
 
 def test_tokens_match_only_when_equal():

@@ -32,7 +32,7 @@ def session_root(fleet: Fleet) -> Path:
 
 def control_token(fleet: Fleet) -> str:
     """The real control token (the supervisor must be running)."""
-    return (session_root(fleet) / "control.token").read_text().strip()
+    return fleet.paths.control_token.read_text().strip()
 
 
 def hand_over(fleet: Fleet, name: str, secrets: dict[str, Any]) -> Path:

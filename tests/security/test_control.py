@@ -86,7 +86,7 @@ def test_a_child_with_the_real_control_token_is_refused_and_counted(hostile_flee
     fleet = hostile_fleet
     before = fleet.json("peek")
     assert before["control"]["refused"] == 0
-    socket_path = session_root(fleet) / "control.sock"
+    socket_path = fleet.paths.control_socket
     handed = hand_over(
         fleet, "control", {"token": control_token(fleet), "socket": str(socket_path)}
     )

@@ -75,7 +75,7 @@ async def _hostile_run(
             [first] = await sup.spawn([world.honest()])
             assert "honest:" in (await _settle(sup, first.key))["report"]
             # The secrets the hostile child goes for, some on paths the fleet may not create.
-            token_file = session / "control.token"
+            token_file = sup.paths.control_token
             if not token_file.exists():
                 token_file.write_text(secrets.token_hex(16))
             # The session journal (a daemon keeps one): every child's facts and resume ids.
@@ -83,7 +83,7 @@ async def _hostile_run(
             if not journal.exists():
                 journal.write_text(json.dumps({"v": 1, "resume": secrets.token_hex(16)}) + "\n")
                 journal.chmod(0o600)
-            tmux_socket = session / "tmux.sock"
+            tmux_socket = sup.paths.tmux_socket
             _start_tmux(tmux_socket)
             try:
                 # A process child's loadout is a sealed memfd, never a file; a pane child's is a
@@ -156,6 +156,7 @@ async def _hostile_run(
         "host_cmdline": host_cmdline.decode(errors="replace"),
         "hostile_key": hostile.key,
         "mode": mode,
+        "tmux_socket": tmux_socket,
     }
     return got, extra
 
@@ -191,8 +192,8 @@ def _check_contained(world: World, got: dict[str, str], extra: dict[str, Any]) -
     assert set(filter(None, got[f"list:{session / 'scratch'}"][3:].split(","))) <= {key}
     assert set(filter(None, got[f"list:{world.home}"][3:].split(","))) <= {"sessions"}
     # tmux: neither the socket nor the client reaches the host's server.
-    assert _failed(got[f"unix:{session / 'tmux.sock'}"])
-    assert not got[f"tmux:{session / 'tmux.sock'} {extra['marker']}"].startswith("exit 0")
+    assert _failed(got[f"unix:{extra['tmux_socket']}"])
+    assert not got[f"tmux:{extra['tmux_socket']} {extra['marker']}"].startswith("exit 0")
     assert not extra["marker"].exists()
     # /proc: only the sandbox's own pid namespace; no supervisor, no sibling.
     assert _failed(got[f"read:/proc/{pid}/environ"])

@@ -121,6 +121,7 @@ class BuiltinBackend:
             on_progress=on_progress,
             notify=notes.put,
             state_dir=Path(state_dir) if state_dir else None,
+            fenced=tuple(Path(path) for path in loadout.fenced),
             own=(loadout.scratch,) if loadout.scratch else (),
         )
         names = set(loadout.tools)

@@ -82,3 +82,40 @@ async def test_a_worker_uses_its_own_worktree_and_scratch_inside_the_state_direc
     refused = await call(world, worktree, "read", path=str(world["other"] / "control.token"))
     assert refused.is_error
     assert TOKEN not in refused.text
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("read", {"path": "{runtime}/control.token"}),
+        ("ls", {"path": "{runtime}"}),
+        ("grep", {"pattern": "c0ffee", "path": "{runtime}"}),
+        ("read", {"path": "{elsewhere}/sessions/s/journal.jsonl"}),
+    ],
+)
+async def test_every_fenced_directory_is_refused_like_the_state_directory(
+    world, tmp_path, tool, args
+):
+    """The runtime root (every fleet's control token and sockets) and another fleet's home,
+    named in the loadout's ``fenced``: refused as the state directory is."""
+    runtime = tmp_path / "run" / "fleet" / "0123456789abcdef"
+    runtime.mkdir(parents=True)
+    (runtime / "control.token").write_text(TOKEN)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sessions" / "s").mkdir(parents=True)
+    (elsewhere / "sessions" / "s" / "journal.jsonl").write_text(TOKEN)
+    ctx = ToolContext(
+        workspace=world["repo"],
+        state_dir=world["state"],
+        fenced=(runtime.parent, elsewhere),
+        own=(world["scratch"],),
+    )
+    filled = {k: v.format(runtime=runtime, elsewhere=elsewhere) for k, v in args.items()}
+    with trio.fail_after(10):
+        result = await build_tools([tool], ctx)[tool].run(ctx, filled)
+    assert result.is_error, result.text
+    assert TOKEN not in result.text
+    assert "fleet state directory" in result.text
+    with trio.fail_after(10):
+        mine = await build_tools(["read"], ctx)["read"].run(ctx, {"path": "notes.txt"})
+    assert not mine.is_error

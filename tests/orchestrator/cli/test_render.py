@@ -2,7 +2,14 @@ import itertools
 from typing import Any
 
 from orchestrator._records import ChildRecord, State
-from orchestrator.cli._render import fleet_view, peek_table, spawned_line, usage_table, watch_line
+from orchestrator.cli._render import (
+    fleet_view,
+    handoff_text,
+    peek_table,
+    spawned_line,
+    usage_table,
+    watch_line,
+)
 
 
 def _peek(agents, **extra):
@@ -152,3 +159,22 @@ def test_peek_and_usage_show_tokens_cost_and_budget():
         "scout: 120 tokens, $0.0125 over 1 children",
         "session: 120 tokens, -, budget -",
     ]
+
+
+def test_a_handoff_lists_each_held_file_with_why_and_the_command_that_lands_it():
+    handoff = {
+        "key": "a2",
+        "name": "worker-2",
+        "state": "stopped",
+        "changed": [".envrc", "src/app.py"],
+        "applied": ["src/app.py"],
+        "held": [{"path": ".envrc", "why": "environment file: direnv loads it"}],
+        "pending": [],
+    }
+    text = handoff_text([handoff], lambda p: f"../{p}")
+    assert (
+        "held: .envrc: environment file: direnv loads it (fleet diff a2 ../.envrc reviews it, "
+        "fleet apply a2 ../.envrc lands it)"
+    ) in text
+    kept = handoff_text([handoff | {"held": [], "pending": ["src/app.py"]}])
+    assert "kept for review: src/app.py (fleet apply a2)" in kept

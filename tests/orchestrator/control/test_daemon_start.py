@@ -4,6 +4,8 @@ waits for it instead of failing, and ``serve --stop`` returns once the superviso
 import fcntl
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -81,7 +83,7 @@ def test_a_verb_waits_for_a_supervisor_that_still_holds_the_session(tmp_path):
 def test_a_request_that_finds_the_supervisor_gone_goes_to_a_fresh_one(tmp_path, monkeypatch):
     with running_fleet(tmp_path) as fleet:
         assert fleet.run("peek").returncode == 0
-        token = (fleet.home / "sessions" / "t" / "control.token").read_text().strip()
+        token = fleet.paths.control_token.read_text().strip()
         # It ends (its idle exit) just after it answered this command's ping.
         assert fleet.run("serve", "--stop").returncode == 0
         for name, value in fleet.env.items():
@@ -94,3 +96,31 @@ def test_a_request_that_finds_the_supervisor_gone_goes_to_a_fresh_one(tmp_path, 
         args = build_parser().parse_args(["peek"])
         assert _common.call(args, "peek", {"agents": []})["agents"] == []
         assert next(pinged, None) is None  # the stale token was used, then a fresh supervisor
+
+
+def test_a_command_with_another_runtime_dir_is_told_where_the_supervisor_serves(tmp_path):
+    """The control socket is in the per-user runtime root: a command run with another
+    ``XDG_RUNTIME_DIR`` than its supervisor finds no socket, and says so at once in one line
+    instead of waiting for the supervisor to end."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    with running_fleet(tmp_path, env={"XDG_RUNTIME_DIR": str(xdg)}) as fleet:
+        assert fleet.json("peek")["agents"] == []
+        assert str(xdg) in str(fleet.paths.control_socket)
+        elsewhere = {k: v for k, v in fleet.env.items() if k != "XDG_RUNTIME_DIR"}
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "peek"],
+            cwd=fleet.repo,
+            env=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert time.monotonic() - started < 30
+        assert result.returncode == 5, result
+        [line] = result.stderr.strip().splitlines()
+        assert "XDG_RUNTIME_DIR" in line
+        assert str(fleet.paths.runtime) in line
+        assert fleet.json("peek")["agents"] == []  # the supervisor still serves its own

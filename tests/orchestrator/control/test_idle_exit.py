@@ -47,7 +47,7 @@ def test_an_idle_supervisor_exits_and_one_with_a_retained_child_stays(tmp_path):
         assert fleet.json("peek")["agents"][0]["key"] == "a1"
         fleet.json("stop", "a1")
         assert _ends_within(pid, 10.0)
-        control = fleet.home / "sessions" / "t" / "control.sock"
+        control = fleet.paths.control_socket
         assert not control.exists()
         # The next verb starts a fresh supervisor.
         assert fleet.json("peek")["agents"] == []

@@ -16,9 +16,9 @@ KEY = "sk-a-provider-key-of-the-caller"
 
 
 def _ping(fleet) -> dict[str, Any]:
-    paths = fleet.home / "sessions" / "t"
-    token = read_token(paths / "control.token")
-    return trio.run(lambda: call_async(paths / "control.sock", token, "ping", {}, timeout=10.0))
+    paths = fleet.paths
+    token = read_token(paths.control_token)
+    return trio.run(lambda: call_async(paths.control_socket, token, "ping", {}, timeout=10.0))
 
 
 def _warnings(stderr: str) -> list[str]:

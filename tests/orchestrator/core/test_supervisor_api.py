@@ -19,7 +19,6 @@ import attrs
 import pytest
 import trio
 
-import ipc
 from orchestrator._config import Config, load_config
 from orchestrator._errors import PolicyError, UsageError
 from orchestrator._records import State
@@ -520,7 +519,7 @@ async def test_the_reject_log_records_policy_refusals_and_lock_conflicts(env: En
             assert report.startswith(f"write refused: lock for {b.key}: ")
             entries = rejected(sup)
             text = (sup.paths.logs / "rejected.jsonl").read_text()
-            token = ipc.derive_token(sup.session_key, b.key)
+            token = sup.runs[b.key].token
     assert [(e["kind"], e["owner"]) for e in entries] == [
         ("policy", "parent"),
         ("lock-conflict", b.key),

@@ -18,6 +18,7 @@ import pytest
 
 import sandbox
 from orchestrator._errors import OperationFailed, PolicyError
+from orchestrator._runtime import register_home
 from orchestrator.launch._nodeplan import NodePlan, node_directory_of, realise
 from orchestrator.launch._ray_node import ChildActor
 
@@ -98,6 +99,22 @@ def test_the_plan_is_wrapped_here_with_this_interpreter(actor):
     assert made.env["TMPDIR"] == os.path.join(actor.node_dir, "scratch")
     # This node's temp dir (every other child's node directory) is hidden in the view.
     assert ("--tmpfs", tempfile.gettempdir()) in zip(made.argv, made.argv[1:], strict=False)
+
+
+@pytest.mark.skipif(not sandbox.probe().available, reason="needs a working sandbox")
+def test_the_node_hides_its_own_fence_whatever_the_plan_says(actor, tmp_path, monkeypatch):
+    """Another fleet of the user on the node (its home registered there) and the node's
+    runtime root are hidden though the supervisor's plan does not name them."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    other = tmp_path / "other-fleet"
+    other.mkdir()
+    register_home(other)
+    made = realise(plan_in(actor.node_dir), node_dir=actor.node_dir, egress="", env={})
+    pairs = set(zip(made.argv, made.argv[1:], strict=False))
+    assert ("--tmpfs", str(other)) in pairs
+    assert ("--tmpfs", str(xdg)) in pairs
 
 
 def test_unsandboxed_only_when_allowed_and_the_reason_says_so(actor):

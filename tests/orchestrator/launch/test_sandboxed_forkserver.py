@@ -13,6 +13,7 @@ import trio
 
 import ipc
 from orchestrator._config import Config
+from orchestrator._runtime import ensure_session_runtime, session_runtime
 from orchestrator.launch._forkserver import ForkServer, ForkServerError
 from orchestrator.launch._launcher import LaunchSpec, ProcessLauncher, inherited_child_argv
 from orchestrator.launch._sandboxing import fork_server_wrapper
@@ -181,3 +182,33 @@ async def test_a_server_whose_forks_cannot_sandbox_themselves_fails_at_start(
             assert not await forks.ready()
             await forks.aclose()
     assert "a fork cannot sandbox itself" in log.read_text()
+
+
+async def test_the_servers_view_hides_every_fleets_runtime_directory_but_its_own_egress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server keeps the host's /tmp; the runtime root (every fleet's sockets and tokens)
+    is hidden in it all the same, and only this session's egress sockets come back."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    config = _config(tmp_path)
+    other = ensure_session_runtime(session_runtime(tmp_path / "other" / "sessions" / "t"))
+    (other / "control.token").write_text("another fleet's token")
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None
+    own = str(config.paths.egress)
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
+            )
+            forks.start()
+            assert await forks.ready(), forks.failure
+            for unseen in (other / "control.token", xdg / "fleet" / "homes", other):
+                with pytest.raises(ForkServerError, match="cannot see"):
+                    await _spawn(forks, _view(config, ["--ro-bind", str(unseen), "/x"]))
+            pid, pidfd = await _spawn(forks, _view(config, ["--ro-bind", own, own]))
+            os.close(pidfd)
+            await forks.exit_status(pid)
+            await forks.aclose()

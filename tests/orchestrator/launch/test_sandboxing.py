@@ -11,7 +11,14 @@ import ipc
 import sandbox
 from orchestrator._config import Config
 from orchestrator._errors import PolicyError
-from orchestrator.launch._sandboxing import SANDBOXED_ENV, place
+from orchestrator._runtime import ensure_session_runtime, register_home
+from orchestrator.launch._sandboxing import (
+    SANDBOXED_ENV,
+    checked_visible,
+    child_spec,
+    hidden_paths,
+    place,
+)
 
 
 def loadout(tmp_path) -> ipc.Loadout:
@@ -84,3 +91,72 @@ def test_a_model_path_that_would_unhide_a_tree_is_refused_and_one_beside_the_rep
     )
     assert placement.sandboxed
     assert str(models) in placement.argv  # bound read-only for the child
+
+
+SEATBELT = sandbox.ProbeResult(available=True, launcher="sandbox-exec", reason="", version="14")
+
+
+def _fenced_world(tmp_path, monkeypatch) -> tuple[Config, dict[str, Path]]:
+    """A session, another fleet's home, a fleet home that holds the workspace, and a private
+    runtime root holding this session's egress socket."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    other, holder = tmp_path / "other", tmp_path / "holder"
+    workspace = holder / "repo"
+    for path in (other, workspace, tmp_path / "h"):
+        path.mkdir(parents=True)
+    register_home(other)
+    register_home(holder)
+    config = Config(home=tmp_path / "h", session="t", workspace=workspace)
+    ensure_session_runtime(config.paths.runtime)
+    config.paths.egress.mkdir(mode=0o700)
+    egress = config.paths.egress / "a1.sock"
+    egress.write_text("")  # stands in for the socket: only its path matters here
+    return config, {"xdg": xdg, "other": other, "holder": holder, "egress": egress}
+
+
+def test_every_child_hides_its_home_the_runtime_root_and_every_other_fleets_home(
+    tmp_path, monkeypatch
+):
+    config, world = _fenced_world(tmp_path, monkeypatch)
+    hidden = hidden_paths(config)
+    assert hidden[0] == tmp_path / "h"
+    assert world["xdg"] in hidden  # the whole XDG runtime directory
+    assert world["other"] in hidden
+    # A fleet home holding this workspace: its state hidden, the repository still shown.
+    assert world["holder"] / "sessions" in hidden
+    assert world["holder"] not in hidden
+    assert checked_visible([config.workspace], hidden) == [config.workspace]
+
+
+def test_the_seatbelt_profile_denies_every_fleets_home_and_sockets_but_the_childs_egress(
+    tmp_path, monkeypatch
+):
+    config, world = _fenced_world(tmp_path, monkeypatch)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    spec = child_spec(
+        policy=sandbox.Policy.READ_ONLY,
+        workspace=config.workspace,
+        scratch=scratch,
+        visible=(),
+        hidden=hidden_paths(config),
+        egress=world["egress"],
+    )
+    wrapped = sandbox.wrap(["/bin/true"], spec, platform="darwin", probe_result=SEATBELT)
+    assert wrapped.wrapped
+    profile = wrapped.argv[2]
+    params = dict(arg[2:].split("=", 1) for arg in wrapped.argv if arg.startswith("-D"))
+    hidden = {value for name, value in params.items() if name.startswith("HIDDEN_")}
+    for path in (tmp_path / "h", world["xdg"], world["other"]):
+        assert str(path) in hidden, (path, hidden)
+    names = [name for name, value in params.items() if value == str(world["xdg"])]
+    for name in names:
+        # Unreadable, unwritable and no socket below it reachable...
+        assert f'(subpath (param "{name}"))' in profile.split("(deny file-read*")[1]
+        assert f'(remote unix-socket (subpath (param "{name}")))' in profile
+    # ...but the child's own egress socket, allowed back after the denial.
+    shown = [name for name, value in params.items() if value == str(world["egress"])]
+    assert any(name.startswith("SHOWN_") for name in shown)
+    assert profile.index("(deny network-outbound") < profile.index("(allow network-outbound")

@@ -119,7 +119,7 @@ def environ(pid: int) -> dict[str, str]:
 async def test_a_child_runs_in_its_own_named_window_of_a_private_server(
     session_dir, tmp_path, base_env, nursery
 ):
-    launcher = TmuxLauncher.private(session_dir, "t", base_env=base_env)
+    launcher = TmuxLauncher.private(session_dir / "tmux.sock", "t", base_env=base_env)
     sink = Sink()
     with trio.fail_after(30):
         pane = await launcher.launch(spec(UP, tmp_path, base_env), sink, nursery)
@@ -151,7 +151,9 @@ async def test_a_pane_that_fails_on_its_own_reports_its_status_and_may_stay(  # 
     session_dir, tmp_path, base_env, nursery, keep, kept
 ):
     code = "import sys; print('about to fail', flush=True); sys.exit(3)"
-    launcher = TmuxLauncher.private(session_dir, "t", base_env=base_env, keep_failed=keep)
+    launcher = TmuxLauncher.private(
+        session_dir / "tmux.sock", "t", base_env=base_env, keep_failed=keep
+    )
     sink = Sink()
     with trio.fail_after(30):
         pane = await launcher.launch(spec(code, tmp_path, base_env), sink, nursery)
@@ -169,7 +171,7 @@ async def test_a_pane_that_fails_on_its_own_reports_its_status_and_may_stay(  # 
 async def test_a_killed_pane_process_reports_the_signal_and_its_screen(
     session_dir, tmp_path, base_env, nursery
 ):
-    launcher = TmuxLauncher.private(session_dir, "t", base_env=base_env)
+    launcher = TmuxLauncher.private(session_dir / "tmux.sock", "t", base_env=base_env)
     sink = Sink()
     with trio.fail_after(30):
         pane = await launcher.launch(spec(UP, tmp_path, base_env), sink, nursery)
@@ -182,7 +184,7 @@ async def test_a_killed_pane_process_reports_the_signal_and_its_screen(
 
 @pytest.mark.slow
 async def test_a_closed_pane_is_a_hang_up_and_says_so(session_dir, tmp_path, base_env, nursery):
-    launcher = TmuxLauncher.private(session_dir, "t", base_env=base_env)
+    launcher = TmuxLauncher.private(session_dir / "tmux.sock", "t", base_env=base_env)
     sink = Sink()
     with trio.fail_after(30):
         pane = await launcher.launch(spec(UP, tmp_path, base_env), sink, nursery)
@@ -200,7 +202,7 @@ async def test_a_closed_pane_is_a_hang_up_and_says_so(session_dir, tmp_path, bas
 async def test_concurrent_launches_share_one_session_with_distinct_windows(
     session_dir, tmp_path, base_env, nursery
 ):
-    launcher = TmuxLauncher.private(session_dir, "t", base_env=base_env)
+    launcher = TmuxLauncher.private(session_dir / "tmux.sock", "t", base_env=base_env)
     panes: list[TmuxPane] = []
 
     async def one(index: int) -> None:
@@ -255,7 +257,7 @@ def test_tmux_current_without_tmux_is_a_one_line_usage_error():
 def test_only_what_the_supervisor_added_goes_on_the_window_argv(session_dir):
     base = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-secret", "http_proxy": "http://p"}
     child = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-secret", "FLEET_CHILD": "1"}
-    private = TmuxLauncher.private(session_dir, "t", base_env=base)
+    private = TmuxLauncher.private(session_dir / "tmux.sock", "t", base_env=base)
     inherited, flags = private.window_env(child)
     assert inherited == {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-secret"}
     assert flags == ["-e", "FLEET_CHILD=1"]

@@ -18,7 +18,6 @@ import psutil
 import pytest
 import trio
 
-import ipc
 from orchestrator._config import Config
 from orchestrator.core._supervisor import SpawnRequest, open_supervisor
 
@@ -125,7 +124,7 @@ async def test_a_hostile_report_quoting_a_siblings_token_reaches_nobody_unredact
     with trio.fail_after(CEILING):
         async with open_supervisor(config(world, hold)) as sup:
             [sibling] = await sup.spawn([SpawnRequest(task="hold")])
-            token = ipc.derive_token(sup.session_key, sibling.key)
+            token = sup.runs[sibling.key].token
             assert sup.secrets.scrub(token) == "[redacted]"  # the token the child holds
             (world["repo"] / "loot.txt").write_text(
                 f"{token} and the session key {sup.session_key.hex()}\n"

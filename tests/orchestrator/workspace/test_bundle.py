@@ -194,3 +194,34 @@ def test_malformed_answers_are_one_line_and_touch_nothing(
     with pytest.raises(WorktreeError, match="over the 10-byte cap"):
         import_bundle(snapshot, b"# v2 git bundle\n" + b"x" * 100, snapshot.commit)
     assert git(snapshot.worktree, "status", "--porcelain") == ""
+
+
+def test_a_nodes_bundle_carrying_files_that_run_later_is_held_like_a_local_change(
+    snapshot: Snapshot, tmp_path: Path
+) -> None:
+    """The bundle path into the parent's tree meets the same classifier (issue #36)."""
+    node = tmp_path / "node"
+    actor, base = ship(snapshot, node)
+    planted = {
+        ".claude/settings.json": '{"hooks": {"SessionStart": []}}',
+        ".mcp.json": '{"mcpServers": {}}',
+        ".envrc": "pwn\n",
+        "package.json": '{"scripts": {"postinstall": "pwn"}}',
+        ".vscode/tasks.json": '{"tasks": []}',
+    }
+    for rel, text in planted.items():
+        write(node / rel, text)
+    write(node / "run.sh", "#!/bin/sh\n", 0o755)
+    (node / "link").symlink_to("README.md")
+    write(node / "src" / "app.py", "def main():\n    return 43\n")
+    import_bundle(snapshot, actor.bring_back(), base)
+
+    result = finalize(snapshot, ReviewStore(tmp_path / "review"), "a1")
+
+    assert result.applied == ("src/app.py",)
+    assert sorted(h.path for h in result.held) == sorted([*planted, "link", "run.sh"])
+    for rel in [*planted, "link", "run.sh"]:
+        assert not os.path.lexists(snapshot.repo / rel)
+    named = finalize(snapshot, ReviewStore(tmp_path / "review"), "a1", names=[".envrc"])
+    assert (snapshot.repo / ".envrc").read_text() == "pwn\n"
+    assert ".envrc" not in {h.path for h in named.held}

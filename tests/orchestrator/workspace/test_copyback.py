@@ -36,6 +36,12 @@ def tree(root: Path) -> dict[str, tuple[str, int, bytes]]:
     return out
 
 
+def land_all(snap, review):
+    """Copy back every change, held files included, as a person naming each would."""
+    names = [c.path for c in changed_paths(snap)]
+    return finalize(snap, review, "worker-1", names=names)
+
+
 @pytest.fixture
 def repo(tmp_path: Path, git_home) -> Path:
     root = tmp_path / "repo"
@@ -111,7 +117,7 @@ def test_changes_staged_or_unstaged_inside_the_worktree_index_count_by_content(s
 
 def test_finalize_applies_every_change_byte_exact(repo, snap, review):
     change_everything(snap.worktree)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.error == ""
     assert result.conflicts == ()
     assert result.applied == result.changed
@@ -131,14 +137,14 @@ def test_finalize_applies_every_change_byte_exact(repo, snap, review):
 def test_review_round_trip_diff_revert_accept(repo, snap, review):
     before = tree(repo)
     change_everything(snap.worktree)
-    assert finalize(snap, review, "worker-1").error == ""
+    assert land_all(snap, review).error == ""
     statuses = {os.path.relpath(d.path, repo): d.status for d in review.diff(["worker-1"])}
     assert statuses == {c.path: c.status for c in changed_paths(snap)}
     assert review.revert(["worker-1"]).failed == ()
     assert tree(repo) == before
     assert review.diff() == []
 
-    assert finalize(snap, review, "worker-1").error == ""
+    assert land_all(snap, review).error == ""
     assert len(review.accept()) == 9
     assert review.diff() == []
     assert review.revert().reverted == ()
@@ -150,7 +156,7 @@ def test_drift_in_the_parent_blocks_everything_until_resolved(repo, snap, review
     original = (repo / "a.txt").read_bytes()
     write(repo / "a.txt", "the user edited this meanwhile\n")
     before = tree(repo)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.conflicts == (
         Conflict(path="a.txt", reason="changed in the parent since the snapshot"),
     )
@@ -161,7 +167,7 @@ def test_drift_in_the_parent_blocks_everything_until_resolved(repo, snap, review
     assert review.diff() == []
 
     write(repo / "a.txt", original)
-    retried = finalize(snap, review, "worker-1")
+    retried = land_all(snap, review)
     assert retried.error == ""
     assert (repo / "a.txt").read_text() == "modified\n"
 
@@ -182,16 +188,16 @@ def test_each_kind_of_parent_drift_is_a_conflict(repo, snap, review, drift, reas
     change_everything(snap.worktree)
     drift(repo)
     before = tree(repo)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert [c.reason for c in result.conflicts] == [reason]
     assert tree(repo) == before
 
 
 def test_finalize_again_after_success_is_a_no_op(repo, snap, review):
     change_everything(snap.worktree)
-    first = finalize(snap, review, "worker-1")
+    first = land_all(snap, review)
     after = tree(repo)
-    second = finalize(snap, review, "worker-1")
+    second = land_all(snap, review)
     assert second.error == ""
     assert second.applied == first.applied
     assert tree(repo) == after
@@ -201,7 +207,7 @@ def test_a_path_already_holding_the_childs_version_counts_as_applied(repo, snap,
     write(snap.worktree / "a.txt", "same edit on both sides\n")
     write(snap.worktree / "b.txt", "only the child\n")
     write(repo / "a.txt", "same edit on both sides\n")
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.error == ""
     assert result.applied == ("a.txt", "b.txt")
     diffs = {Path(d.path).name: d.status for d in review.diff()}
@@ -233,7 +239,7 @@ def test_failure_at_file_k_of_n_restores_the_parent(repo, snap, review, monkeypa
     paths = five_changes(snap.worktree)
     before = tree(repo)
     fail_at(monkeypatch, "apply_op", paths[k])
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert tree(repo) == before  # no temp, backup or created directory left either
     assert result.applied == ()
     assert result.restored == tuple(paths[:k])
@@ -247,7 +253,7 @@ def test_rollback_failure_names_exactly_what_stayed_applied(repo, snap, review, 
     original = (repo / "b.txt").read_bytes()
     fail_at(monkeypatch, "apply_op", paths[3])
     fail_at(monkeypatch, "restore_op", paths[1])
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.applied == ("b.txt",)
     assert result.restored == ("a.txt", "d.txt")
     assert (repo / "b.txt").read_text() == "two\n"
@@ -272,7 +278,7 @@ def test_a_failure_while_preparing_leaves_nothing_behind(repo, snap, review, mon
         real(snapshot, op, fd, new, algo)
 
     monkeypatch.setattr(_apply, "stage", failing)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.error == (
         f"copy back from {snap.worktree}: preparing fresh/c.txt failed (No space left on "
         "device); nothing in the parent changed; fix the cause and stop again"
@@ -291,7 +297,7 @@ def test_a_worktree_file_changing_during_copy_back_is_a_conflict(repo, snap, rev
         real(snapshot, ops, created, algo)
 
     monkeypatch.setattr(_apply, "prepare", edit_then_prepare)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.conflicts == (
         Conflict(path="b.txt", reason="changed in the worktree during copy-back; stop again"),
     )
@@ -308,7 +314,7 @@ def test_copy_back_in_a_sha256_repository(tmp_path, git_home, review):
     snap = create_worktree(root, tmp_path / "wt")
     write(snap.worktree / "a.txt", "child\n")
     write(snap.worktree / "b.txt", "new\n")
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.error == ""
     assert result.applied == ("a.txt", "b.txt")
     assert (root / "a.txt").read_text() == "child\n"
@@ -316,7 +322,7 @@ def test_copy_back_in_a_sha256_repository(tmp_path, git_home, review):
 
 def test_deleting_a_directorys_last_file_and_reverting_it(repo, snap, review):
     (snap.worktree / "pkg" / "only.py").unlink()
-    assert finalize(snap, review, "worker-1").error == ""
+    assert land_all(snap, review).error == ""
     assert not (repo / "pkg").exists()
     result = review.revert()
     assert result.reverted == (str(repo / "pkg" / "only.py"),)
@@ -338,7 +344,7 @@ def test_guarded_paths_block_the_whole_copy_back(repo, snap, review, case):
     write(snap.worktree / "a.txt", "harmless\n")
     make(snap.worktree)
     before = tree(repo)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert [c.path for c in result.conflicts] == [path]
     assert reason in result.conflicts[0].reason
     assert tree(repo) == before
@@ -347,7 +353,7 @@ def test_guarded_paths_block_the_whole_copy_back(repo, snap, review, case):
 def test_a_git_file_the_child_writes_is_never_a_change(repo, snap, review):
     write(snap.worktree / "sub" / ".git", "gitdir: /elsewhere\n")
     write(snap.worktree / "sub" / "real.txt", "kept\n")
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.changed == ("sub/real.txt",)
     assert result.error == ""
     assert not (repo / "sub" / ".git").exists()
@@ -357,7 +363,7 @@ def test_a_rewritten_worktree_git_file_is_refused(repo, snap, review):
     write(snap.worktree / "a.txt", "child\n")
     (snap.worktree / ".git").write_text(f"gitdir: {repo / '.git'}\n")
     with pytest.raises(WorktreeError, match=r"\.git file no longer points into"):
-        finalize(snap, review, "worker-1")
+        land_all(snap, review)
     assert (repo / "a.txt").read_text() == "a.txt line 1\nline 2\n"
 
 
@@ -368,7 +374,7 @@ def test_an_ancestor_swapped_for_a_symlink_in_the_parent_is_refused(repo, snap, 
     (repo / "pkg" / "only.py").unlink()
     (repo / "pkg").rmdir()
     (repo / "pkg").symlink_to(outside)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.conflicts == (Conflict(path="pkg/only.py", reason="ancestor 'pkg' is a symlink"),)
     assert (outside / "only.py").read_text() == "x = 1\n"
 
@@ -389,7 +395,7 @@ def test_a_symlink_swapped_in_at_apply_time_stops_the_write(
         real(snapshot, op)
 
     monkeypatch.setattr(_apply, "apply_op", swap_then_apply)
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.restored == ("a.txt",)
     assert (outside / "only.py").read_text() == "x = 1\n"
     assert (repo / "a.txt").read_text() == "a.txt line 1\nline 2\n"
@@ -398,7 +404,7 @@ def test_a_symlink_swapped_in_at_apply_time_stops_the_write(
 def test_lookalike_of_an_existing_parent_file_is_refused(repo, snap, review):
     write(repo / "it\u2019s.txt", "curly\n")
     write(snap.worktree / "it's.txt", "straight\n")
-    result = finalize(snap, review, "worker-1")
+    result = land_all(snap, review)
     assert result.conflicts == (
         Conflict(
             path="it's.txt",
