@@ -128,13 +128,12 @@ def cmd_web(args: argparse.Namespace) -> int:
         out(args, {"stopped": stopped}, lambda d: "web view stopped" if d["stopped"] else "")
         return 0
     if args.foreground:
-        import trio  # noqa: PLC0415
 
         def announce(url: str) -> None:
             if not args.quiet:
                 print(f"fleet web: {url}", flush=True)
 
-        trio.run(_server.serve, config, announce)
+        _server.run_foreground(config, announce)
         return 0
     data = _server.start_or_reuse(config)
     out(args, data, lambda d: f"open {d['url']}\n(one-time login link, good for 5 minutes)")

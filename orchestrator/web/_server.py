@@ -2,9 +2,10 @@
 
 The server is Hypercorn's trio worker on ``127.0.0.1`` and a port the kernel picks, in its own
 process (``fleet web --foreground``, started in the background like ``fleet serve``). It writes
-``web.json`` (0600, in the session's private directory: pid, port and the key that signs login
-tokens), so a later ``fleet web`` finds it and mints a new one-time login URL without talking
-to it. ``fleet web --stop`` ends it (SIGTERM: a graceful shutdown, then cancel).
+``web.json`` (0600, in the session's runtime directory beside the control token: pid, port and
+the key that signs login tokens), so a later ``fleet web`` finds it and mints a new one-time
+login URL without talking to it. ``fleet web --stop`` ends it (SIGTERM: a graceful shutdown,
+then cancel).
 """
 
 import contextlib
@@ -41,7 +42,9 @@ ORPHAN_CHECK: Final = 5.0
 
 
 def state_path(config: Config) -> Path:
-    return config.paths.root / "web.json"
+    """``web.json``: beside the control token, in the session's runtime directory, which no
+    sandbox sees (it holds the key that signs login tokens)."""
+    return config.paths.runtime / "web.json"
 
 
 def login_url(port: int, key: bytes) -> str:
@@ -172,6 +175,12 @@ async def _while_supervised(lock: Path, quit_: trio.Event) -> None:
         if now - gone_since >= ORPHAN_EXIT:
             quit_.set()
             return
+
+
+def run_foreground(config: Config, announce: Callable[[str], None]) -> None:
+    """``fleet web --foreground``: the supervisor first (the page is its client), then serve."""
+    ensure_daemon(config)
+    trio.run(serve, config, announce)
 
 
 def start_or_reuse(config: Config) -> dict[str, Any]:

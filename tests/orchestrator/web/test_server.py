@@ -8,6 +8,7 @@ import httpx
 import pytest
 import trio
 
+from orchestrator._config import SessionPaths
 from orchestrator.web._server import ORPHAN_EXIT, _while_supervised
 from tests.e2e.conftest import running_fleet
 
@@ -34,7 +35,7 @@ def test_fleet_web_starts_once_reuses_its_server_and_each_url_logs_in_once(tmp_p
         try:
             first = fleet.json("web")
             assert first["started"] is True
-            state = fleet.home / "sessions" / "t" / "web.json"
+            state = SessionPaths(root=fleet.home / "sessions" / "t").runtime / "web.json"
             assert stat.S_IMODE(state.stat().st_mode) == 0o600
             second = fleet.json("web")
             assert second["started"] is False
