@@ -1,8 +1,11 @@
 """The web server's lifetime beside its session's supervisor."""
 
 import fcntl
+import json
 import os
+import socket
 import stat
+import sys
 
 import httpx
 import pytest
@@ -53,5 +56,47 @@ def test_fleet_web_starts_once_reuses_its_server_and_each_url_logs_in_once(tmp_p
             assert fleet.json("web", "--stop") == {"stopped": True}
             assert not state.exists()
             assert fleet.json("web", "--stop") == {"stopped": False}
+        finally:
+            fleet.run("web", "--stop")
+
+
+PROBE = """
+import json, socket, sys
+port, state = int(sys.argv[1]), sys.argv[2]
+found = {}
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=3).close()
+    found["connect"] = "ok"
+except OSError as exc:
+    found["connect"] = f"refused: {exc}"
+try:
+    found["state"] = "ok: " + open(state).read()
+except OSError as exc:
+    found["state"] = f"refused: {exc}"
+open("web-probe.json", "w").write(json.dumps(found))
+print("probed")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.needs("sandbox")
+def test_a_sandboxed_child_reaches_neither_the_web_view_nor_its_key(tmp_path):
+    with running_fleet(tmp_path) as fleet:
+        try:
+            web = fleet.json("web")
+            state = SessionPaths(root=fleet.home / "sessions" / "t").runtime / "web.json"
+            (fleet.repo / "probe.py").write_text(PROBE)
+            command = f"{sys.executable} probe.py {web['port']} {state}"
+            [child] = fleet.json(
+                "spawn", "--agent", "worker", "--backend", "command", "--command", command, "p"
+            )["agents"]
+            [note] = fleet.json("wait", child["key"], "--timeout", "60", timeout=90)["settled"]
+            assert "probed" in note["report"], note
+            [probe] = fleet.home.glob("**/web-probe.json")
+            found = json.loads(probe.read_text())
+            assert found["connect"].startswith("refused"), found  # its own network namespace
+            assert found["state"].startswith("refused"), found  # the runtime root is hidden
+            # The host can, for contrast: the probe would have seen a live server.
+            socket.create_connection(("127.0.0.1", web["port"]), timeout=3).close()
         finally:
             fleet.run("web", "--stop")
