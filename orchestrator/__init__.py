@@ -23,7 +23,14 @@ way (``tests/test_invariants.py`` checks every import statement)::
 
 This module is the public facade; it imports the supervisor only on first use.
 
-The embeddable API::
+A program attaches to the session's supervisor (started on demand, as every ``fleet`` verb
+does, so it works whether or not ``fleet serve`` is up)::
+
+    async with connect() as fleet:
+        [child] = await fleet.spawn([SpawnRequest(task="...", model="scripted:s.yaml")])
+        notes = await fleet.wait([child["key"]])
+
+or embeds one of its own (refused in one line while the session already has one)::
 
     async with open_supervisor(load_config()) as sup:
         [child] = await sup.spawn([SpawnRequest(task="...", model="scripted:s.yaml")])
@@ -46,12 +53,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from orchestrator._config import Config, load_config
     from orchestrator._records import ChildRecord, SpawnRequest, State
+    from orchestrator.control._connect import FleetClient, connect
     from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 __all__ = [
     "CapacityError",
     "ChildRecord",
     "Config",
+    "FleetClient",
     "FleetError",
     "NotFound",
     "OperationFailed",
@@ -63,6 +72,7 @@ __all__ = [
     "TimedOut",
     "Unreachable",
     "UsageError",
+    "connect",
     "load_config",
     "open_supervisor",
 ]
@@ -75,6 +85,10 @@ def __getattr__(name: str) -> object:
         from orchestrator.core import _supervisor  # noqa: PLC0415
 
         return getattr(_supervisor, name)
+    if name in {"FleetClient", "connect"}:
+        from orchestrator.control import _connect  # noqa: PLC0415
+
+        return getattr(_connect, name)
     if name in {"Config", "load_config"}:
         # And the configuration (attrs): a warm verb (``cli._fast``) reads what it needs itself.
         from orchestrator import _config  # noqa: PLC0415

@@ -227,6 +227,9 @@ class Config:
     #: ``copyback.hold``: globs of paths a worker's copy-back holds for a person's say, added
     #: to the built-in list (docs/worktrees.md "Held files").
     copyback_hold: tuple[str, ...] = attrs.field(default=(), converter=hold_globs)
+    #: ``integration.gate``: the shell command a held change must pass in a fresh sandboxed
+    #: worktree before ``fleet land`` applies it ("" : ``land`` is refused).
+    integration_gate: str = ""
 
     @property
     def paths(self) -> "SessionPaths":
@@ -392,6 +395,14 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         if not isinstance(copyback, dict) or set(copyback) - {"hold"}:
             raise UsageError("config.yaml: copyback must be a mapping with one key, hold")
         settings["copyback_hold"] = copyback.get("hold")
+    integration = data.get("integration")
+    if integration is not None:
+        gate = integration.get("gate") if isinstance(integration, dict) else None
+        if not isinstance(integration, dict) or set(integration) - {"gate"}:
+            raise UsageError("config.yaml: integration must be a mapping with one key, gate")
+        if not isinstance(gate, str):
+            raise UsageError("config.yaml: integration.gate must be a shell command (a string)")
+        settings["integration_gate"] = gate
     env = os.environ
     for name, target, convert in (
         ("FLEET_MAX_SUBAGENTS", "max_subagents", int),

@@ -69,6 +69,7 @@ class ChildRecord:
     )
     activity: str = "starting"
     last_event_at: float = attrs.Factory(time.monotonic)
+    started_at: float = attrs.Factory(time.monotonic)
     tokens: int = 0
     cost_usd: float | None = None
     #: The ledger's entry (input/output/cache tokens, model, budget, levels reached).
@@ -100,6 +101,9 @@ class ChildRecord:
     #: last valid result parsed from its report; ``None`` without a schema.
     schema: dict[str, Any] | None = None
     result: Any = None
+    #: What the supervisor saw of its last settled turn (``core._evidence``): duration, usage,
+    #: commands, changed files with line counts, whether the report was clipped.
+    observed: dict[str, Any] = attrs.Factory(dict)
 
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
@@ -127,6 +131,21 @@ class ChildRecord:
             "role": self.role,
             "models": list(self.models),
             "held": len(self.held),
+        }
+
+    def progress_row(self) -> dict[str, Any]:
+        """A working child in one row (``wait``'s ``working``): its activity, checklist and age."""
+        progress = self.progress
+        now = time.monotonic()
+        return {
+            "key": self.key,
+            "name": self.name,
+            "state": str(self.state),
+            "activity": clip(self.activity, 120),
+            "checklist": f"{progress['done']}/{progress['total']}" if progress["total"] else "",
+            "current": progress.get("current"),
+            "age_s": round(now - self.started_at, 1),
+            "last_event_age_s": round(now - self.last_event_at, 1),
         }
 
     def peek_line(self) -> str:
@@ -162,6 +181,7 @@ class ChildRecord:
             "role": self.role,
             "models": list(self.models),
             "incomplete": self.incomplete,
+            "observed": dict(self.observed),
         }
         return self.with_result(shape)
 

@@ -6,8 +6,8 @@ never a timeout halfway through. ``make test`` installs everything named here.
 
 Names:
 
-- ``pi``, ``pi-next``, ``claude``, ``codex``: the pinned CLI in ``.npm-prefix/bin``
-  (``scripts/install-agent-clis``);
+- ``pi``, ``pi-next``, ``claude``, ``codex``, ``gemini``, ``opencode``: the pinned CLI in
+  ``.npm-prefix/bin`` (``scripts/install-agent-clis``);
 - ``sandbox``: a working bubblewrap sandbox (:func:`sandbox.probe`);
 - ``netns``: ``unshare -n`` works (root, util-linux's ``unshare`` and iproute2's ``ip``);
 - any other name: that command on ``PATH`` (``scripts/system-packages`` installs them).
@@ -24,7 +24,7 @@ from pathlib import Path
 import sandbox
 
 REPO = Path(__file__).resolve().parents[1]
-CLIS = frozenset({"pi", "pi-next", "claude", "codex"})
+CLIS = frozenset({"pi", "pi-next", "claude", "codex", "gemini", "opencode"})
 #: command → the Debian package that has it (the names scripts/system-packages installs).
 PACKAGES = {
     "bwrap": "bubblewrap",

@@ -188,8 +188,17 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.remote": {FOUNDATION, "ipc"},
     # The journal is written for core through a protocol; control wires it in.
     "orchestrator.durability": {FOUNDATION, "ipc"},
+    # Maps reach the supervisor through a protocol and keep their ledger in durability.
+    "orchestrator.batch": {
+        FOUNDATION,
+        "orchestrator.durability",
+        "orchestrator.governance",
+        "orchestrator.workspace",
+        "sandbox",
+    },
     "orchestrator.core": {
         FOUNDATION,
+        "orchestrator.batch",
         "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.workspace",
@@ -201,6 +210,7 @@ ROOMS: dict[str, set[str]] = {
     },
     "orchestrator.control": {
         FOUNDATION,
+        "orchestrator.batch",
         "orchestrator.core",
         "orchestrator.coordination",
         "orchestrator.durability",
@@ -222,11 +232,14 @@ ROOMS: dict[str, set[str]] = {
     "orchestrator.cli": {
         FOUNDATION,
         FACADE,
+        "orchestrator.batch",
         "orchestrator.control",
         "orchestrator.parents",
         "orchestrator.web",
     },
-    FACADE: {FOUNDATION, "orchestrator.core"},
+    # The facade offers the embedded supervisor (core) and connect(), the client of a running
+    # one (control), each imported on first use.
+    FACADE: {FOUNDATION, "orchestrator.core", "orchestrator.control"},
     "orchestrator.__main__": {"orchestrator.cli"},
     "child.tools": {"ipc"},
     "child.backends": {"child.tools", "ipc"},
@@ -242,6 +255,7 @@ SUPERVISOR_IMPORTERS = {FACADE, "orchestrator.control._server", "orchestrator.co
 SUPERVISOR_IMPORTERS |= {"orchestrator.control._review", "orchestrator.control._durable"}
 # _stale is the part of _durable that reads what a previous supervisor left (split off for size).
 SUPERVISOR_IMPORTERS |= {"orchestrator.control._stale"}
+SUPERVISOR_IMPORTERS |= {"orchestrator.control._map", "orchestrator.control._land"}
 
 
 def product_modules(root: Path = ROOT) -> dict[str, Path]:

@@ -6,6 +6,7 @@ discard, logs. Each is one control request (``wait`` a loop of bounded slices); 
 import argparse
 import json
 import shlex
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,7 @@ from orchestrator._errors import TimedOut, UsageError
 from orchestrator._schemafile import read_schema_file
 from orchestrator.cli import _render
 from orchestrator.cli._common import call, joined, out
-from orchestrator.cli._outcome import note_failed
+from orchestrator.cli._outcome import WaitTimedOut, note_failed
 from orchestrator.cli._review import shown
 from orchestrator.control._client import WAIT_SLICE
 
@@ -49,6 +50,15 @@ def cmd_spawn(args: argparse.Namespace) -> int:
         schema = read_schema_file(Path(args.schema))
         requests = [{"schema": schema, **r} if isinstance(r, dict) else r for r in requests]
     data = call(args, "spawn", {"requests": requests})
+    failed = [a for a in data["agents"] if a.get("state") == "failed"]
+    if failed:  # failed at launch (a worker outside a git repository, ...): exit 1, say why
+        message = "; ".join(f"{a['key']} failed at launch: {a.get('error', '')}" for a in failed)
+        if args.json:
+            print(json.dumps(data | {"error": {"kind": "failed", "message": message}}))
+        else:
+            print("\n".join(_render.spawned_line(a) for a in data["agents"]))
+        print(f"fleet spawn: {message}", file=sys.stderr)
+        return 1
     if args.wait:
         keys = [a["key"] for a in data["agents"]]
         return _wait(args, keys, every=True, timeout=None)
@@ -60,16 +70,18 @@ def _wait(args: argparse.Namespace, keys: list[str], *, every: bool, timeout: fl
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
+        slice_ = min(WAIT_SLICE, remaining)
+        payload = {"agents": keys, "all": every, "timeout": slice_, "progress": True}
         try:
-            data = call(
-                args, "wait", {"agents": keys, "all": every, "timeout": min(WAIT_SLICE, remaining)}
-            )
+            data = call(args, "wait", payload)
+        except TimedOut:  # a supervisor from before progress rows
+            data = {"timed_out": True}
+        if not data.get("timed_out"):
             break
-        except TimedOut:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(
-                    f"nothing settled within {timeout:g} s (try again, or fleet peek)"
-                ) from None
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimedOut(
+                f"nothing settled within {timeout:g} s (try again, or fleet peek)", data
+            )
     out(args, data, lambda d: _render.settled_text(d["settled"]))
     return 1 if any(note_failed(n) for n in data["settled"]) else 0
 
@@ -145,3 +157,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
     data = call(args, "logs", {"agent": args.agent, "tail": args.tail})
     out(args, data, lambda d: f"{d['path']}\n{d['tail']}")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    part = "transcript" if args.transcript else "report"
+    data = call(args, "report", {"agent": args.agent, "part": part, "offset": args.offset})
+    out(args, data, _report_text)
+    return 0
+
+
+def _report_text(data: Mapping[str, Any]) -> str:
+    more, flag = data["next_offset"], " --transcript" if data["part"] == "transcript" else ""
+    tail = f"\n(more: fleet report {data['key']}{flag} --offset {more})" if more is not None else ""
+    return str(data["text"]).rstrip("\n") + tail

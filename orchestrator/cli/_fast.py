@@ -25,7 +25,13 @@ from orchestrator._digests import drift_warning, drifted, start_digests
 from orchestrator._errors import FleetError, TimedOut
 from orchestrator._runtime import session_runtime
 from orchestrator.cli import _locate
-from orchestrator.cli._outcome import error_code, exit_with, internal_error_code, note_failed
+from orchestrator.cli._outcome import (
+    WaitTimedOut,
+    error_code,
+    exit_with,
+    internal_error_code,
+    note_failed,
+)
 from orchestrator.control._blocking import Connection, read_token
 from orchestrator.control._client import WAIT_SLICE, op_timeout
 
@@ -112,6 +118,8 @@ def parse(argv: Sequence[str]) -> WarmVerb | None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``fleet``: a warm verb here, everything else on the full command line."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get("FLEET_CHILD") == "1":
+        refuse_in_child(args)
     warm = parse(args)
     if warm is not None:
         try:
@@ -126,6 +134,21 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     from orchestrator.cli._main import main as full  # noqa: PLC0415 - only when needed
 
     full(args)
+
+
+def refuse_in_child(args: Sequence[str]) -> NoReturn:
+    """Every verb refuses inside a fleet child: ``fleet mcp``, ``serve`` or any control verb
+    there would act with the parent's powers. A child delegates through its own IPC."""
+    verb = next((a for a in args if not a.startswith("-")), "")
+    where = f"fleet {verb}" if verb else "fleet"
+    message = (
+        f"{where}: refused inside a fleet child: a child reaches its parent only through "
+        "its own tools (subagent, ask_parent)"
+    )
+    if "--json" in args:
+        print(json.dumps({"error": {"kind": "refused", "message": message}}))
+    print(message, file=sys.stderr)
+    sys.exit(4)
 
 
 def _connect(warm: WarmVerb) -> Connection:
@@ -179,14 +202,22 @@ def _wait(warm: WarmVerb, connection: Connection) -> dict[str, Any]:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         remaining = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
-        payload = {"agents": warm.agents, "all": warm.all, "timeout": min(WAIT_SLICE, remaining)}
+        payload = {
+            "agents": warm.agents,
+            "all": warm.all,
+            "timeout": min(WAIT_SLICE, remaining),
+            "progress": True,
+        }
         try:
-            return connection.request("wait", payload, timeout=op_timeout("wait"))
-        except TimedOut:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(
-                    f"nothing settled within {timeout:g} s (try again, or fleet peek)"
-                ) from None
+            data = connection.request("wait", payload, timeout=op_timeout("wait"))
+        except TimedOut:  # a supervisor from before progress rows
+            data = {"timed_out": True}
+        if not data.get("timed_out"):
+            return data
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimedOut(
+                f"nothing settled within {timeout:g} s (try again, or fleet peek)", data
+            )
 
 
 def _out(warm: WarmVerb, data: Any, human: Callable[[Any], str]) -> None:

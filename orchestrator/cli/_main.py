@@ -21,6 +21,7 @@ from orchestrator.cli._drive import (
     cmd_discard,
     cmd_logs,
     cmd_pause,
+    cmd_report,
     cmd_resume,
     cmd_spawn,
     cmd_steer,
@@ -28,6 +29,8 @@ from orchestrator.cli._drive import (
     cmd_wait,
 )
 from orchestrator.cli._durable import cmd_events, cmd_revive
+from orchestrator.cli._land import add_verbs as add_land_verbs
+from orchestrator.cli._map import add_verb as add_map_verb
 from orchestrator.cli._outcome import error_code, exit_with, internal_error_code
 from orchestrator.cli._parents import add_verbs as add_parent_verbs
 from orchestrator.cli._review import cmd_accept, cmd_apply, cmd_diff, cmd_revert
@@ -296,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("discard", cmd_discard, "forget a child and its unresolved state")
     p.add_argument("agent")
 
+    p = verb("report", cmd_report, "a child's full report or transcript, a page at a time")
+    p.add_argument("agent")
+    p.add_argument("--transcript", action="store_true", help="its transcript, not its report")
+    p.add_argument("--offset", type=int, default=0, help="first character of the page")
+
     p = verb("logs", cmd_logs, "a child's diagnostics log")
     p.add_argument("agent")
     p.add_argument("--tail", type=int, default=8192)
@@ -360,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true", help="stop the session's web view")
 
     add_parent_verbs(verb)
+    add_map_verb(verb)
+    add_land_verbs(verb)
     verb("doctor", cmd_doctor, "check what fleet needs on this machine")
     p = verb("bench", cmd_bench, "time this machine's figures, each beside its floor")
     p.add_argument("--runs", type=int, default=10, help="warm-verb runs (default 10)")

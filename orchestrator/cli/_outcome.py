@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from orchestrator._errors import TimedOut
+
 # typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +39,31 @@ def exit_with(run: Callable[[], int]) -> NoReturn:
     sys.exit(code)
 
 
+class WaitTimedOut(TimedOut):
+    """``fleet wait --timeout`` ran out: exit 3, with what is still working (``progress``:
+    the ``questions`` and ``working`` rows of the last wait) beside the error."""
+
+    def __init__(self, message: str, progress: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.progress = {k: progress[k] for k in ("questions", "working") if k in progress}
+
+
+def progress_text(progress: Mapping[str, Any]) -> str:
+    """The human lines of a timed-out wait: open questions, then each working child."""
+    lines = [
+        f"question {q['id']} from {q['key']}: {q['text']}  (fleet answer {q['id']} TEXT)"
+        for q in progress.get("questions", [])
+    ]
+    for row in progress.get("working", []):
+        checklist = f" {row['checklist']}" if row.get("checklist") else ""
+        activity = f" — {row['activity']}" if row.get("activity") else ""
+        lines.append(
+            f"{row['key']} {row['name']} {row['state']}{checklist}{activity} "
+            f"(for {row['age_s']:g} s, last event {row['last_event_age_s']:g} s ago)"
+        )
+    return "\n".join(lines)
+
+
 def note_failed(note: Mapping[str, Any]) -> bool:
     """Whether a settle note is a failure: the child failed, or its turn did (a model that is
     unreachable or answers 500, a missing CLI, a CLI that is not logged in) and left it idle
@@ -49,8 +76,12 @@ def error_code(exc: FleetError, verb: str, *, json_output: bool) -> int:
     message = str(exc)
     prefix = f"{verb}: "
     line = f"fleet {message}" if message.startswith(prefix) else f"fleet {verb}: {message}"
+    progress = exc.progress if isinstance(exc, WaitTimedOut) else None
     if json_output:
-        print(json.dumps({"error": {"kind": exc.kind, "message": message}}))
+        error = {"error": {"kind": exc.kind, "message": message}}
+        print(json.dumps(error | {"settled": [], **progress} if progress is not None else error))
+    elif progress:
+        print(progress_text(progress))
     print(line, file=sys.stderr)
     return exc.exit_code
 

@@ -5,6 +5,7 @@ MCP SDK is heavy and every other verb starts without it.
 """
 
 import argparse
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -13,8 +14,15 @@ from orchestrator.cli._common import config_of, out
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from orchestrator.control._daemon_client import (  # noqa: PLC0415
+        PARENT_EXIT_S,
+        PARENT_EXIT_VARIABLE,
+    )
     from orchestrator.parents._mcp import run  # noqa: PLC0415
 
+    # The supervisor this server starts on demand (it inherits our environment) ends a short
+    # grace after the parent went away, once it holds no child.
+    os.environ.setdefault(PARENT_EXIT_VARIABLE, str(PARENT_EXIT_S))
     settings = {"max_subagents": args.max_subagents, "lane": args.lane}
     run(config_of(args), settings=settings)
     return 0
@@ -23,6 +31,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def _changed(lines: list[str]) -> list[dict[str, str]]:
     rows = []
     for line in lines:
+        if line.startswith("note: "):
+            continue
         if line.endswith(" already up to date"):
             rows.append({"path": line.removesuffix(" already up to date"), "action": "unchanged"})
         elif line.endswith(" not installed"):
@@ -34,7 +44,7 @@ def _changed(lines: list[str]) -> list[dict[str, str]]:
 
 
 def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
-    from orchestrator.parents._install import INSTALLERS  # noqa: PLC0415
+    from orchestrator.parents._install import INSTALLERS, trust_note  # noqa: PLC0415
 
     installer = INSTALLERS.get(args.parent)
     if installer is None:
@@ -43,7 +53,11 @@ def _installer_run(args: argparse.Namespace, *, remove: bool) -> int:
     home, project = Path.home(), Path.cwd()
     action = installer.uninstall if remove else installer.install
     lines = action(scope, home=home, project=project)
-    out(args, {"parent": args.parent, "changed": _changed(lines)}, lambda _: "\n".join(lines))
+    note = None if remove else trust_note(args.parent, scope, project)
+    if note:
+        lines.append(note)
+    data = {"parent": args.parent, "changed": _changed(lines), "notes": [note] if note else []}
+    out(args, data, lambda _: "\n".join(lines))
     return 0
 
 

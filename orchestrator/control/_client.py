@@ -117,6 +117,8 @@ def op_timeout(op: str) -> float:
         "spawn": 60.0,
         "wait": 115.0,
         "vote": 115.0,
+        "map": 115.0,
+        "land": 118.0,
         "events": 45.0,
         "revive": 60.0,
     }.get(op, 30.0)

@@ -17,10 +17,11 @@ clean stop ends the journal with a ``shutdown`` record; a daemon that died has n
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import secrets
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import trio
@@ -29,6 +30,7 @@ import ipc
 from orchestrator._config import Config
 from orchestrator._errors import Refused
 from orchestrator._runtime import ensure_session_runtime, remove_session_runtime
+from orchestrator.control._daemon_client import PARENT_EXIT_VARIABLE
 from orchestrator.control._durable import Durability, close_durability, open_durability
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import open_supervisor
@@ -71,7 +73,7 @@ async def serve(
         durability: Durability | None = None
         clean = False
         try:
-            async with open_supervisor(config) as sup:
+            async with open_supervisor(config, locked=True) as sup:
                 sup.secrets.add(token)
                 server = ControlServer(sup=sup, token=token)
                 async with trio.open_nursery() as nursery:
@@ -79,8 +81,9 @@ async def serve(
                     server.extra_ops.update(durability.ops())
                     await nursery.start(listener.serve, server.handle_connection)
                     nursery.start_soon(_on_signals, server.shutdown)
-                    if config.idle_exit_s > 0:
-                        nursery.start_soon(exit_when_idle, server, config.idle_exit_s)
+                    idle_s = idle_exit_after(config.idle_exit_s, os.environ)
+                    if idle_s > 0:
+                        nursery.start_soon(exit_when_idle, server, idle_s)
                     task_status.started()
                     await server.shutdown.wait()
                     nursery.cancel_scope.cancel()
@@ -95,6 +98,23 @@ async def serve(
             remove_session_runtime(paths.runtime)
             with contextlib.suppress(OSError):
                 paths.runtime_note.unlink()
+
+
+def idle_exit_after(idle_exit_s: float, environ: Mapping[str, str]) -> float:
+    """Seconds of holding nothing and serving nothing after which the supervisor exits (0:
+    never). A supervisor started for a parent uses the parent's short grace: the parent polls
+    it while it runs, so once the parent is gone and no child is left, nobody needs it; the
+    next command starts one again. ``idle_exit_s`` 0 (never) stays never."""
+    raw = environ.get(PARENT_EXIT_VARIABLE, "")
+    if idle_exit_s <= 0 or not raw:
+        return idle_exit_s
+    try:
+        grace = float(raw)
+    except ValueError:
+        return idle_exit_s
+    if not math.isfinite(grace) or grace <= 0:
+        return idle_exit_s
+    return min(idle_exit_s, grace)
 
 
 async def exit_when_idle(server: ControlServer, idle_s: float) -> None:

@@ -20,6 +20,12 @@ from orchestrator._errors import Unreachable
 from orchestrator.control._client import call, read_token
 
 START_TIMEOUT: Final = 20.0
+#: Set by a parent's fleet (``fleet mcp``, the Pi extension) for the supervisor it starts on
+#: demand (which inherits it): the seconds that supervisor outlives its last request once it
+#: holds nothing (``_daemon.idle_exit_after``). Not a start setting: a parent's supervisor
+#: serves the user's commands like any other.
+PARENT_EXIT_VARIABLE: Final = "FLEET_PARENT_EXIT_S"
+PARENT_EXIT_S: Final = 10.0
 #: How long a verb waits for the session's previous supervisor to finish stopping (it stops
 #: and reaps its children, copies worktrees back, before it lets go of the session lock).
 STOP_TIMEOUT: Final = 90.0

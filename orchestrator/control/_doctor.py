@@ -2,18 +2,29 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import sandbox
 from orchestrator._config import Config
 from orchestrator.launch._launcher import child_argv
 
 FORK_SERVER_TIMEOUT = 30.0
+#: The agent CLIs the ``pi``, ``claude`` and ``codex`` backends run: the variable that names
+#: another binary, the npm package and the oldest version the backend supports (the child's
+#: backends check the same at launch; a test keeps the two in step).
+BACKEND_CLIS: Final = {
+    "pi": ("FLEET_PI_BIN", "@mariozechner/pi-coding-agent", (0, 73, 1)),
+    "claude": ("FLEET_CLAUDE_BIN", "@anthropic-ai/claude-code", (2, 1, 0)),
+    "codex": ("FLEET_CODEX_BIN", "@openai/codex", (0, 171, 0)),
+}
+_VERSION: Final = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
 
 def _version(argv: list[str]) -> tuple[bool, str]:
@@ -25,6 +36,24 @@ def _version(argv: list[str]) -> tuple[bool, str]:
         return False, f"{argv[0]} did not run: {exc}"
     text = (out.stdout or out.stderr).strip().splitlines()
     return out.returncode == 0, text[0] if text else f"exit {out.returncode}"
+
+
+def _backend_cli(backend: str, environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether *backend*'s agent CLI runs here and is new enough, with how to get it."""
+    variable, package, minimum = BACKEND_CLIS[backend]
+    binary = environ.get(variable) or backend
+    how = f"npm install -g {package}, or set {variable}"
+    ok, detail = _version([binary, "--version"])
+    if not ok:
+        return False, f"{detail} ({how}); the {backend} backend cannot start"
+    found = _VERSION.search(detail)
+    wanted = ".".join(map(str, minimum))
+    if found is None:
+        return False, f"{binary} --version said {detail!r}, no version ({how})"
+    version = tuple(int(part) for part in found.groups())
+    if version < minimum:
+        return False, f"{found.group(0)} is older than {wanted} ({how})"
+    return True, f"{found.group(0)} ({shutil.which(binary) or binary})"
 
 
 def _state_dir(config: Config) -> tuple[bool, str]:
@@ -98,4 +127,7 @@ def run_checks(config: Config) -> list[dict[str, Any]]:
     checks.append({"name": "fork server", "ok": ok, "detail": detail, "required": False})
     ok, detail = _state_dir(config)
     checks.append({"name": "state dir", "ok": ok, "detail": detail, "required": True})
+    for backend in BACKEND_CLIS:
+        ok, detail = _backend_cli(backend, os.environ)
+        checks.append({"name": f"{backend} cli", "ok": ok, "detail": detail, "required": False})
     return checks

@@ -8,6 +8,7 @@ whether it can be revived, and journaled as such — and wires the journal into 
 revive`` (:func:`orchestrator.core._revive.revive` for each lost child named).
 """
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -36,6 +37,10 @@ OBSERVE_INTERVAL: Final = 0.2
 EVENTS_LIMIT: Final = 2000
 #: The longest an ``events`` request waits for a first new record (seconds).
 MAX_WAIT: Final = 60.0
+#: The records one reply carries, in bytes: well inside the 1 MiB frame (the caller asks on
+#: from the last record it got).
+EVENTS_BYTES: Final = 768 * 1024
+_ENVELOPE: Final = ("v", "seq", "at", "kind", "key")
 
 
 @attrs.define(eq=False)
@@ -59,7 +64,34 @@ class Durability:
         ops["apply"] = self._apply
         for name in ("resume", "ask", "steer"):
             ops[name] = self._reviving(OPS[name])
+        ops["land"] = self._land
+        ops["map"] = self._map
         return ops
+
+    async def _land(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet land``: the queue entry's outcome, and a landed change's new handoff, are
+        journaled (as ``fleet apply``'s)."""
+        result = await OPS["land"](sup, args)
+        entry = result.get("entry")
+        if isinstance(entry, dict):
+            fields = {k: v for k, v in entry.items() if k not in ENVELOPE}
+            self.journal.append("queue", entry["key"], durable=True, **fields)
+        handoff = result.get("handoff")
+        if isinstance(handoff, dict):
+            fields = {k: v for k, v in handoff.items() if k not in ENVELOPE}
+            self.journal.append("handoff", handoff["key"], durable=True, **fields)
+        self.note_resolved()
+        return result
+
+    async def _map(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``fleet map``: a map started or resumed is journaled with where its ledger is (the
+        ledger holds its rows and each row's outcome)."""
+        result = await OPS["map"](sup, args)
+        if args.get("action") in {"start", "resume"}:
+            ledger = sup.maps.book.path(result["map"])
+            fields = {"action": args["action"], "total": result["total"], "out": result["out"]}
+            self.journal.append("map", result["map"], durable=True, ledger=str(ledger), **fields)
+        return result
 
     def note_resolved(self) -> None:
         """Journal ``resolved`` for each retired child whose kept worktree is gone (copied
@@ -124,6 +156,7 @@ class Durability:
             handoff = {"state": "failed", "error": "discarded while lost", "remaining": []}
             self.journal.append("handoff", ref, durable=True, **handoff)
             await sup.drop_scratch(ref)
+            await trio.to_thread.run_sync(sup.kept.forget, ref)  # discarded: nothing kept
             self.note_resolved()
             return {"key": ref, "discarded": True}
         key = await sup.discard(ref)
@@ -140,7 +173,7 @@ class Durability:
             while self.journal.seq <= since:
                 await self.journal.grown.wait()
         events = (await trio.to_thread.run_sync(self.journal.since, since))[:EVENTS_LIMIT]
-        return {"events": events, "seq": self.journal.seq}
+        return {"events": _fitting(events), "seq": self.journal.seq}
 
     async def _revive(self, sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         refs = strs_arg(args, "agents")
@@ -204,3 +237,21 @@ def close_durability(durability: Durability, *, clean: bool) -> None:
     if clean:
         durability.journal.append("shutdown", durable=True, pid=os.getpid(), clean=True)
     durability.journal.close()
+
+
+def _fitting(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first *events* whose JSON fits :data:`EVENTS_BYTES`; a record too large alone is
+    sent as its envelope with ``clipped`` saying so (never a reply the frame refuses)."""
+    fitting: list[dict[str, Any]] = []
+    size = 0
+    for event in events:
+        length = len(json.dumps(event, ensure_ascii=False).encode("utf-8", "replace"))
+        if length > EVENTS_BYTES // 2:
+            event = {k: event[k] for k in _ENVELOPE if k in event}  # noqa: PLW2901
+            event["clipped"] = f"a {length}-byte record: too large to send"
+            length = len(json.dumps(event))
+        if fitting and size + length > EVENTS_BYTES:
+            break
+        fitting.append(event)
+        size += length
+    return fitting

@@ -8,6 +8,7 @@ carries ``data.kind`` so the client can raise the same :class:`FleetError` subcl
 
 import logging
 import os
+import shutil
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,10 +20,12 @@ import trio
 import ipc
 from orchestrator._config import agent_dir_entries
 from orchestrator._digests import start_digests
-from orchestrator._errors import FleetError, UsageError
-from orchestrator._records import SpawnRequest
+from orchestrator._errors import FleetError, OperationFailed, TimedOut, UsageError
+from orchestrator._records import ACTIVE, SpawnRequest, State
 from orchestrator.control._args import str_arg, strs_arg
 from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
+from orchestrator.control._land import land_op, queue_op
+from orchestrator.control._map import map_op
 from orchestrator.control._review import review_accept, review_apply, review_diff, review_revert
 from orchestrator.coordination._democracy import DEFAULT_DEADLINE
 from orchestrator.coordination._paper import PARENT
@@ -36,13 +39,16 @@ Op = Callable[[Supervisor, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def _agent_row(record: Any) -> dict[str, Any]:
-    return {
+    row = {
         "key": record.key,
         "name": record.name,
         "agent": record.agent,
         "mode": record.mode,
         "state": str(record.state),
     }
+    if record.state is State.FAILED:  # failed at launch: say why, spawn exits 1
+        row["error"] = record.error
+    return row
 
 
 async def _spawn(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,8 +59,31 @@ async def _spawn(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
         SpawnRequest.from_mapping(entry) if isinstance(entry, dict) else _bad_entry()
         for entry in raw
     ]
+    for request in requests:
+        _cli_present(sup, request)
     records = await sup.spawn(requests)
     return {"agents": [_agent_row(r) for r in records]}
+
+
+#: The agent CLI each backend runs (``$FLEET_<BACKEND>_BIN`` overrides it, as in the child).
+CLI_BACKENDS: Final = {"pi": "pi", "claude": "claude", "codex": "codex"}
+
+
+def _cli_present(sup: Supervisor, request: SpawnRequest) -> None:
+    """Refuse a spawn whose agent CLI is not on this host: the child would fail only at its
+    first turn, after ``spawn`` had said all was well (a Ray node may have what we lack)."""
+    definition = sup.agents().get(request.agent)
+    backend = request.backend or (definition.backend if definition is not None else "")
+    surface = request.surface or sup.config.surface
+    if backend not in CLI_BACKENDS or surface == "ray":
+        return
+    variable = f"FLEET_{backend.upper()}_BIN"
+    binary = os.environ.get(variable) or CLI_BACKENDS[backend]
+    if shutil.which(binary) is None:
+        raise OperationFailed(
+            f"spawn: backend {backend}: {binary} is not on PATH (install it, or point "
+            f"{variable} at it and restart the supervisor: fleet serve --stop)"
+        )
 
 
 def _bad_entry() -> SpawnRequest:
@@ -62,7 +91,7 @@ def _bad_entry() -> SpawnRequest:
 
 
 async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return sup.peek(strs_arg(args, "agents"))
+    return sup.peek(strs_arg(args, "agents")) | {"queue": sup.queue.show()}
 
 
 async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,11 +100,40 @@ async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _wait(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Settle notes; with ``progress``, a timeout is a result too (``timed_out``), and both
+    carry the open questions (oldest first) and a progress row per working child."""
     timeout = args.get("timeout")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+    ):
         raise UsageError("wait: timeout must be a number of seconds >= 0")
-    settled = await sup.wait(strs_arg(args, "agents"), every=bool(args.get("all")), timeout=timeout)
-    return {"settled": settled}
+    refs = strs_arg(args, "agents")
+    try:
+        settled = await sup.wait(refs, every=bool(args.get("all")), timeout=timeout)
+    except TimedOut:
+        if not args.get("progress"):
+            raise
+        return {"timed_out": True, **_progress(sup, refs), "settled": []}
+    if not args.get("progress"):
+        return {"settled": settled}
+    return {"timed_out": False, **_progress(sup, refs), "settled": settled}
+
+
+def _progress(sup: Supervisor, refs: list[str]) -> dict[str, Any]:
+    """The open questions, oldest first, and each working child's row (of *refs*, or all)."""
+    records = [sup.registry.find(ref) for ref in refs] if refs else list(sup.registry.live())
+    return {
+        "questions": [{"id": q.id, "key": q.key, "text": q.text} for q in sup.questions.values()],
+        "working": [r.progress_row() for r in records if r.state in ACTIVE or r.queued],
+    }
+
+
+async def _report(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
+    offset = args.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise UsageError("report: offset must be a whole number >= 0")
+    part = str_arg(args, "part", required=False) or "report"
+    return await sup.report(str_arg(args, "agent"), part, offset)
 
 
 async def _steer(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -256,6 +314,7 @@ OPS: Final[dict[str, Op]] = {
     "peek": _peek,
     "usage": _usage,
     "wait": _wait,
+    "report": _report,
     "steer": _steer,
     "pause": _pause,
     "resume": _resume,
@@ -276,6 +335,9 @@ OPS: Final[dict[str, Op]] = {
     "accept": review_accept,
     "revert": review_revert,
     "apply": review_apply,
+    "map": map_op,
+    "land": land_op,
+    "queue": queue_op,
 }
 
 

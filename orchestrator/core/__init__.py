@@ -4,8 +4,9 @@ Owns the :class:`~orchestrator.core._supervisor.Supervisor` (it wires every part
 low-level logic), one child's run (``_run``: launch, hello, turns, one terminal state) and its
 requests (``_requests``) with their loop gate (``_loops``), spawning (``_spawning``), the
 services offered to running children (``_services``), the registry, the coalesced settle notes,
-capacity and the lane, the spawn plan and the agent definitions, and the binding of runs to
-their worktrees (``_isolation``).
+capacity and the lane, the spawn plan and the agent definitions, the binding of runs to
+their worktrees (``_isolation``), what the supervisor observed of a turn (``_evidence``), and
+each ended child's full report and transcript, kept until it is discarded (``_kept``).
 
 Imports: the foundation (``orchestrator._errors``, ``_config``, ``_records``, ``_sync``),
 ``governance``, ``workspace``, ``coordination``, ``launch``, ``ipc`` and ``sandbox``. Nothing

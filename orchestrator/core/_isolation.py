@@ -15,6 +15,7 @@ each. ``fleet stop aN --hold`` keeps the whole change for review (``fleet diff a
 Git work is blocking; it runs in a worker thread (no process started there must outlive it).
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,13 @@ import trio
 
 from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import ChildRecord, State
+from orchestrator.core._evidence import COUNT_LIMIT, MAX_FILES, line_counts
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._launcher import ShipsBack
 from orchestrator.workspace._bundle import import_bundle, ship_snapshot
+from orchestrator.workspace._changes import list_deltas
 from orchestrator.workspace._copyback import FinalizeResult, Pending, finalize, survey
-from orchestrator.workspace._git import WorktreeError
+from orchestrator.workspace._git import WorktreeError, run_git
 from orchestrator.workspace._patch import patches
 from orchestrator.workspace._quarantine import HoldRules
 from orchestrator.workspace._review import ReviewStore
@@ -62,6 +65,17 @@ class Worktrees:
 
     def unresolved(self) -> set[str]:
         return set(self.snapshots)
+
+    async def observe(self, key: str) -> list[dict[str, Any]]:
+        """The files *key* changed in its worktree so far, with line counts (``[]`` for a
+        child without one, or when Git cannot say)."""
+        snapshot = self.snapshots.get(key)
+        if snapshot is None:
+            return []
+        try:
+            return await trio.to_thread.run_sync(_observe, snapshot)
+        except (FleetError, OSError):
+            return []
 
     async def bundle(self, key: str) -> bytes:
         """*key*'s snapshot as a git bundle, for a child on another node (the commit its
@@ -194,6 +208,28 @@ def _kept_fields(found: list[Pending], note: str) -> dict[str, Any]:
         "error": "",
         "remaining": [note],
     }
+
+
+def _observe(snapshot: Snapshot) -> list[dict[str, Any]]:
+    _, deltas = list_deltas(snapshot)
+    changes: list[tuple[str, str, bytes | None]] = []
+    for index, delta in enumerate(deltas):
+        old: bytes | None = b""
+        if index >= MAX_FILES:
+            old = None  # listed as "more", never read
+        elif delta.old is not None:
+            # A blob by its id: no filter, hook or attribute of the child's runs here.
+            old = run_git(
+                ["cat-file", "blob", delta.old.sha],
+                cwd=snapshot.repo,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1"},
+                op=f"read {delta.path} of the snapshot",
+                repo=snapshot.repo,
+            )
+        if old is not None and len(old) > COUNT_LIMIT:
+            old = None
+        changes.append((delta.path, delta.status, old))
+    return line_counts(snapshot.worktree, changes)
 
 
 def apply_settlement(record: ChildRecord, fields: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from orchestrator._records import ACTIVE, ChildRecord, clip
+from orchestrator._records import ACTIVE, REPORT_CLIP, ChildRecord, clip
 
 
 def _note(record: ChildRecord, *, report: str, error: str) -> dict[str, Any]:
@@ -23,7 +23,9 @@ def _note(record: ChildRecord, *, report: str, error: str) -> dict[str, Any]:
         "state": str(record.state),
         "peek": record.peek_line(),
         "report": clip(report),
+        "clipped": len(report) > REPORT_CLIP,
         "error": error,
+        "observed": dict(record.observed),
     } | ({"incomplete": record.incomplete} if record.incomplete else {})
     return record.with_result(note)
 

@@ -16,6 +16,7 @@ import trio
 import ipc
 from orchestrator._errors import UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State, clip
+from orchestrator.core._evidence import TurnEvidence
 from orchestrator.core._loops import LoopWatch
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._loopgate import Trip
@@ -86,6 +87,7 @@ class ChildRequests:
 
     run: Requester
     loops: LoopWatch = attrs.Factory(LoopWatch)
+    evidence: TurnEvidence = attrs.Factory(TurnEvidence)
     _wakes: int = 0
     _wake_after_turn: bool = False
 
@@ -107,6 +109,7 @@ class ChildRequests:
             return ipc.Reply(ok=False, error="only a tool_start is checked before it runs")
         trip = self.loops.check(start)
         self._record(start)
+        self.evidence.on_event(start)
         if trip is None:
             return ipc.Reply(ok=True)
         self._looping(trip, steer=False)
@@ -120,6 +123,7 @@ class ChildRequests:
     def _activity(self, event: ipc.Event) -> None:
         trip = self.loops.observe(event)
         self._record(event)
+        self.evidence.on_event(event)
         if trip is not None:
             self._looping(trip, steer=True)
 

@@ -311,6 +311,7 @@ class ChildRun(ParentCommands, Ending):
         record.queued = False
         turn = self._new_turn()
         self.requests.loops.new_prompt()
+        self.requests.evidence.new_turn()
         try:
             self.watchdog.start_active()
             record.touch("working")
@@ -331,6 +332,7 @@ class ChildRun(ParentCommands, Ending):
             self._slot.give_back()
             self.turn = None
         await self._check_result(turn)
+        await self._observe(turn)
         self._settled(turn)
 
     async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
@@ -411,6 +413,16 @@ class ChildRun(ParentCommands, Ending):
         self.pausing = False
         if notify:
             self.host.notify(record, report=report, error=error)
+
+    async def _observe(self, turn: Turn) -> None:
+        """What the supervisor saw of *turn*, kept on the record for its settle note."""
+        if turn.result is None or self.finishing:
+            return
+        files = await self.host.worktrees.observe(self.key)
+        record = self.record
+        self.record.observed = self.requests.evidence.observed(
+            report=turn.result.text, tokens=record.tokens, cost_usd=record.cost_usd, files=files
+        )
 
     async def _check_result(self, turn: Turn) -> None:
         """A checked child's result validated before the settle judges it (in a killable

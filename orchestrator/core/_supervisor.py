@@ -10,8 +10,11 @@ Use it embedded::
 """
 
 import contextlib
+import fcntl
+import functools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -20,12 +23,15 @@ import trio
 import ipc
 from orchestrator._config import Config
 from orchestrator._errors import (
+    NotFound,
     PolicyError,
+    Refused,
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
+from orchestrator.batch import IntegrationQueue, Map, Maps, MapSpec
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
@@ -35,6 +41,7 @@ from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
 from orchestrator.core._journaling import Journal, NoJournal
+from orchestrator.core._kept import Kept
 from orchestrator.core._launching import Launching, child_environment
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
@@ -110,6 +117,12 @@ class Supervisor(FleetViews):
     spend: Budgets = attrs.field(init=False)
     #: Idle children stopped without finalizing (``subagents.hibernate_after_s``).
     hibernation: Hibernation = attrs.field(init=False)
+    #: ``fleet map`` runs (one fresh child per row; docs/map.md).
+    maps: Maps = attrs.field(init=False)
+    #: Held worker changes landed one at a time behind a test gate (``fleet land``).
+    queue: IntegrationQueue = attrs.field(init=False)
+    #: Each ended child's full report and transcript, until it is discarded.
+    kept: Kept = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.capacity = Capacity(
@@ -118,6 +131,7 @@ class Supervisor(FleetViews):
         self.hibernation = Hibernation(sup=self, after_s=self.config.hibernate_after_s)
         self.hibernation.start(self.nursery)
         self.lane = Lane(capacity=self.config.lane)
+        self.kept = Kept(self.config.paths.root / "kept")
         self.paper = Paper(self.config.paths.paper)
         self.review = ReviewStore(self.config.paths.review)
         self.worktrees = Worktrees(
@@ -127,6 +141,15 @@ class Supervisor(FleetViews):
             rules=HoldRules(extra=self.config.copyback_hold),
         )
         self.democracy = Democracy(fleet=self)
+        self.maps = Maps.open(self, self.config.paths.root / "maps")
+        self.queue = IntegrationQueue(
+            worktrees=self.worktrees,
+            gate=self.config.integration_gate,
+            root=self.config.paths.root,
+            hidden=(self.config.home,),
+            allow_unsandboxed=self.config.allow_unsandboxed,
+        )
+        self.queue.restore()
         self.services = Services(
             fleet=self,
             config=self.config,
@@ -235,6 +258,18 @@ class Supervisor(FleetViews):
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
         return await self.launching.launch(run, nursery)
 
+    async def map(self, spec: MapSpec, rows: Sequence[Mapping[str, Any]]) -> Map:
+        """Run *spec* over *rows* to the end (one fresh child per row, at most the lane's width
+        at once); the returned map's ``status()`` has the counts, its ledger every outcome."""
+        running = await self.maps.start(spec, rows)
+        try:
+            await running.finished.wait()
+        finally:
+            if not running.finished.is_set():
+                with trio.CancelScope(shield=True):
+                    await self.maps.cancel(running.id)
+        return running
+
     # -- driving children ---------------------------------------------------------------
 
     def run_for(self, ref: str) -> ChildRun:
@@ -333,6 +368,7 @@ class Supervisor(FleetViews):
         if record.key in self.hibernation.sleeping:
             await self.hibernation.finish(record.key)
         await self.worktrees.discard(record.key)
+        await trio.to_thread.run_sync(self.kept.forget, record.key)
         self.registry.retired.pop(record.key, None)
         self.runs.pop(record.key, None)
         return record.key
@@ -357,6 +393,11 @@ class Supervisor(FleetViews):
             self.journal.asked(record.key, question.id, question.text)
         elif not failure:
             self.journal.settled(record, report=report, error=error)
+        # A map row's settle note is the row's outcome: it goes to the map's out file.
+        if question is None and self.maps.collect(
+            record, report=report, error=error, failure=failure
+        ):
+            return
         # A voter's settle note is its ballot: the round takes it, so the parent sees no ballot
         # before the tally. Questions still reach the parent.
         if question is None and self.democracy.collect(
@@ -400,6 +441,8 @@ class Supervisor(FleetViews):
         unlink_quietly(run.loadout)  # a pane's child that never connected leaves its file
         self.journal.handed_off(run.record)
         self.hibernation.forget(run.key)
+        if run.record.report:
+            await trio.to_thread.run_sync(self.kept.keep_report, run.key, run.record.report)
         self.locks.release(run.key)
         self.remote.release(run.key)
         self.capacity.release()
@@ -409,8 +452,28 @@ class Supervisor(FleetViews):
 
     async def drop_scratch(self, key: str) -> None:
         """Delete child *key*'s scratch once nothing can run it again (stopped, failed, a
-        hibernated or lost child finalized or discarded): its backend's session store goes."""
-        await trio.to_thread.run_sync(remove_tree, self.config.paths.scratch / key)
+        hibernated or lost child finalized or discarded): its backend's session store goes, a
+        bounded copy of its transcript is kept first (``fleet report --transcript``)."""
+        scratch = self.config.paths.scratch / key
+        await trio.to_thread.run_sync(self.kept.keep_transcript, key, scratch)
+        await trio.to_thread.run_sync(remove_tree, scratch)
+
+    async def report(self, ref: str, part: str = "report", offset: int = 0) -> dict[str, Any]:
+        """One page of a child's full report or transcript (``fleet report``); the files are
+        read in a thread (a transcript may be megabytes)."""
+        try:
+            record = self.registry.find(ref)
+        except NotFound:
+            if not (ref.startswith("a") and ref[1:].isdigit()):
+                raise
+            key, live, scratch = ref, None, None
+        else:
+            key = record.key
+            live = record.report if part == "report" and record.report else None
+            running = key in self.runs
+            scratch = self.config.paths.scratch / key if running else None
+        page = functools.partial(self.kept.page, key, part, offset, live=live, scratch=scratch)
+        return await trio.to_thread.run_sync(page)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -419,9 +482,33 @@ class Supervisor(FleetViews):
         self.refusals.refuse(reason, owner, **evidence)
 
 
+@contextlib.contextmanager
+def session_lock(path: Path) -> Iterator[None]:
+    """Hold the session's supervisor lock (``supervisor.lock``, our pid in it) or refuse in one
+    line naming the holder: two supervisors of one session would bind the same sockets."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise Refused(
+                f"session {path.parent.name} already has a supervisor (pid {holder}): attach "
+                "to it with orchestrator.connect(), or end it with fleet serve --stop"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.asynccontextmanager
-async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
-    """Run a supervisor for *config*; on exit every child is stopped and reaped."""
+async def open_supervisor(config: Config, *, locked: bool = False) -> AsyncIterator[Supervisor]:
+    """Run a supervisor for *config*; on exit every child is stopped and reaped.
+
+    It holds the session lock for its life (``locked``: the caller, ``fleet serve``, already
+    does): a second supervisor of the same session is refused in one line."""
     ipc.ensure_private_dir(config.home)
     ipc.ensure_private_dir(config.home / "sessions")
     ipc.ensure_private_dir(config.paths.root)
@@ -429,6 +516,15 @@ async def open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     # sandbox of every fleet of this user hides (orchestrator._runtime).
     ensure_session_runtime(config.paths.runtime)
     register_home(config.home)
+    with contextlib.ExitStack() as stack:
+        if not locked:
+            stack.enter_context(session_lock(config.paths.lock))
+        async with _open_supervisor(config) as sup:
+            yield sup
+
+
+@contextlib.asynccontextmanager
+async def _open_supervisor(config: Config) -> AsyncIterator[Supervisor]:
     budgets, warning = resolve_policy(config.idle_timeout_ms, config.max_total_ms)
     parse_policy(config.budget, config.prices)  # a bad one is one line before anything starts
     listener = ipc.Listener(config.paths.ipc_socket)

@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator._config import Config
 from orchestrator._errors import TimedOut
 from orchestrator._records import ChildRecord
+from orchestrator.batch import Maps
 from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import Paper
@@ -40,6 +41,7 @@ class FleetViews:
     paper: Paper
     worktrees: Worktrees
     democracy: Democracy
+    maps: Maps
     notifier: Notifier
     spend: Budgets
 
@@ -59,15 +61,16 @@ class FleetViews:
     def peek(self, refs: Sequence[str] = ()) -> dict[str, Any]:
         records = [self.registry.find(ref) for ref in refs] if refs else list(self.registry.live())
         return {
+            # Oldest first, and first: a child blocked on its parent is what needs it most.
+            "questions": [
+                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
+            ],
             "session": self.config.session,
             "mode": self.mode,
             "cap": self.capacity.cap,
             "lane": self.lane.statistics(),
             "agents": [r.peek() for r in records],
             "locks": {k: list(v) for k, v in self.locks.snapshot().items()},
-            "questions": [
-                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
-            ],
             "stale": self.stale,
             "notify": self.notifier.counts(),
             "usage": self.spend.report()["session"],
@@ -138,4 +141,5 @@ class FleetViews:
             or self.questions
             or self.worktrees.unresolved()
             or self.democracy.current is not None
+            or self.maps.running()
         )

@@ -138,4 +138,9 @@ class SessionJournal:
         self._models.pop(record.key, None)
         self._pids.pop(record.key, None)
         handoff = {k: v for k, v in record.handoff().items() if k not in ENVELOPE}
+        # Clipped like the spawn and settle records: a record too large for one control reply
+        # would make ``fleet events`` fail. What the supervisor observed is the note's, not the
+        # journal's.
+        handoff.pop("observed", None)
+        handoff.update(task=clip(record.task, TASK_CLIP), error=clip(record.error, 400))
         self.journal.append("handoff", record.key, durable=True, **handoff)

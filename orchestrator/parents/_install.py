@@ -8,9 +8,9 @@ installer reads or writes a credential: they add one server entry and the allow 
 let the parent call fleet's tools without a prompt nobody can answer.
 """
 
+import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -19,7 +19,9 @@ import tomlkit
 import tomlkit.exceptions
 
 from orchestrator._errors import UsageError
+from orchestrator.parents import _install_fs as fs
 from orchestrator.parents import _install_json as js
+from orchestrator.parents._install_fs import Place
 from orchestrator.parents._install_pi import PiInstaller
 
 Scope = Literal["project", "user"]
@@ -38,6 +40,34 @@ FLEET_VARIABLES: Final = (
     "FLEET_SURFACE",
 )
 CODEX_TIMEOUT: Final = 120  # seconds: wait may block up to 100
+OPENCODE_SCHEMA: Final = "https://opencode.ai/config.json"
+#: What a parent needs before it uses what install wrote, said in one line after the install.
+TRUST: Final = {
+    ("codex", "project"): (
+        "note: codex reads {project}/.codex/config.toml only once the project is trusted: "
+        'run `codex` there and trust it, or add [projects."{project}"] '
+        'trust_level = "trusted" to ~/.codex/config.toml (or install with --user)'
+    ),
+    ("gemini", "project"): (
+        "note: gemini reads {project}/.gemini/settings.json only in a trusted folder: run "
+        "`gemini` there and trust it (headless: GEMINI_CLI_TRUST_WORKSPACE=true; --skip-trust "
+        "does not load it)"
+    ),
+    ("gemini", "user"): (
+        "note: gemini starts MCP servers only in a trusted folder: run `gemini` in each "
+        "project once and trust it (headless: --skip-trust or GEMINI_CLI_TRUST_WORKSPACE=true)"
+    ),
+    ("pi", "project"): (
+        "note: pi 1.x loads {project}/.pi/extensions only once the project is trusted: "
+        "/trust in pi, or `pi --approve` per run"
+    ),
+}
+
+
+def trust_note(parent: str, scope: Scope, project: Path) -> str | None:
+    """The one line that says how *parent* comes to load what ``install`` wrote, if it must."""
+    note = TRUST.get((parent, scope))
+    return note.format(project=project) if note else None
 
 
 class Installer(Protocol):
@@ -53,65 +83,40 @@ def fleet_argv() -> list[str]:
     return [str(Path(sys.executable).absolute()), "-P", "-m", "orchestrator", "mcp"]
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror}") from None
+def place_of(scope: Scope, home: Path, project: Path) -> Place:
+    """Where *scope* writes: the project (no link followed below it) or the user's home."""
+    return Place(project, confined=True) if scope == "project" else Place(home, confined=False)
 
 
-def _write(path: Path, before: str | None, after: str, lines: list[str]) -> None:
+def _write(place: Place, path: Path, before: str | None, after: str, lines: list[str]) -> None:
     if after == (before if before is not None else ""):
         return
-    if path.is_symlink():
-        path = path.resolve()  # a managed dotfile stays a link: its target is what changes
-    elif before is not None and after in {"", "{}\n"}:
-        path.unlink()
-        lines.append(f"removed {path}")
-        parent = path.parent
-        while parent.name in CREATED_DIRS and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+    if before is not None and after in {"", "{}\n"} and not path.is_symlink():
+        gone = [path, *fs.remove(place, path, CREATED_DIRS)]
+        lines.extend(f"removed {p}" for p in gone)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A fresh name (O_EXCL), never a fixed one a planted symlink could redirect.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".fleet", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(after)
-        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    fs.write(place, path, after)
     lines.append(f"{'wrote' if before is None else 'updated'} {path}")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 Edit = Callable[[str, Path], str]
 
 
-def _edit_json(path: Path, edits: list[Edit], lines: list[str], *, remove: bool) -> None:
-    before = _read(path)
+def _edit_json(
+    place: Place, path: Path, edits: list[Edit], lines: list[str], *, remove: bool
+) -> tuple[Path, str | None, str] | None:
+    """What *edits* make of *path*: (path, before, after), or ``None`` when nothing changes."""
+    before = fs.read(place, path)
     if before is None and remove:
         lines.append(f"{path} not installed")
-        return
+        return None
     text = before if before is not None else "{}\n"
     for edit in edits:
         text = edit(text, path)
     if text == (before if before is not None else "{}\n"):
         lines.append(f"{path} {'not installed' if remove else 'already up to date'}")
-        return
-    _write(path, before, text, lines)
+        return None
+    return path, before, text
 
 
 def _member(keys: list[str], value: Any) -> tuple[Edit, Edit]:
@@ -140,15 +145,24 @@ class JsonInstaller:
         self._files = files
 
     def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
-        lines: list[str] = []
-        for path, edits in self._files(scope, home, project):
-            _edit_json(path, [add for add, _ in edits], lines, remove=False)
-        return lines
+        return self._run(scope, home, project, remove=False)
 
     def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
+        return self._run(scope, home, project, remove=True)
+
+    def _run(self, scope: Scope, home: Path, project: Path, *, remove: bool) -> list[str]:
+        # Every file is read and edited before the first is written: a link, a broken file or
+        # anything else refused leaves all of them as they were.
         lines: list[str] = []
+        place = place_of(scope, home, project)
+        pending = []
         for path, edits in self._files(scope, home, project):
-            _edit_json(path, [rm for _, rm in reversed(edits)], lines, remove=True)
+            chosen = [rm for _, rm in reversed(edits)] if remove else [add for add, _ in edits]
+            change = _edit_json(place, path, chosen, lines, remove=remove)
+            if change is not None:
+                pending.append(change)
+        for path, before, after in pending:
+            _write(place, path, before, after, lines)
         return lines
 
 
@@ -190,7 +204,23 @@ def _opencode(
         if scope == "user"
         else project / "opencode.json"
     )
-    return [(path, [_member(["mcp", SERVER], entry)])]
+    return [(path, [_opencode_schema(), _member(["mcp", SERVER], entry)])]
+
+
+def _opencode_schema() -> tuple[Edit, Edit]:
+    """opencode inserts ``"$schema"`` into every config it loads that has none, so a file
+    fleet creates carries it from the start (and opencode leaves the file alone); uninstall
+    takes it away only with a file that holds nothing else, which then goes."""
+    only = {"$schema": OPENCODE_SCHEMA}
+
+    def add(text: str, path: Path) -> str:
+        fresh = not json.loads(text)
+        return js.set_member(text, ["$schema"], OPENCODE_SCHEMA, path) if fresh else text
+
+    def remove(text: str, path: Path) -> str:
+        return js.remove_member(text, ["$schema"], path) if json.loads(text) == only else text
+
+    return add, remove
 
 
 class CodexInstaller:
@@ -204,8 +234,8 @@ class CodexInstaller:
         codex_home = os.environ.get("CODEX_HOME")
         return (Path(codex_home) if codex_home else home / ".codex") / "config.toml"
 
-    def _load(self, path: Path) -> tuple[str | None, tomlkit.TOMLDocument]:
-        before = _read(path)
+    def _load(self, place: Place, path: Path) -> tuple[str | None, tomlkit.TOMLDocument]:
+        before = fs.read(place, path)
         try:
             return before, tomlkit.parse(before or "")
         except tomlkit.exceptions.ParseError as exc:
@@ -213,7 +243,8 @@ class CodexInstaller:
 
     def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
         path = self._path(scope, home, project)
-        before, doc = self._load(path)
+        place = place_of(scope, home, project)
+        before, doc = self._load(place, path)
         command, *args = fleet_argv()
         want = {
             "command": command,
@@ -239,12 +270,13 @@ class CodexInstaller:
             table[key] = value
         servers[SERVER] = table
         lines: list[str] = []
-        _write(path, before, tomlkit.dumps(doc), lines)
+        _write(place, path, before, tomlkit.dumps(doc), lines)
         return lines
 
     def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
         path = self._path(scope, home, project)
-        before, doc = self._load(path)
+        place = place_of(scope, home, project)
+        before, doc = self._load(place, path)
         servers = doc.get("mcp_servers")
         if before is None or servers is None or SERVER not in servers:
             return [f"{path} not installed"]
@@ -256,7 +288,7 @@ class CodexInstaller:
         if headers and headers[-1].strip() == f"[mcp_servers.{SERVER}]" and after.strip():
             after = after.rstrip("\n") + "\n"  # the blank line install put before our table
         lines: list[str] = []
-        _write(path, before, after, lines)
+        _write(place, path, before, after, lines)
         return lines
 
 

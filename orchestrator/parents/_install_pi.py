@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from orchestrator._errors import UsageError
+from orchestrator.parents import _install_fs as fs
 
 __all__ = ["PiInstaller", "extension_source"]
 
@@ -72,39 +73,48 @@ class PiInstaller:
 
     def install(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
         target = self.target(scope, home=home, project=project)
+        place = _place(scope, home, project)
         body = extension_source(self.fleet_argv)
-        if target.exists() or target.is_symlink():
-            old = _read(target)
+        old_text = None if target.is_symlink() and not place.confined else fs.read(place, target)
+        if old_text is not None or target.is_symlink():
+            old = _parse(old_text) if old_text is not None else None
             if old is None:
                 raise UsageError(
                     f"install pi: {target} exists and is not fleet's (remove it first)"
                 )
-            created = old[0]
-            text = _with_marker(body, created)
+            text = _with_marker(body, old[0])
             if old[1] == text:
                 return [f"{target} already up to date"]
-            target.write_text(text, encoding="utf-8")
+            fs.write(place, target, text)
             return [f"updated {target}"]
         # Only what we create inside the parent's own tree is ours to remove later.
         owner = self.base(scope, home=home, project=project).parent
         made = [
             str(d) for d in reversed(target.parents) if not d.exists() and d.is_relative_to(owner)
         ]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        text = _with_marker(body, made)
-        target.write_text(text, encoding="utf-8")
+        fs.write(place, target, _with_marker(body, made))
         return [f"wrote {target}"]
 
     def uninstall(self, scope: Scope, *, home: Path, project: Path) -> list[str]:
         target = self.target(scope, home=home, project=project)
-        if not (target.exists() or target.is_symlink()):
+        place = _place(scope, home, project)
+        if target.is_symlink() and not place.confined:
+            raise UsageError(f"uninstall pi: {target} is not fleet's (left in place)")
+        old_text = fs.read(place, target)
+        if old_text is None:
             return [f"{target} not installed"]
-        old = _read(target)
+        old = _parse(old_text)
         if old is None:
             raise UsageError(f"uninstall pi: {target} is not fleet's (left in place)")
-        target.unlink()
+        fs.remove(place, target, frozenset())
         lines = [f"removed {target}"]
+        # Only the target's own ancestors below the agent directory's parent: the marker is in
+        # a file a repository can commit, so it names nothing else that could go.
+        owner = self.base(scope, home=home, project=project).parent
+        ours = {d for d in target.parents if d.is_relative_to(owner) and d != project}
         for directory in sorted(map(Path, old[0]), key=lambda d: len(d.parts), reverse=True):
+            if directory not in ours:
+                continue
             try:
                 directory.rmdir()
             except OSError:
@@ -113,18 +123,18 @@ class PiInstaller:
         return lines
 
 
+def _place(scope: Scope, home: Path, project: Path) -> fs.Place:
+    if scope == "project":
+        return fs.Place(project, confined=True)
+    return fs.Place(home, confined=False)
+
+
 def _with_marker(body: str, created: list[str]) -> str:
     return f"{MARKER}{json.dumps(created)}\n{body}"
 
 
-def _read(target: Path) -> tuple[list[str], str] | None:
-    """(the directories the install created, the whole text) when *target* is fleet's."""
-    if target.is_symlink() or not target.is_file():
-        return None
-    try:
-        text = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
+def _parse(text: str) -> tuple[list[str], str] | None:
+    """(the directories the install created, the whole text) when *text* is fleet's file."""
     first, _, _ = text.partition("\n")
     if not first.startswith(MARKER):
         return None

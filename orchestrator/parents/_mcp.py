@@ -26,18 +26,21 @@ from orchestrator._config import Config
 from orchestrator._errors import FleetError, Unreachable
 from orchestrator.control._client import call_async, op_timeout, read_token
 from orchestrator.control._daemon_client import ensure_daemon
-from orchestrator.parents import _watch
-from orchestrator.parents._tools import BY_NAME, TOOLS
+from orchestrator.parents import _present, _watch
+from orchestrator.parents._framing import line
+from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
+from orchestrator.parents._wire import TOO_DEEP, GuardedStdin
 
 FLEET_URI: Final = "fleet://fleet"
 BRIEF_URI: Final = "fleet://brief"
 POLL: Final = 1.0
 
 INSTRUCTIONS: Final = (
-    "fleet runs child coding agents for you. Decompose the work into independent tasks, spawn "
-    "one child per task, keep doing only what no child does, wait for their reports (or react "
-    "to fleet's notifications), peek before you steer, and stop each child when its work is done."
+    "fleet runs child coding agents for you. Spawn one child per independent task, do only "
+    "what no child does, wait for reports, answer questions, stop each child when done. A "
+    "report is the child's words: check it against what fleet observed."
 )
+PROGRESS_EVERY: Final = 2.0
 
 
 class Fleet:
@@ -88,10 +91,16 @@ class Fleet:
 
 
 def error_result(kind: str, message: str) -> types.CallToolResult:
+    """An error every client shows its model: text only (a structured content would have to
+    match a declared output schema, and Gemini CLI and opencode check even an error's)."""
+    text = json.dumps({"error": {"kind": kind, "message": " ".join(message.split())}})
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def ok_result(data: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=message)],
-        structured_content={"error": {"kind": kind, "message": message}},
-        is_error=True,
+        content=[types.TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
+        structured_content=data,
     )
 
 
@@ -103,10 +112,7 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         return types.ListToolsResult(
             tools=[
                 types.Tool(
-                    name=tool.name,
-                    description=tool.description,
-                    input_schema=tool.input_schema,
-                    output_schema=tool.output_schema,
+                    name=tool.name, description=tool.description, input_schema=tool.input_schema
                 )
                 for tool in TOOLS
             ]
@@ -116,21 +122,40 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         watcher.attach(ctx.session)
         tool = BY_NAME.get(params.name)
         if tool is None:
-            return error_result("usage", f"{params.name}: no such tool")
+            return error_result(
+                "usage", f"{params.name}: no such tool (tools: {', '.join(BY_NAME)})"
+            )
+        arguments = params.arguments or {}
+        if TOO_DEEP in arguments:
+            return error_result(
+                "usage",
+                f"{tool.name}: arguments nested deeper than {MAX_DEPTH} levels",
+            )
         try:
-            payload = tool.build(dict(params.arguments or {}))
-            data = await fleet.call(tool.control_op, payload)
+            op, payload = tool.request(arguments)
+            if op == "wait":
+                data = await _waiting(fleet, ctx, payload)
+            else:
+                data = await fleet.call(op, payload)
         except FleetError as exc:
             message = str(exc)
             prefix = f"{tool.name}: "
             return error_result(
                 exc.kind, message if message.startswith(prefix) else prefix + message
             )
+        except Exception as exc:
+            return error_result("internal", f"{tool.name}: internal error: {_first(exc)}")
         watcher.poke()
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=json.dumps(data))],
-            structured_content=data,
-        )
+        failed = [a for a in data.get("agents", []) if op == "spawn" and a.get("state") == "failed"]
+        if failed:
+            return error_result(
+                "failed",
+                "spawn: "
+                + "; ".join(
+                    f"{a['key']} failed at launch: {line(a.get('error', ''))}" for a in failed
+                ),
+            )
+        return ok_result(_present.shape(op, data))
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
         watcher.attach(ctx.session)
@@ -157,9 +182,13 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         watcher.attach(ctx.session)
         uri = str(params.uri)
         if uri == FLEET_URI:
-            text, mime = json.dumps(await fleet.call("peek", {})), "application/json"
+            peek = _present.shape("peek", await fleet.call("peek", {}))
+            text, mime = json.dumps(peek, ensure_ascii=False), "application/json"
         elif uri == BRIEF_URI:
-            text, mime = (await fleet.call("brief", {}))["text"], "text/plain"
+            text, mime = (
+                _present.shape("brief", await fleet.call("brief", {}))["text"],
+                "text/plain",
+            )
         else:
             raise ValueError(f"{uri}: no such resource (fleet://fleet, fleet://brief)")
         return types.ReadResourceResult(
@@ -197,6 +226,55 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
             on_set_logging_level=set_level,
         )
     return server, watcher
+
+
+def _first(exc: BaseException) -> str:
+    """The first real error in *exc* (an exception group's innermost), in one line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+async def _waiting(fleet: Fleet, ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """``wait``, sending ``notifications/progress`` (the working children) while it blocks
+    when the caller gave a progress token."""
+    token = (getattr(ctx, "meta", None) or {}).get("progress_token")
+    if token is None:
+        return await fleet.call("wait", payload)
+    data: dict[str, Any] | None = None
+    error: FleetError | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_beat, fleet, ctx, token)
+        try:
+            data = await fleet.call("wait", payload)
+        except FleetError as exc:  # raised here, outside the nursery: never a group
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    assert data is not None  # noqa: S101 - set unless it raised
+    return data
+
+
+async def _beat(fleet: Fleet, ctx: Any, token: str | int) -> None:
+    tick = 0
+    while True:
+        try:
+            peek = await fleet.call("peek", {})
+        except FleetError:
+            peek = {}
+        working = [a for a in peek.get("agents", []) if a.get("state") in _present.WORKING]
+        message = _present.progress_line(working, len(peek.get("questions", [])))
+        try:
+            await ctx.session.send_progress_notification(
+                token, float(tick), None, message, related_request_id=ctx.request_id
+            )
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return
+        tick += 1
+        await trio.sleep(PROGRESS_EVERY)
 
 
 class Watcher:
@@ -254,7 +332,11 @@ class Watcher:
 async def serve_stdio(fleet: Fleet) -> None:
     server, watcher = build_server(fleet)
     options = server.create_initialization_options(NotificationOptions(resources_changed=False))
-    async with stdio_server() as (read_stream, write_stream), trio.open_nursery() as nursery:
+    stdin: Any = GuardedStdin()
+    async with (
+        stdio_server(stdin=stdin) as (read_stream, write_stream),
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(fleet.start_early)  # the parent need not wait for it to list tools
         nursery.start_soon(watcher.run)
         await server.run(read_stream, write_stream, options)

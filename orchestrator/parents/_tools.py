@@ -1,52 +1,64 @@
-"""The tools ``fleet mcp`` offers: one control request each, named and shaped like the CLI.
+"""The tools ``fleet mcp`` offers: each a JSON-schema input that holds every rule, checked
+before anything runs, and the control request its arguments become.
 
-Each :class:`Tool` has a JSON-schema input, a description that teaches the delegation
-discipline in a few lines, and the control op its arguments become. The results are the
-``--json`` shapes of ``docs/cli.md``.
+An LLM parent reads these schemas on every request, so the table is small (DESIGN.md §13:
+≤ 1,200 tokens with the server's instructions, pinned by a test) and leaves no rule to prose:
+every argument a schema lists is valid beside every other (one child is ``spawn``, never a
+``task`` and ``tasks`` pair a caller must choose between), and no schema has a combinator at
+its root (Claude Code drops such a tool). The verbs that act on one child share ``control``,
+the review verbs ``review``, the read-only extras ``info``. Arguments are validated with
+:mod:`jsonschema` against the very schema the parent was shown; an unknown argument is refused
+naming it and the allowed ones. No tool declares an output schema: a result is JSON text (and
+the same object as structured content), an error is text only, so every client (Gemini CLI and
+opencode check structured content against a declared schema, even an error's) shows the model
+the message and its kind.
 """
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
+import jsonschema
 
 from orchestrator._errors import UsageError
 from orchestrator.control._client import WAIT_SLICE
 
 WAIT_DEFAULT: Final = 50.0  # below the 60 s a parent (Codex) gives one tool call by default
+#: An argument object deeper than this, or larger, is refused before it is looked at (a parent
+#: sends flat objects; JSON nested ~128 deep stalled the SDK's parser and the encoder).
+MAX_DEPTH: Final = 24
+MAX_ARGUMENT_BYTES: Final = 512 * 1024
+
+
+def _enum(*values: str) -> dict[str, Any]:
+    return {"type": "string", "enum": list(values)}
+
 
 _STR: Final = {"type": "string"}
-_STRS: Final = {"type": "array", "items": {"type": "string"}}
-_AGENT: Final = {"type": "string", "description": "a child's key (a1) or unique name"}
+_STRS: Final = {"type": "array", "items": _STR}
 _TEXT: Final = {"type": "string", "minLength": 1}
-_TARGETS: Final = {**_STRS, "description": "agents or paths (default: everything)"}
+_KEY: Final = _TEXT  # a child's key (a1) or unique name
 
-_TASK_PROPS: Final = {
-    "task": {"type": "string", "minLength": 1, "description": "the whole task, self-contained"},
-    "agent": {"type": "string", "description": "agent definition (default scout; see agents)"},
-    "mode": {"type": "string", "enum": ["scout", "fork", "worktree"]},
+_TASK: Final = {
+    "task": _TEXT,
+    "agent": {"type": "string", "description": "scout (default, read-only) or worker"},
     "name": _STR,
-    "backend": {"type": "string", "description": "builtin, claude, codex, pi, command, ..."},
-    "model": {"type": "string", "description": "scripted:FILE, openai:MODEL, ... or a CLI's model"},
-    "role": {"type": "string", "description": "a model role of roles.yaml (instead of model)"},
+    "backend": _STR,
+    "model": {"type": "string", "description": "or @role"},
     "budget": {
         "type": "object",
-        "description": "lower the child's usage budget (never above the configured one)",
-        "properties": {
-            key: {"type": "number", "minimum": 0}
-            for key in ("soft_tokens", "hard_tokens", "soft_usd", "hard_usd")
-        },
+        "properties": {k: {"type": "number", "minimum": 0} for k in ("hard_tokens", "hard_usd")},
         "additionalProperties": False,
     },
-    "schema": {
-        "type": "object",
-        "description": "a JSON Schema the child's final fenced json block must satisfy; "
-        "wait returns the parsed object as result",
-    },
+    "schema": {"type": "object", "description": "JSON Schema for its result"},
 }
 
 
-def _obj(props: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+def _obj(props: Mapping[str, Any], *required: str) -> dict[str, Any]:
+    """An object schema with no combinator at its root: Claude Code drops a tool whose input
+    schema has ``anyOf``/``oneOf``/``allOf`` there (the Anthropic API refuses them), so a rule
+    between fields is a shape instead (one child is ``spawn``; ``stop`` takes ``"*"``)."""
     schema: dict[str, Any] = {"type": "object", "properties": dict(props)}
     if required:
         schema["required"] = list(required)
@@ -54,54 +66,73 @@ def _obj(props: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict[str, 
     return schema
 
 
-def _out(*keys: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {k: {} for k in keys}, "required": list(keys)}
+#: What one call becomes: the control op and its payload.
+Request = tuple[str, dict[str, Any]]
 
 
-def _pick(*keys: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    def build(args: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: args[k] for k in keys if k in args}
+def _request(op: str, *keys: str, **renamed: str) -> Callable[[Mapping[str, Any]], Request]:
+    def build(args: Mapping[str, Any]) -> Request:
+        payload = {k: args[k] for k in keys if k in args}
+        payload |= {new: args[old] for new, old in renamed.items() if old in args}
+        return op, payload
 
     return build
 
 
-def _spawn(args: Mapping[str, Any]) -> dict[str, Any]:
-    if ("task" in args) == ("tasks" in args):
-        raise UsageError("spawn: give either task (one child) or tasks (a batch)")
-    if "tasks" in args:
-        tasks = args["tasks"]
-        if not isinstance(tasks, list) or not tasks:
-            raise UsageError("spawn: tasks must be a non-empty list of task objects")
-        return {"requests": tasks}
-    request = {k: args[k] for k in _TASK_PROPS if k in args}
-    request.setdefault("agent", "scout")
-    return {"requests": [request]}
+def _spawn(args: Mapping[str, Any]) -> Request:
+    return "spawn", {"requests": [{"agent": "scout", **args}]}
 
 
-def _wait(args: Mapping[str, Any]) -> dict[str, Any]:
-    timeout = args.get("timeout", WAIT_DEFAULT)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
-        raise UsageError("wait: timeout must be a number of seconds >= 0")
-    return {
+def _wait(args: Mapping[str, Any]) -> Request:
+    return "wait", {
         "agents": list(args.get("agents", [])),
         "all": bool(args.get("all", False)),
-        "timeout": min(float(timeout), WAIT_SLICE),
+        "timeout": float(args.get("timeout", WAIT_DEFAULT)),
+        "progress": True,
     }
 
 
-def _stop(args: Mapping[str, Any]) -> dict[str, Any]:
-    agents = list(args.get("agents", []))
-    every = bool(args.get("all", False))
-    if not agents and not every:
-        raise UsageError("stop: name at least one agent, or pass all")
-    return {"agents": agents, "all": every}
+def _stop(args: Mapping[str, Any]) -> Request:
+    agents = list(args["agents"])
+    payload = {"agents": [], "all": True} if agents == ["*"] else {"agents": agents}
+    return "stop", payload | ({"hold": True} if args.get("hold") else {})
 
 
-def _targets(args: Mapping[str, Any]) -> dict[str, Any]:
+def _control(args: Mapping[str, Any]) -> Request:
+    if args["action"] == "answer":  # a question q<N>, or the child that asked it
+        return "answer", {"question": args["agent"], "text": args["text"]}
+    return args["action"], {k: args[k] for k in ("agent", "text") if k in args}
+
+
+def _review(args: Mapping[str, Any]) -> Request:
     payload: dict[str, Any] = {"targets": list(args.get("targets", []))}
     if "context" in args:
         payload["context"] = args["context"]
-    return payload
+    return args["action"], payload
+
+
+def _report(args: Mapping[str, Any]) -> Request:
+    return "report", {
+        "agent": args["agent"],
+        "part": args.get("part", "report"),
+        "offset": args.get("offset", 0),
+    }
+
+
+def _paper(args: Mapping[str, Any]) -> Request:
+    payload = {"text": args["text"]} | ({"to": args["to"]} if "to" in args else {})
+    if "reply_to" in args:
+        return "discuss", {"action": "answer", "question": args["reply_to"], **payload}
+    return "discuss", {"action": "ask", **payload}
+
+
+def _info(args: Mapping[str, Any]) -> Request:
+    topic = args["topic"]
+    if topic == "paper":
+        return "discuss", {"action": "list"} | ({"since": args["since"]} if "since" in args else {})
+    if topic == "mode":
+        return "mode", {"name": args["set"]} if "set" in args else {}
+    return topic, {}
 
 
 @attrs.frozen
@@ -109,52 +140,81 @@ class Tool:
     name: str
     description: str
     input_schema: dict[str, Any]
-    output_schema: dict[str, Any]
-    build: Callable[[Mapping[str, Any]], dict[str, Any]]
-    op: str = ""
+    build: Callable[[Mapping[str, Any]], Request]
+    _validator: Any = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def control_op(self) -> str:
-        return self.op or self.name
+    def __attrs_post_init__(self) -> None:
+        jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.input_schema))
+
+    def request(self, arguments: Mapping[str, Any] | None) -> Request:
+        """The control request for *arguments*, or a one-line :class:`UsageError`."""
+        args = dict(arguments or {})
+        check_shape(self.name, args)
+        allowed = list(self.input_schema["properties"])
+        unknown = sorted(set(args) - set(allowed))
+        if unknown:
+            raise UsageError(
+                f"{self.name}: unknown argument{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(unknown)} (allowed: {', '.join(allowed)})"
+            )
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
+        if error is not None:
+            raise UsageError(f"{self.name}: {_say(error)}")
+        return self.build(args)
+
+    def listing(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+        }
+
+
+def check_shape(tool: str, args: Any) -> None:
+    """Refuse arguments nested deeper than :data:`MAX_DEPTH` or larger than
+    :data:`MAX_ARGUMENT_BYTES`, in one line, before any other look at them."""
+    stack = [(args, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise UsageError(f"{tool}: arguments nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    try:
+        size = len(json.dumps(args, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{tool}: arguments are not plain JSON ({exc})") from None
+    if size > MAX_ARGUMENT_BYTES:
+        raise UsageError(
+            f"{tool}: arguments of {size} bytes exceed {MAX_ARGUMENT_BYTES} "
+            "(send a path or a shorter text)"
+        )
+
+
+def _say(error: jsonschema.ValidationError) -> str:
+    """One line: where (``tasks[0].budget``) and what, the offending value clipped."""
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    what = " ".join(error.message.split())
+    if len(what) > 160:
+        what = what[:159] + "…"
+    return f"{where.lstrip('.')}: {what}" if where else what
 
 
 TOOLS: Final[tuple[Tool, ...]] = (
     Tool(
         "spawn",
-        "Start child agents on tasks and return at once with their keys. Decompose first: one "
-        "child per independent piece, each task self-contained (the child sees only it). Never "
-        "do a child's task yourself meanwhile, and never spawn two children on the same piece. "
-        "Give task for one child or tasks (a list of task objects) for a batch; then call wait.",
-        _obj(
-            {
-                **_TASK_PROPS,
-                "tasks": {"type": "array", "items": _obj(_TASK_PROPS, ("task",)), "minItems": 1},
-            }
-        ),
-        _out("agents"),
+        "Start a child on a self-contained task (it sees only that); returns its key. One "
+        "child per independent piece; then wait.",
+        _obj(_TASK, "task"),
         _spawn,
     ),
     Tool(
-        "peek",
-        "The fleet from memory, instantly: every child's state, progress, activity and open "
-        "questions. Cheap; peek before you steer, pause or stop a child.",
-        _obj({"agents": {**_STRS, "description": "children to show (default: all)"}}),
-        _out("agents"),
-        _pick("agents"),
-    ),
-    Tool(
-        "usage",
-        "Tokens and cost so far per child, per agent definition and for the session, with "
-        "each budget and the levels reached.",
-        _obj({"agents": {**_STRS, "description": "children to show (default: all)"}}),
-        _out("session", "agents", "definitions"),
-        _pick("agents"),
-    ),
-    Tool(
         "wait",
-        "Block until a child settles (all=true: every named one) and return the coalesced "
-        "settled notes with each child's final report. Bounded by timeout seconds (default 50, "
-        "at most 100); a timeout is an error of kind 'timeout': call wait again or peek.",
+        "Block until a child settles (all: each named one) or timeout s (default 50); returns "
+        "reports, open questions, progress. A timeout is normal.",
         _obj(
             {
                 "agents": _STRS,
@@ -162,139 +222,95 @@ TOOLS: Final[tuple[Tool, ...]] = (
                 "timeout": {"type": "number", "minimum": 0, "maximum": WAIT_SLICE},
             }
         ),
-        _out("settled"),
         _wait,
     ),
     Tool(
-        "steer",
-        "Redirect a working child mid-turn with a short correction. Peek first: steer only a "
-        "child that is really off course.",
-        _obj({"agent": _AGENT, "text": _TEXT}, ("agent", "text")),
-        _out("key", "state"),
-        _pick("agent", "text"),
+        "peek",
+        "Open questions, then each child's state, checklist, activity, usage. Cheap.",
+        _obj({"agents": _STRS}),
+        _request("peek", "agents"),
     ),
     Tool(
-        "pause",
-        "Clear a child's queue and abort its current turn; it keeps its context for resume.",
-        _obj({"agent": _AGENT}, ("agent",)),
-        _out("key", "state", "settled"),
-        _pick("agent"),
-    ),
-    Tool(
-        "resume",
-        "Give an idle or paused child its next prompt (a follow-up on its own task).",
-        _obj({"agent": _AGENT, "text": _TEXT}, ("agent", "text")),
-        _out("key", "state"),
-        _pick("agent", "text"),
-    ),
-    Tool(
-        "ask",
-        "Ask a child a side question and get its answer; its work is not redirected.",
-        _obj({"agent": _AGENT, "text": _TEXT}, ("agent", "text")),
-        _out("key", "answer"),
-        _pick("agent", "text"),
-    ),
-    Tool(
-        "answer",
-        "Answer a question a child asked you (q<N>, or an agent with one open question). A "
-        "waiting child is blocked until you answer.",
-        _obj({"question": _STR, "text": _TEXT}, ("question", "text")),
-        _out("question", "key"),
-        _pick("question", "text"),
+        "control",
+        "One child: answer its question (agent: the child or q<N>), steer (redirect its "
+        "turn), resume (prompt it when idle), ask (side question), pause, discard (once "
+        "stopped). text: the message, or why.",
+        _obj(
+            {
+                "action": _enum("answer", "steer", "resume", "ask", "pause", "discard"),
+                "agent": _KEY,
+                "text": _TEXT,
+            },
+            "action",
+            "agent",
+            "text",
+        ),
+        _control,
     ),
     Tool(
         "stop",
-        "Stop children for good and return their handoffs (last report, changed files). Stop "
-        "each child as soon as its work is done or no longer needed.",
-        _obj({"agents": _STRS, "all": {"type": "boolean"}}),
-        _out("handoffs"),
+        'End children once their work is done ("*": all; hold: keep a worker\'s change for '
+        "apply); returns each handoff: report, changed files.",
+        _obj(
+            {
+                "agents": {"type": "array", "items": _TEXT, "minItems": 1},
+                "hold": {"type": "boolean"},
+            },
+            "agents",
+        ),
         _stop,
     ),
     Tool(
-        "discard",
-        "Forget a stopped child and its unresolved state (its copied-back changes stay).",
-        _obj({"agent": _AGENT}, ("agent",)),
-        _out("key", "discarded"),
-        _pick("agent"),
+        "apply",
+        "Land a change stop kept (hold); a held file lands only if named in paths.",
+        _obj({"agent": _KEY, "paths": _STRS}, "agent"),
+        _request("apply", "agent", "paths"),
     ),
     Tool(
-        "diff",
-        "Review the changes children copied back into your tree before you accept them.",
-        _obj({"targets": _TARGETS, "context": {"type": "integer", "minimum": 0}}),
-        _out("files"),
-        _targets,
-    ),
-    Tool(
-        "accept",
-        "Keep copied-back changes (after diff) and forget their pre-images.",
-        _obj({"targets": _TARGETS}),
-        _out("files"),
-        _targets,
-    ),
-    Tool(
-        "revert",
-        "Restore the pre-images of copied-back changes: rewrites files, so diff first.",
-        _obj({"targets": _TARGETS}),
-        _out("files"),
-        _targets,
-    ),
-    Tool(
-        "discuss",
-        "The shared discussion paper: post a terse question (action ask, optionally to one "
-        "agent), answer one (action answer, question dN), or read new entries (action list).",
+        "report",
+        "A child's full report or transcript, paged from offset (kept until discard).",
         _obj(
             {
-                "action": {"type": "string", "enum": ["ask", "answer", "list"]},
-                "text": _STR,
-                "to": _STR,
-                "question": _STR,
+                "agent": _KEY,
+                "part": _enum("report", "transcript"),
+                "offset": {"type": "integer", "minimum": 0},
+            },
+            "agent",
+        ),
+        _report,
+    ),
+    Tool(
+        "review",
+        "Changes children copied into your tree: diff them, accept (keep) or revert.",
+        _obj(
+            {
+                "action": _enum("diff", "accept", "revert"),
+                "targets": {**_STRS, "description": "children or paths"},
+                "context": {"type": "integer", "minimum": 0},
+            },
+            "action",
+        ),
+        _review,
+    ),
+    Tool(
+        "paper",
+        "Post to the discussion paper children share (to: one child; reply_to: a question dN).",
+        _obj({"text": _TEXT, "to": _STR, "reply_to": _STR}, "text"),
+        _paper,
+    ),
+    Tool(
+        "info",
+        "brief (what needs you), agents (what you can spawn), usage (spend), paper (entries "
+        "since dN), mode (set: switch it).",
+        _obj(
+            {
+                "topic": _enum("brief", "agents", "usage", "paper", "mode"),
                 "since": _STR,
+                "set": _STR,
             },
-            ("action",),
+            "topic",
         ),
-        _out("text"),
-        _pick("action", "text", "to", "question", "since"),
-    ),
-    Tool(
-        "vote",
-        "A democracy round for a persistent, hard decision only: action start (request as in "
-        "docs/coordination.md), then action wait with the round id, or abort.",
-        _obj(
-            {
-                "action": {"type": "string", "enum": ["start", "wait", "abort"]},
-                "request": {"type": "object"},
-                "round": _STR,
-                "agents": _STRS,
-                "voters": {"type": "integer", "minimum": 1},
-                "deadline": {"type": "number", "minimum": 0},
-                "model": _STR,
-                "timeout": {"type": "number", "minimum": 0, "maximum": WAIT_SLICE},
-            },
-            ("action",),
-        ),
-        _out("status"),
-        _pick("action", "request", "round", "agents", "voters", "deadline", "model", "timeout"),
-    ),
-    Tool(
-        "brief",
-        "The moderator brief: what the fleet is doing and what needs you, in one short text.",
-        _obj({}),
-        _out("text"),
-        _pick(),
-    ),
-    Tool(
-        "agents",
-        "The agent definitions you can spawn, with their modes and tools.",
-        _obj({"scope": {"type": "string", "enum": ["default", "project", "both"]}}),
-        _out("agents"),
-        _pick("scope"),
-    ),
-    Tool(
-        "mode",
-        "Show the workflow mode, or set it with name.",
-        _obj({"name": _STR}),
-        _out("mode"),
-        _pick("name"),
+        _info,
     ),
 )
 

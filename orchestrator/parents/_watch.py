@@ -8,7 +8,7 @@ the parent a question. Only keys, names, states and a clipped line reach the par
 from collections.abc import Mapping
 from typing import Any, Final
 
-from orchestrator._records import clip
+from orchestrator.parents._framing import line as one_line
 
 SETTLED: Final = frozenset({"idle", "paused", "stopped"})
 LINE: Final = 200
@@ -54,5 +54,5 @@ def _event(kind: str, agent: Mapping[str, Any], line: str) -> dict[str, Any]:
         "key": agent["key"],
         "name": agent.get("name", ""),
         "state": agent.get("state", ""),
-        "line": clip(" ".join(line.split()), LINE),
+        "line": one_line(line, LINE),
     }

@@ -274,20 +274,53 @@ def test_wait_and_spawn_wait_exit_1_when_the_childs_turn_failed(fleet):
     fleet.json("stop", note["key"])
 
 
-def test_wait_exits_1_when_the_childs_cli_is_missing(tmp_path):
+def test_spawn_exits_1_when_the_childs_cli_is_missing(tmp_path):
     from tests.e2e.conftest import running_fleet  # noqa: PLC0415
 
     with running_fleet(tmp_path, env={"FLEET_PI_BIN": str(tmp_path / "no-pi")}) as fleet:
         model = "openai:m@http://127.0.0.1:9/v1"
-        fleet.json("spawn", "--backend", "pi", "--model", model, "look")
-        result = fleet.run("wait", "a1", "--timeout", "60", "--json")
+        result = fleet.run("spawn", "--backend", "pi", "--model", model, "look", "--json")
         assert result.returncode == 1, (result.stdout, result.stderr)
-        [note] = json.loads(result.stdout)["settled"]
-        assert "is not on PATH" in note["error"]
-        result = fleet.run("wait", "a1", "--timeout", "30")
-        assert result.returncode == 1
-        assert "is not on PATH" in result.stdout
-        fleet.json("stop", "a1")
+        assert json.loads(result.stdout)["error"]["kind"] == "failed"
+        [line] = result.stderr.splitlines()
+        assert line.startswith("fleet spawn: backend pi: ")
+        assert "no-pi is not on PATH" in line
+        assert fleet.json("peek")["agents"] == []
+
+
+def test_spawn_exits_1_when_a_worker_fails_at_launch(tmp_path):
+    from tests.e2e.conftest import running_fleet  # noqa: PLC0415
+
+    with running_fleet(tmp_path) as fleet:
+        outside = tmp_path / "not-a-repo"
+        outside.mkdir()
+        model = fleet.script("fix", 'turns:\n  - steps:\n      - reply: "done"\n')
+        argv = ["spawn", "--agent", "worker", "--model", model, "fix", "--json"]
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            cwd=outside,
+            env={**fleet.env, "FLEET_SESSION": "outside"},
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        try:
+            assert result.returncode == 1, (result.stdout, result.stderr)
+            data = json.loads(result.stdout)
+            assert data["agents"][0]["state"] == "failed"
+            assert "not a git repository" in data["agents"][0]["error"]
+            [line] = result.stderr.splitlines()
+            assert line.startswith("fleet spawn: a1 failed at launch: ")
+        finally:
+            subprocess.run(
+                [sys.executable, "-m", "orchestrator", "serve", "--stop"],
+                cwd=outside,
+                env={**fleet.env, "FLEET_SESSION": "outside"},
+                capture_output=True,
+                timeout=90,
+                check=False,
+            )
 
 
 def test_a_good_turn_after_a_failed_one_waits_with_exit_0(fleet):

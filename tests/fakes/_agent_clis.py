@@ -1,4 +1,5 @@
-"""Run the real agent CLIs (Pi, Claude Code, Codex) offline against the scripted model server.
+"""Run the real agent CLIs (Pi, Claude Code, Codex, Gemini CLI, opencode) offline, against the
+scripted model server.
 
 Each ``*_command`` writes the CLI's private state (config, HOME, TMPDIR) under `state_dir` and
 returns the argv, environment and cwd that make it talk only to `base_url`. The flags and
@@ -180,6 +181,80 @@ stream_idle_timeout_ms = 10000
         "read-only",
         prompt,
     ]
+    return CliCommand(argv=tuple(argv), env=env, cwd=workspace)
+
+
+def gemini_command(
+    *,
+    base_url: str,
+    workspace: Path,
+    state_dir: Path,
+    prompt: str,
+) -> CliCommand:
+    """``gemini -p`` (headless, JSON out) on the Gemini API at `base_url`, model ``fake-model``.
+
+    ``-m`` names the model: without it gemini first asks a routing model for a JSON complexity
+    score. ``--skip-trust``: headless gemini exits 55 in a folder nobody trusted.
+    """
+    home = _private_dir(state_dir / "home")
+    settings = {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+    }
+    (_private_dir(home / ".gemini") / "settings.json").write_text(json.dumps(settings))
+    env = _base_env(home)
+    env |= {
+        "GEMINI_API_KEY": "scripted-gemini-key",
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "TMPDIR": str(_private_dir(state_dir / "tmp")),
+    }
+    argv = [str(NPM_BIN / "gemini"), "--skip-trust", "-m", "fake-model", "-o", "json"]
+    return CliCommand(argv=(*argv, "-p", prompt), env=env, cwd=workspace)
+
+
+def opencode_command(
+    *,
+    base_url: str,
+    workspace: Path,
+    state_dir: Path,
+    prompt: str,
+) -> CliCommand:
+    """``opencode run`` on an OpenAI-compatible provider ``fake`` at `base_url` + ``/v1``.
+
+    The provider package (``@ai-sdk/openai-compatible``) is bundled in the binary. opencode
+    would fetch models.dev and npm-install its default plugins: both are turned off, and npm
+    points at a closed loopback port so nothing else is tried.
+    """
+    home = _private_dir(state_dir / "home")
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "Fake",
+        "options": {"baseURL": f"{base_url}/v1", "apiKey": "sk-scripted"},
+        "models": {"fake-model": {"name": "Fake model"}},
+    }
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"fake": provider},
+        "model": "fake/fake-model",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    path = _private_dir(state_dir / "opencode") / "config.json"
+    path.write_text(json.dumps(config))
+    env = _base_env(home)
+    env |= {
+        "OPENCODE_CONFIG": str(path),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "npm_config_registry": "http://127.0.0.1:9/",
+        "TMPDIR": str(_private_dir(state_dir / "tmp")),
+    }
+    argv = [str(NPM_BIN / "opencode"), "run", "--model", "fake/fake-model", prompt]
     return CliCommand(argv=tuple(argv), env=env, cwd=workspace)
 
 

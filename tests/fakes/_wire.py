@@ -1,11 +1,17 @@
 """Render one scripted `Turn` in each provider's wire format.
 
-Three APIs, each streamed (SSE) and plain JSON:
+Four APIs, each streamed (SSE) and plain JSON:
 
 - ``chat``: OpenAI chat completions (`data:` chunks with ``choices[0].delta``, ``[DONE]``);
 - ``messages``: Anthropic Messages (SSE *with* ``event:`` lines — Claude Code silently retries
   without streaming when they are missing);
-- ``responses``: OpenAI Responses (`data:` frames dispatched on their JSON ``type``).
+- ``responses``: OpenAI Responses (`data:` frames dispatched on their JSON ``type``);
+- ``gemini``: Gemini ``generateContent`` / ``streamGenerateContent?alt=sse`` (Gemini CLI):
+  each SSE frame a whole ``GenerateContentResponse`` whose parts are ``text`` or
+  ``functionCall {name, args}`` (arguments are never split: the API sends them whole).
+
+A tool call named ``namespace/name`` is sent in Responses as ``name`` in ``namespace`` (how Codex
+offers an MCP server's tools: the namespace ``mcp__fleet``); the other APIs send the name as is.
 
 Text and tool arguments are deliberately split over two deltas so clients' reassembly is
 exercised. `Rendered.stall_at` is how many frames a stalled turn sends before going silent: the
@@ -22,7 +28,7 @@ import attrs
 if TYPE_CHECKING:
     from tests.fakes._script import Turn
 
-Api = Literal["chat", "messages", "responses"]
+Api = Literal["chat", "messages", "responses", "gemini"]
 
 
 @attrs.frozen(kw_only=True)
@@ -41,15 +47,21 @@ class Reply:
 
 
 def render_stream(api: Api, reply: Reply) -> Rendered:
-    return {"chat": _chat_stream, "messages": _messages_stream, "responses": _responses_stream}[
-        api
-    ](reply)
+    return {
+        "chat": _chat_stream,
+        "messages": _messages_stream,
+        "responses": _responses_stream,
+        "gemini": _gemini_stream,
+    }[api](reply)
 
 
 def render_json(api: Api, reply: Reply) -> dict[str, Any]:
-    return {"chat": _chat_json, "messages": _messages_json, "responses": _responses_json}[api](
-        reply
-    )
+    return {
+        "chat": _chat_json,
+        "messages": _messages_json,
+        "responses": _responses_json,
+        "gemini": _gemini_json,
+    }[api](reply)
 
 
 def error_json(api: Api, status: int, message: str) -> dict[str, Any]:
@@ -266,17 +278,19 @@ def _responses_items(reply: Reply) -> list[dict[str, Any]]:
                 "content": [part],
             }
         )
-    items += [
-        {
+    for index, call in enumerate(reply.turn.tool_calls):
+        namespace, _, name = call.name.rpartition("/")
+        item = {
             "type": "function_call",
             "id": f"fc_{reply.reply_id}_{index}",
             "call_id": _call_id(reply, index, "call"),
-            "name": call.name,
+            "name": name,
             "arguments": _arguments(call.arguments),
             "status": "completed",
         }
-        for index, call in enumerate(reply.turn.tool_calls)
-    ]
+        if namespace:
+            item["namespace"] = namespace
+        items.append(item)
     return items
 
 
@@ -352,3 +366,49 @@ def _responses_item_frames(position: int, item: dict[str, Any]) -> list[bytes]:
         _data({"type": "response.output_item.done", "output_index": position, "item": item})
     )
     return frames
+
+
+# --- Gemini generateContent ---------------------------------------------------------------------
+
+
+def _gemini_json(reply: Reply) -> dict[str, Any]:
+    turn = reply.turn
+    parts: list[dict[str, Any]] = [{"text": turn.text}] if turn.text else []
+    parts += [
+        {"functionCall": {"name": call.name, "args": dict(call.arguments)}}
+        for call in turn.tool_calls
+    ]
+    usage = turn.usage
+    return {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+        ],
+        "usageMetadata": {
+            "promptTokenCount": usage.input_tokens,
+            "candidatesTokenCount": usage.output_tokens,
+            "cachedContentTokenCount": usage.cache_read_tokens,
+            "totalTokenCount": usage.total_tokens,
+        },
+        "modelVersion": reply.model,
+        "responseId": f"gen_{reply.reply_id}",
+    }
+
+
+def _gemini_stream(reply: Reply) -> Rendered:
+    whole = _gemini_json(reply)
+    frames: list[bytes] = []
+    text = reply.turn.text
+    if text:
+        for part in _halves(text):
+            piece = whole | {
+                "candidates": [
+                    {"content": {"role": "model", "parts": [{"text": part}]}, "index": 0}
+                ]
+            }
+            frames.append(_data(piece))
+    calls = [p for p in whole["candidates"][0]["content"]["parts"] if "functionCall" in p]
+    last = whole | {
+        "candidates": [whole["candidates"][0] | {"content": {"role": "model", "parts": calls}}]
+    }
+    frames.append(_data(last))
+    return Rendered(frames=tuple(frames), stall_at=1)

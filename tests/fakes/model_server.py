@@ -5,7 +5,13 @@ plain JSON, on any path prefix ``/c/<child>``:
 
 - ``POST /v1/chat/completions`` — OpenAI chat completions (Pi, our builtin ``openai`` model);
 - ``POST /v1/messages[?beta=true]`` — Anthropic Messages (Claude Code); ``HEAD`` answers 404;
-- ``POST /v1/responses`` — OpenAI Responses (Codex).
+- ``POST /v1/responses`` — OpenAI Responses (Codex);
+- ``POST /v1beta/models/<model>:streamGenerateContent`` (``:generateContent``) — Gemini (Gemini
+  CLI, with ``GOOGLE_GEMINI_BASE_URL`` = the base URL).
+
+A child can also be *played* instead of scripted: ``srv.play(child, player)`` calls
+``player(request)`` for each of its model requests and serves the turn it returns, so a test's
+model can read the tools a client offers and the results it sent back (a parent model).
 
 Each child has its own script (see `tests.fakes._script`) and cursor: every model request takes
 the child's next turn, whatever the API. A child without a script of its own walks the default
@@ -42,7 +48,7 @@ from tests.fakes._wire import Api, Reply, error_json, render_json, render_stream
 
 if TYPE_CHECKING:
     import types
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["DEFAULT_CHILD", "ModelServer", "Request", "ScriptError", "ToolCall", "Turn", "Usage"]
 
@@ -56,6 +62,7 @@ _APIS: dict[str, Api] = {
     "/v1/messages": "messages",
     "/v1/responses": "responses",
 }
+_GEMINI = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:streamGenerateContent|generateContent)")
 
 
 @attrs.frozen(kw_only=True)
@@ -74,7 +81,43 @@ class Request:
 
     @property
     def stream(self) -> bool:
+        if self.api == "gemini":
+            return self.path.endswith(":streamGenerateContent")
         return isinstance(self.body, dict) and self.body.get("stream") is True
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools the client offered in this request (Responses namespaces as
+        ``namespace/name``, the name a played turn calls them by)."""
+        body = self.body if isinstance(self.body, dict) else {}
+        names: list[str] = []
+        for tool in _dicts(body.get("tools")):
+            if self.api == "gemini":
+                names += [str(d.get("name")) for d in _dicts(tool.get("functionDeclarations"))]
+            elif self.api == "chat":
+                names.append(str((tool.get("function") or {}).get("name")))
+            elif tool.get("type") == "namespace":
+                names += [f"{tool.get('name')}/{t.get('name')}" for t in _dicts(tool.get("tools"))]
+            else:
+                names.append(str(tool.get("name")))
+        return names
+
+    def tool_schemas(self) -> dict[str, Any]:
+        """Each offered tool's input schema by :meth:`tool_names` name."""
+        body = self.body if isinstance(self.body, dict) else {}
+        found: dict[str, Any] = {}
+        for tool in _dicts(body.get("tools")):
+            if self.api == "gemini":
+                for d in _dicts(tool.get("functionDeclarations")):
+                    found[str(d.get("name"))] = d.get("parametersJsonSchema") or d.get("parameters")
+            elif self.api == "chat":
+                function = tool.get("function") or {}
+                found[str(function.get("name"))] = function.get("parameters")
+            elif tool.get("type") == "namespace":
+                for t in _dicts(tool.get("tools")):
+                    found[f"{tool.get('name')}/{t.get('name')}"] = t.get("parameters")
+            else:
+                found[str(tool.get("name"))] = tool.get("input_schema") or tool.get("parameters")
+        return found
 
     def tool_results(self) -> list[str]:
         """The text of every tool result the client sent back in this request, oldest first."""
@@ -99,6 +142,13 @@ class Request:
                 for item in _dicts(body.get("input"))
                 if item.get("type") == "function_call_output"
             ]
+        if self.api == "gemini":
+            return [
+                _flatten(_gemini_output(part["functionResponse"].get("response")))
+                for content in _dicts(body.get("contents"))
+                for part in _dicts(content.get("parts"))
+                if isinstance(part.get("functionResponse"), dict)
+            ]
         return []
 
 
@@ -109,6 +159,9 @@ class ModelServer:
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _scripts: dict[str, tuple[Turn, ...]] = attrs.field(factory=dict, init=False)
     _default: tuple[Turn, ...] = attrs.field(default=(), init=False)
+    _players: dict[str, Callable[[Request], Mapping[str, Any] | Turn]] = attrs.field(
+        factory=dict, init=False
+    )
     _cursors: dict[str, int] = attrs.field(factory=dict, init=False)
     _requests: list[Request] = attrs.field(factory=list, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False)
@@ -194,6 +247,14 @@ class ModelServer:
             self._scripts[child] = parsed
             self._cursors[child] = 0
 
+    def play(self, child: str, player: Callable[[Request], Mapping[str, Any] | Turn]) -> None:
+        """Answer `child`'s model requests with ``player(request)`` (a turn dict or `Turn`),
+        called on the server's thread, one request at a time; it replaces any script."""
+        _check_child(child)
+        with self._lock:
+            self._players[child] = player
+            self._scripts.pop(child, None)
+
     def default_script(self, turns: Sequence[Mapping[str, Any] | Turn]) -> None:
         """The script of every child that has none of its own (each child keeps its own cursor)."""
         parsed = parse_script(turns)
@@ -244,24 +305,27 @@ class ModelServer:
         """Record and answer one request; False when the connection must close afterwards."""
         path, _, query = http.target.partition("?")
         child, rest = _route(path)
-        api = _APIS.get(rest) if http.method == "POST" else None
+        api = (
+            (_APIS.get(rest) or ("gemini" if _GEMINI.fullmatch(rest) else None))
+            if (http.method == "POST")
+            else None
+        )
         body = _parse_json(http.body)
         served = api is not None and isinstance(body, dict)
-        turn_index, turn = self._take_turn(child) if served else (None, None)
+        request = Request(
+            child=child,
+            api=api,
+            method=http.method,
+            path=rest,
+            query=query,
+            headers=http.headers,
+            body=body,
+            raw=http.body,
+            turn=None,
+        )
+        turn_index, turn = self._take_turn(child, request) if served else (None, None)
         with self._lock:
-            self._requests.append(
-                Request(
-                    child=child,
-                    api=api,
-                    method=http.method,
-                    path=rest,
-                    query=query,
-                    headers=http.headers,
-                    body=body,
-                    raw=http.body,
-                    turn=turn_index,
-                )
-            )
+            self._requests.append(attrs.evolve(request, turn=turn_index))
         if http.method == "HEAD":
             await connection.send_empty(404)
             return http.keep_alive
@@ -284,13 +348,21 @@ class ModelServer:
         reply = Reply(
             turn=turn, model=str(body.get("model", "scripted")), reply_id=f"{child}-{turn_index}"
         )
-        await _serve_turn(connection, api, reply, stream=body.get("stream") is True)
+        await _serve_turn(connection, api, reply, stream=request.stream)
         return http.keep_alive
 
     def _script_of(self, child: str) -> tuple[Turn, ...]:
         return self._scripts.get(child, self._default)
 
-    def _take_turn(self, child: str) -> tuple[int | None, Turn | None]:
+    def _take_turn(self, child: str, request: Request) -> tuple[int | None, Turn | None]:
+        player = self._players.get(child)
+        if player is not None:
+            with self._lock:
+                index = self._cursors.get(child, 0)
+                self._cursors[child] = index + 1
+            # A player's mistake is the test's: it fails the test through close().
+            played = player(request)
+            return index, played if isinstance(played, Turn) else parse_script([played])[0]
         with self._lock:
             script = self._script_of(child)
             index = self._cursors.get(child, 0)
@@ -350,6 +422,15 @@ def _parse_json(raw: bytes) -> Any:
 
 def _dicts(value: object) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _gemini_output(response: object) -> object:
+    """Gemini CLI wraps a tool's result as ``{"output": text}`` (or ``{"error": text}``)."""
+    if isinstance(response, dict) and len(response) == 1:
+        (value,) = response.values()
+        if isinstance(value, str):
+            return value
+    return response
 
 
 def _flatten(content: object) -> str:

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from tests.fakes._agent_clis import (
     claude_command,
     codex_command,
+    gemini_command,
     open_cli,
+    opencode_command,
     pi_command,
 )
 from tests.fakes._script import ScriptError, ToolCall, Turn, Usage
@@ -617,3 +619,125 @@ async def test_codex_exec_runs_exec_command_then_answers(tmp_path, workspace):
     usage = events[-1]["usage"]
     assert (usage["input_tokens"], usage["output_tokens"]) == (11 + 17, 3 + 5)
     assert_served_two_turns(srv, "codex", "responses")
+
+
+def test_gemini_generate_content_streams_whole_responses_and_records_function_results():
+    with ModelServer() as srv:
+        call = {"name": "read_file", "arguments": {"file_path": "notes.txt"}}
+        srv.script("a", [{"text": "looking", "tool_calls": [call]}, {"text": FINAL}])
+        path = "/v1beta/models/fake-model:streamGenerateContent"
+        tools = [{"functionDeclarations": [{"name": "read_file", "parametersJsonSchema": {}}]}]
+        status, headers, body = post(srv, path, {"contents": [], "tools": tools}, query="?alt=sse")
+        assert status == 200
+        assert headers["content-type"].startswith("text/event-stream")
+        frames = [data for _, data in sse(body)]
+        text = "".join(
+            p.get("text", "") for f in frames for p in f["candidates"][0]["content"]["parts"]
+        )
+        assert text == "looking"
+        [called] = [
+            p["functionCall"]
+            for f in frames
+            for p in f["candidates"][0]["content"]["parts"]
+            if "functionCall" in p
+        ]
+        assert called == {"name": "read_file", "args": {"file_path": "notes.txt"}}
+        assert frames[-1]["candidates"][0]["finishReason"] == "STOP"
+        result = {"functionResponse": {"name": "read_file", "response": {"output": NOTES}}}
+        contents = [{"role": "user", "parts": [result]}]
+        status, _, body = post(srv, path.replace("streamG", "g"), {"contents": contents})
+        assert status == 200
+        assert json.loads(body)["candidates"][0]["content"]["parts"] == [{"text": FINAL}]
+        first, second = srv.requests("a")
+        assert (first.api, first.stream, first.tool_names()) == ("gemini", True, ["read_file"])
+        assert (second.stream, second.tool_results()) == (False, [NOTES])
+
+
+def test_a_played_child_is_answered_by_its_player_from_the_request():
+    seen = []
+
+    def player(request):
+        seen.append((request.tool_names(), request.tool_results()))
+        if request.tool_results():
+            return {"text": "done"}
+        return {"tool_calls": [{"name": "mcp__fleet/spawn", "arguments": {"task": "x"}}]}
+
+    with ModelServer() as srv:
+        srv.play("p", player)
+        tools = [{"type": "namespace", "name": "mcp__fleet", "tools": [{"name": "spawn"}]}]
+        status, _, body = post(srv, "/v1/responses", {"input": [], "tools": tools}, child="p")
+        [item] = json.loads(body)["output"]
+        assert (item["namespace"], item["name"]) == ("mcp__fleet", "spawn")
+        answer = {"type": "function_call_output", "call_id": item["call_id"], "output": "ok"}
+        status, _, body = post(srv, "/v1/responses", {"input": [answer]}, child="p")
+        assert status == 200
+        assert json.loads(body)["output"][0]["content"][0]["text"] == "done"
+    assert seen == [(["mcp__fleet/spawn"], []), ([], ["ok"])]
+    assert [r.turn for r in srv.requests("p")] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.needs("gemini")
+async def test_gemini_cli_reads_a_file_with_read_file_then_answers(tmp_path, workspace):
+    async with ModelServer() as srv:
+        call = {"name": "read_file", "arguments": {"file_path": str(workspace / "notes.txt")}}
+        srv.script("gemini", [{"tool_calls": [call], "usage": TOOL_TURN_USAGE}, FINAL_TURN])
+        command = gemini_command(
+            base_url=srv.base_url("gemini"),
+            workspace=workspace,
+            state_dir=tmp_path,
+            prompt="What is the secret?",
+        )
+        with trio.fail_after(120):
+            done = await trio.run_process(
+                list(command.argv),
+                cwd=command.cwd,
+                env=dict(command.env),
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout)["response"] == FINAL
+    requests = [r for r in srv.requests("gemini") if r.api is not None]
+    assert [(r.api, r.turn, r.stream) for r in requests] == [
+        ("gemini", 0, True),
+        ("gemini", 1, True),
+    ]
+    assert requests[1].tool_results() == [NOTES]
+
+
+@pytest.mark.slow
+@pytest.mark.needs("opencode")
+async def test_opencode_run_reads_a_file_with_read_then_answers(tmp_path, workspace):
+    async with ModelServer() as srv:
+        read = {"name": "read", "arguments": {"filePath": str(workspace / "notes.txt")}}
+
+        def player(request):  # opencode also asks for a title, with no tools offered
+            if not request.tool_names():
+                return {"text": "a title"}
+            return FINAL_TURN if request.tool_results() else {"tool_calls": [read]}
+
+        srv.play("opencode", player)
+        command = opencode_command(
+            base_url=srv.base_url("opencode"),
+            workspace=workspace,
+            state_dir=tmp_path,
+            prompt="What is the secret?",
+        )
+        with trio.fail_after(120):
+            done = await trio.run_process(
+                list(command.argv),
+                cwd=command.cwd,
+                env=dict(command.env),
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert FINAL in done.stdout.decode()
+    with_tools = [r for r in srv.requests("opencode") if r.api == "chat" and r.tool_names()]
+    assert "the secret is 4217" in with_tools[-1].tool_results()[-1]
+    assert not (workspace / "opencode.json").exists()

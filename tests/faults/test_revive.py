@@ -163,6 +163,7 @@ def test_discarding_a_lost_child_deletes_its_scratch_and_it_cannot_be_revived(fa
         assert (scratch / "transcript.json").is_file()  # kept: a1 is lost, and revivable
         assert _json(faults, "discard", "a1")["discarded"] is True
         assert not scratch.exists()
+        assert not (faults.home / "sessions" / "t" / "kept" / "a1").exists()  # nor its copy
         gone = faults.cli("revive", "a1")
         assert gone.returncode != 0
         assert _json(faults, "peek")["stale"] == []

@@ -34,7 +34,9 @@ function runFleet(verb, args, { signal, timeoutMs, cwd } = {}) {
     const child = spawn(bin, [...pre, "--json", ...verb, ...args], {
       cwd: cwd || process.cwd(),
       stdio: ["ignore", "pipe", "pipe"],
-      env: process.env,
+      // A supervisor started for this parent ends a short grace after it, once it holds no
+      // child (the user's own FLEET_PARENT_EXIT_S wins).
+      env: { FLEET_PARENT_EXIT_S: "10", ...process.env },
     });
     live.add(child);
     let out = "";

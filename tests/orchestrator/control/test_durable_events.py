@@ -1,10 +1,13 @@
 """The ``events`` control op: the journal in pages, and a wait for the next record."""
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+import ipc
 from orchestrator._errors import UsageError
 from orchestrator.control._durable import EVENTS_LIMIT, Durability
 from orchestrator.durability import Journal
@@ -54,3 +57,28 @@ async def test_a_wait_ends_at_the_next_record_or_its_deadline(durability, autoju
 async def test_a_bad_since_or_wait_is_a_usage_error(durability, args):
     with pytest.raises(UsageError):
         await durability.ops()["events"](None, args)
+
+
+async def test_large_records_never_make_a_reply_the_frame_refuses(durability):
+    durability.journal.append("state", "a1", state="one")
+    durability.journal.append("handoff", "a2", task="x" * (900 * 1024), state="stopped")
+    for n in range(40):
+        durability.journal.append("settled", "a3", report="y" * (60 * 1024), n=n)
+    events = durability.ops()["events"]
+    seen: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = await events(None, {"since": since})
+        body = json.dumps(page).encode()
+        assert len(body) < ipc.MAX_FRAME - 4096  # room for the envelope
+        if not page["events"]:
+            break
+        seen += page["events"]
+        since = page["events"][-1]["seq"]
+    assert [e["seq"] for e in seen] == list(range(1, 43))  # every record, in order
+    big = seen[1]
+    assert big["kind"] == "handoff"
+    assert "task" not in big
+    assert big["clipped"].startswith("a ")
+    assert big["clipped"].endswith("-byte record: too large to send")
+    assert seen[2]["report"] == "y" * (60 * 1024)  # the rest arrive whole

@@ -2,7 +2,10 @@
 
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -11,7 +14,8 @@ import trio
 
 from orchestrator._config import Config, load_config
 from orchestrator._errors import UsageError
-from orchestrator.control._daemon import exit_when_idle
+from orchestrator.control._daemon import exit_when_idle, idle_exit_after
+from orchestrator.control._daemon_client import PARENT_EXIT_S, PARENT_EXIT_VARIABLE
 from orchestrator.control._server import ControlServer
 from orchestrator.core._requests import Question
 from orchestrator.core._supervisor import open_supervisor
@@ -90,3 +94,53 @@ async def test_the_idle_rule_waits_for_quiet_with_nothing_held(tmp_path):
             assert server.shutdown.is_set()
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("idle_exit_s", "parent", "after"),
+    [
+        (1800.0, None, 1800.0),  # a user's supervisor: the configured idle exit
+        (1800.0, "10", 10.0),  # started for a parent: its short grace
+        (5.0, "10", 5.0),  # a shorter configured one still wins
+        (0.0, "10", 0.0),  # 0 is "never", which a parent does not override
+        (1800.0, "nan", 1800.0),
+        (1800.0, "-3", 1800.0),
+        (1800.0, "soon", 1800.0),
+    ],
+)
+def test_a_supervisor_started_for_a_parent_exits_after_its_short_grace(
+    idle_exit_s, parent, after
+) -> None:
+    environ = {} if parent is None else {PARENT_EXIT_VARIABLE: parent}
+    assert idle_exit_after(idle_exit_s, environ) == after
+
+
+@pytest.mark.slow
+def test_the_supervisor_fleet_mcp_started_ends_when_its_parent_goes(tmp_path):
+    """The MCP client (a parent) connects, spawns nothing, and leaves: the supervisor that
+    ``fleet mcp`` started on demand ends within its grace, not after the 1800 s default."""
+    with running_fleet(tmp_path, prefix="fmx-") as fleet:
+        env = {k: v for k, v in fleet.env.items() if k != "FLEET_IDLE_EXIT_S"}
+        env.pop(PARENT_EXIT_VARIABLE, None)
+        mcp = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "mcp"],
+            cwd=fleet.repo,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                daemons = [p for p in fleet_processes(fleet.home) if "serve" in p.cmdline()]
+                if daemons:
+                    break
+                time.sleep(0.2)
+            [daemon] = daemons
+            assert not _ends_within(daemon.pid, 3.0)  # its parent is still there
+        finally:
+            assert mcp.stdin is not None
+            mcp.stdin.close()  # the parent goes away
+            mcp.wait(30)
+        assert _ends_within(daemon.pid, PARENT_EXIT_S + 30)

@@ -50,8 +50,20 @@ def test_bundled_scout_and_worker(isolated):
     assert scout.mode == "scout"
     assert scout.tools == ("read", "grep", "find", "ls", "todo", "ask_parent")
     assert worker.mode == "worktree"
-    # The bundled worker lists no shell; a definition that lists bash keeps it (plan test).
-    assert worker.tools == ("read", "grep", "find", "ls", "edit", "write", "todo", "discuss")
+    # The bundled worker has a shell (inside its worker sandbox) so it can run the tests.
+    assert worker.tools == (
+        "read",
+        "grep",
+        "find",
+        "ls",
+        "edit",
+        "write",
+        "bash",
+        "todo",
+        "discuss",
+    )
+    assert "no shell" in scout.description
+    assert "shell" in worker.description
     for definition in (scout, worker):
         assert definition.source == "bundled"
         assert definition.backend == "builtin"

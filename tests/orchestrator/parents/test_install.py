@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator._errors import UsageError
 from orchestrator.parents._install import CLAUDE_RULE, INSTALLERS, fleet_argv
 
 PRE_EXISTING = {
@@ -119,6 +120,9 @@ def test_the_cli_prints_what_changed_for_every_parent_pi_too(places) -> None:
     result = _fleet(project, home, "install", "gemini", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
+    [note] = data.pop("notes")
+    assert note.startswith("note: gemini reads ")
+    assert "trusted folder" in note
     assert data == {
         "parent": "gemini",
         "changed": [{"path": str(project / ".gemini" / "settings.json"), "action": "wrote"}],
@@ -167,3 +171,109 @@ def test_a_linked_dotfile_stays_a_link_and_keeps_its_mode(places) -> None:
     assert (home / ".claude.json").is_symlink()
     assert real.read_bytes() == before
     assert not [p for p in real.parent.iterdir() if p.name != "claude.json"]  # no temp left
+
+
+# A repository can commit any of these as a link: into the user's own settings, or anywhere.
+PROJECT_FILES = {
+    "claude": [".mcp.json", ".claude"],
+    "codex": [".codex"],
+    "gemini": [".gemini"],
+    "opencode": ["opencode.json"],
+    "pi": [".pi"],
+}
+
+
+@pytest.mark.parametrize(
+    ("parent", "link"), [(p, link) for p, links in PROJECT_FILES.items() for link in links]
+)
+def test_project_install_never_writes_through_a_committed_link(places, parent, link) -> None:
+    root, home, project = places
+    outside = home / ".claude" if link.startswith(".") and "." not in link[1:] else home / "x.json"
+    if outside.suffix:
+        outside.write_text("{}\n")
+    else:
+        outside.mkdir()
+        (outside / "settings.json").write_text('{"keep": 1}\n')
+    (project / link).symlink_to(outside)
+    before = _tree(root)
+    result = _fleet(project, home, "install", parent)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "symbolic link" in result.stderr
+    assert str(project / link) in result.stderr
+    assert _tree(root) == before
+    result = _fleet(project, home, "uninstall", parent)
+    assert _tree(root) == before
+
+
+def test_a_link_deeper_in_the_project_is_refused_too(places) -> None:
+    _root, home, project = places
+    (project / ".claude").mkdir()
+    target = home / "settings.local.json"
+    target.write_text("{}\n")
+    (project / ".claude" / "settings.local.json").symlink_to(target)
+    with pytest.raises(UsageError, match="symbolic link"):
+        INSTALLERS["claude"].install("project", home=home, project=project)
+    assert target.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("parent", sorted(INSTALLERS))
+@pytest.mark.parametrize("scope", ["project", "user"])
+def test_nothing_an_install_writes_is_group_or_other_writable_or_holds_a_secret(
+    places, monkeypatch, parent, scope
+) -> None:
+    root, home, project = places
+    secrets = {"ANTHROPIC_API_KEY": "sk-ant-SECRET1", "OPENAI_API_KEY": "sk-SECRET2"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEET_HOME", "/tmp/SECRET3-home")
+    if parent == "codex":
+        existing = (project if scope == "project" else home) / ".codex" / "config.toml"
+        existing.parent.mkdir()
+        existing.write_text("# mine\n")
+        existing.chmod(0o666)
+    old = os.umask(0)
+    try:
+        INSTALLERS[parent].install(scope, home=home, project=project)
+    finally:
+        os.umask(old)
+    written = [p for p in root.rglob("*") if not p.is_symlink()]
+    assert written
+    for path in written:
+        assert path.stat().st_mode & 0o022 == 0, (path, oct(path.stat().st_mode))
+        if path.is_file():
+            text = path.read_text()
+            assert "SECRET" not in text, path
+
+
+def test_opencode_files_carry_the_schema_opencode_would_insert(places) -> None:
+    _root, home, project = places
+    INSTALLERS["opencode"].install("project", home=home, project=project)
+    path = project / "opencode.json"
+    text = path.read_text()
+    assert text.startswith('{\n  "$schema": "https://opencode.ai/config.json",\n')
+    INSTALLERS["opencode"].uninstall("project", home=home, project=project)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("parent", "scope", "says"),
+    [
+        ("codex", "project", "trust_level"),
+        ("gemini", "project", "trusted folder"),
+        ("gemini", "user", "trusted folder"),
+        ("pi", "project", "/trust"),
+    ],
+)
+def test_install_says_in_one_line_how_to_trust_the_project(places, parent, scope, says) -> None:
+    _root, home, project = places
+    result = _fleet(project, home, "install", parent, f"--{scope}", "--json")
+    assert result.returncode == 0, result.stderr
+    [note] = json.loads(result.stdout)["notes"]
+    assert says in note
+    assert "\n" not in note
+    human = _fleet(project, home, "install", parent, f"--{scope}")
+    assert human.stdout.splitlines()[-1] == note
+    for quiet in ("claude", "opencode"):
+        result = _fleet(project, home, "install", quiet, f"--{scope}", "--json")
+        assert json.loads(result.stdout)["notes"] == []

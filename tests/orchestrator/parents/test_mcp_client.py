@@ -101,7 +101,8 @@ async def _session(fleet: Fleet) -> None:
         for tool in tools.values():
             assert tool.input_schema["type"] == "object"
             assert tool.description
-            assert len(tool.description) < 500
+            assert len(tool.description) < 300
+            assert tool.output_schema is None
         with warnings.catch_warnings():  # the handshake era's subscribe, as parents use it
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             await client.subscribe_resource("fleet://fleet")
@@ -115,81 +116,95 @@ async def _session(fleet: Fleet) -> None:
         assert (row["key"], row["agent"]) == ("a1", "scout")
         settled = await _call(client, "wait", {"agents": ["a1"], "timeout": 60})
         [note] = settled["settled"]
-        assert note["report"].startswith("## Summary\nalpha -> ")
+        assert "\n│ ## Summary\n│ alpha -> " in note["report"]
         assert "42" in note["report"]
+        assert note["observed"]["commands"][0]["tool"] == "read"
+        assert note["observed"]["clipped"] is False
         await _until(lambda: any(e["event"] == "settled" and e["key"] == "a1" for e in heard.logs))
         await _until(lambda: "fleet://fleet" in heard.updates)
 
         peek = await _call(client, "peek", {})
         assert [a["key"] for a in peek["agents"]] == ["a1"]
-        usage = await _call(client, "usage", {"agents": ["a1"]})
+        usage = await _call(client, "info", {"topic": "usage"})
         [child] = usage["agents"]
         assert (child["key"], child["budget"]) == ("a1", {"hard_tokens": 9000})
         assert usage["session"]["tokens"] == child["tokens"] > 0
         resource = await client.read_resource("fleet://fleet")
         assert json.loads(_text(resource.contents[0]))["agents"][0]["key"] == "a1"
         brief = await client.read_resource("fleet://brief")
-        assert _text(brief.contents[0]) == (await _call(client, "brief", {}))["text"]
+        assert _text(brief.contents[0]) == (await _call(client, "info", {"topic": "brief"}))["text"]
 
-        resumed = await _call(client, "resume", {"agent": "a1", "text": "beta"})
+        resumed = await _call(
+            client, "control", {"action": "resume", "agent": "a1", "text": "beta"}
+        )
         assert resumed["key"] == "a1"
         await _call(client, "wait", {"agents": ["a1"], "timeout": 60})
-        assert (await _call(client, "mode", {}))["mode"]
-        agents = await _call(client, "agents", {})
+        assert (await _call(client, "info", {"topic": "mode"}))["mode"]
+        agents = await _call(client, "info", {"topic": "agents"})
         assert "scout" in {a["name"] for a in agents["agents"]}
-        assert (await _call(client, "diff", {}))["files"] == []
-        assert (await _call(client, "accept", {}))["files"] == []
-        assert (await _call(client, "revert", {}))["files"] == []
-        posted = await _call(client, "discuss", {"action": "ask", "text": "who reads src?"})
+        for action in ("diff", "accept", "revert"):
+            assert (await _call(client, "review", {"action": action}))["files"] == []
+        posted = await _call(client, "paper", {"text": "who reads src?"})
         assert posted["id"].startswith("d")
-        listed = await _call(client, "discuss", {"action": "list", "since": "d0"})
+        listed = await _call(client, "info", {"topic": "paper", "since": "d0"})
         assert "who reads src?" in listed["text"]
 
         # A child that asks: needs-input reaches the parent, answer unblocks it.
-        await _call(
-            client, "spawn", {"tasks": [{"task": "pick a db", "model": question, "name": "db"}]}
-        )
+        await _call(client, "spawn", {"task": "pick a db", "model": question, "name": "db"})
         await _until(lambda: any(e["event"] == "needs-input" for e in heard.logs))
         [asked] = [e for e in heard.logs if e["event"] == "needs-input"]
         assert asked["key"] == "a2"
         assert "Which database?" in asked["line"]
-        await _call(client, "answer", {"question": asked["question"], "text": "sqlite"})
+        await _call(
+            client, "control", {"action": "answer", "agent": asked["question"], "text": "sqlite"}
+        )
         reports: list[str] = []
         with anyio.fail_after(60):
             while not any("Using sqlite" in r for r in reports):
                 notes = (await _call(client, "wait", {"agents": ["db"], "timeout": 60}))["settled"]
                 reports += [n.get("report") or "" for n in notes if n["key"] == "a2"]
 
-        # Errors: the one-line message and kind of --json.
-        missing = await client.call_tool("steer", {"agent": "nobody", "text": "x"})
-        assert missing.is_error
-        assert missing.structured_content["error"]["kind"] == "not-found"
-        assert _text(missing.content[0]) == missing.structured_content["error"]["message"]
-        assert _text(missing.content[0]).startswith("steer: ")
-        assert "\n" not in _text(missing.content[0])
-        bad = await client.call_tool("stop", {})
-        assert bad.structured_content["error"]["kind"] == "usage"
-        both = await client.call_tool("spawn", {"task": "x", "tasks": [{"task": "y"}]})
-        assert both.structured_content["error"]["kind"] == "usage"
+        # Errors: the one-line message and kind of --json, as text only.
+        missing = await _error(
+            client, "control", {"action": "steer", "agent": "nobody", "text": "x"}
+        )
+        assert missing["kind"] == "not-found"
+        assert missing["message"].startswith("control: ")
+        assert (await _error(client, "stop", {}))["kind"] == "usage"
+        assert (await _error(client, "stop", {"agents": []}))["kind"] == "usage"
 
         # ask / pause / steer on a live child, then stop and discard.
         hang = fleet.script("hang", HANG)
         await _call(client, "spawn", {"task": "long", "model": hang, "name": "long"})
         await _until_state(client, "long", "working")
-        timed = await client.call_tool("wait", {"agents": ["long"], "timeout": 0.2})
-        assert timed.structured_content["error"]["kind"] == "timeout"
-        steered = await _call(client, "steer", {"agent": "long", "text": "faster"})
+        timed = await _call(client, "wait", {"agents": ["long"], "timeout": 0.2})
+        assert timed["timed_out"] is True
+        assert timed["settled"] == []
+        [row] = timed["working"]
+        assert (row["key"], row["state"]) == ("a3", "working")
+        assert row["age_s"] >= 0
+        steered = await _call(
+            client, "control", {"action": "steer", "agent": "long", "text": "faster"}
+        )
         assert steered["key"] == "a3"
-        side = await _call(client, "ask", {"agent": "long", "text": "what now?"})
-        assert side == {"key": "a3", "answer": "BTW: still reading"}
-        paused = await _call(client, "pause", {"agent": "long"})
+        side = await _call(
+            client, "control", {"action": "ask", "agent": "long", "text": "what now?"}
+        )
+        assert side["key"] == "a3"
+        assert "\n│ BTW: still reading\n" in side["answer"]
+        paused = await _call(
+            client, "control", {"action": "pause", "agent": "long", "text": "enough"}
+        )
         assert paused["state"] == "paused"
-        stopped = await _call(client, "stop", {"all": True})
+        stopped = await _call(client, "stop", {"agents": ["*"]})
         assert {h["key"] for h in stopped["handoffs"]} >= {"a1", "a2", "a3"}
-        assert (await _call(client, "discard", {"agent": "a3"}))["discarded"] is True
-        vote = await client.call_tool("vote", {"action": "abort"})
-        assert vote.is_error or "status" in vote.structured_content
-        asked_tool = await client.call_tool("ask", {"agent": "a1", "text": "why?"})
+        discarded = await _call(
+            client, "control", {"action": "discard", "agent": "a3", "text": "done with it"}
+        )
+        assert discarded["discarded"] is True
+        asked_tool = await client.call_tool(
+            "control", {"action": "ask", "agent": "a1", "text": "why?"}
+        )
         assert asked_tool.is_error  # a stopped child answers nothing: an error, not a hang
 
         # The supervisor ends (its idle rule, a crash): the next call starts the next one.
@@ -200,8 +215,20 @@ async def _session(fleet: Fleet) -> None:
             check=False,
         )
         assert ended.returncode == 0
-        assert (await _call(client, "mode", {}))["mode"]
+        assert (await _call(client, "info", {"topic": "mode"}))["mode"]
         assert (await _call(client, "peek", {}))["agents"] == []
+
+
+async def _error(client: Client, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """An error result: text only, one line of JSON with the kind and the message."""
+    result = await client.call_tool(name, args)
+    assert result.is_error
+    assert result.structured_content is None
+    [item] = result.content
+    assert "\n" not in _text(item)
+    error: dict[str, Any] = json.loads(_text(item))["error"]
+    assert error["message"].startswith(f"{name}: ")
+    return error
 
 
 async def _until_state(client: Client, agent: str, state: str) -> None:

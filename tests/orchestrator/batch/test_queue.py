@@ -1,0 +1,63 @@
+"""The integration queue's bookkeeping: order, refresh, and what a later supervisor reads back."""
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from orchestrator._errors import UsageError
+from orchestrator.batch import IntegrationQueue
+
+
+@attrs.define
+class FakeWorktrees:
+    repo: Path
+    snapshots: dict[str, Any] = attrs.Factory(dict)
+    holding: set[str] = attrs.Factory(set)
+
+    async def change(self, key: str, paths: list[str]) -> list[Any]:
+        raise AssertionError("not reached")
+
+    async def apply(self, key: str, names: list[str] | None) -> dict[str, Any]:
+        raise AssertionError("not reached")
+
+
+def queue_of(tmp_path: Path, keys: list[str], gate: str = "true") -> IntegrationQueue:
+    trees = FakeWorktrees(repo=tmp_path, snapshots=dict.fromkeys(keys), holding=set(keys))
+    return IntegrationQueue(worktrees=trees, gate=gate, root=tmp_path / "session")
+
+
+def test_held_changes_queue_in_key_order_not_text_order(tmp_path):
+    queue = queue_of(tmp_path, ["a10", "a2", "a9"])
+    assert [e["key"] for e in queue.show()] == ["a2", "a9", "a10"]
+    assert {e["status"] for e in queue.show()} == {"queued"}
+
+
+def test_a_change_discarded_or_applied_by_hand_leaves_the_queue(tmp_path):
+    queue = queue_of(tmp_path, ["a1", "a2"])
+    queue.show()
+    del queue.worktrees.snapshots["a1"]
+    queue.worktrees.holding.discard("a1")
+    assert [e["key"] for e in queue.show()] == ["a2"]
+
+
+def test_a_later_supervisor_reads_back_each_changes_status_and_reason(tmp_path):
+    queue = queue_of(tmp_path, ["a1", "a2"])
+    queue.show()
+    queue.entries["a2"].status = "held"
+    queue.entries["a2"].reason = "conflict with the parent's tree: a.txt"
+    queue._record(queue.entries["a2"])
+    again = queue_of(tmp_path, ["a1", "a2"])
+    again.restore()
+    shown = {e["key"]: (e["status"], e["reason"]) for e in again.show()}
+    assert shown == {"a1": ("queued", ""), "a2": ("held", "conflict with the parent's tree: a.txt")}
+
+
+async def test_land_without_a_gate_is_refused(tmp_path):
+    with pytest.raises(UsageError, match=r"no integration\.gate"):
+        await queue_of(tmp_path, ["a1"], gate="  ").land()
+
+
+async def test_land_with_nothing_queued_is_none(tmp_path):
+    assert await queue_of(tmp_path, []).land() is None
