@@ -124,6 +124,8 @@ def test_the_page_follows_a_child_and_answers_its_question(web):
     page.goto(f"{origin}/child/a1")
     expect(page.locator(".report-text").first).to_have_text("Using postgres", timeout=30_000)
     expect(page.locator("#child-live .state")).not_to_have_text("waiting")
+    page.reload()  # the whole report (fleet report) is read when the page loads
+    expect(page.locator(".full-report pre")).to_have_text("Using postgres")
     page.screenshot(path=str(shots / "child.png"), full_page=True)
     for name in ("paper", "usage"):
         page.goto(f"{origin}/{name}")
