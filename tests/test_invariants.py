@@ -118,6 +118,7 @@ def test_a_fleet_verb_starts_without_the_supervisor():
         "orchestrator.control._server",
     }
     heavy |= {"orchestrator.launch._launcher", "orchestrator.launch._tmux", "psutil", "libtmux"}
+    heavy |= {"orchestrator.web._server", "hypercorn", "starlette", "jinja2"}  # fleet web's own
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
     # Yet the API is still there, imported on first use.
     result = _python("import orchestrator; print(orchestrator.open_supervisor.__module__)")
@@ -229,12 +230,15 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.coordination",
         "ipc",
     },
+    # The web view is a client too: the control client side, never core.
+    "orchestrator.web": {FOUNDATION, "orchestrator.control"},
     "orchestrator.cli": {
         FOUNDATION,
         FACADE,
         "orchestrator.batch",
         "orchestrator.control",
         "orchestrator.parents",
+        "orchestrator.web",
     },
     # The facade offers the embedded supervisor (core) and connect(), the client of a running
     # one (control), each imported on first use.

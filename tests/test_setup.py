@@ -14,7 +14,19 @@ import pytest
 from tests._needs import REPO
 
 SCRIPT = REPO / "scripts" / "system-packages"
-TOOLS = ["git", "tmux", "bwrap", "rg", "fdfind", "node", "npm", "ip", "unshare"]
+TOOLS = [
+    "git",
+    "tmux",
+    "bwrap",
+    "rg",
+    "fdfind",
+    "node",
+    "npm",
+    "ip",
+    "unshare",
+    "chromium",
+    "chromedriver",
+]
 BASH = shutil.which("bash") or "/bin/bash"
 
 # Stands in for apt-get: records its argv, and "installs" a package by adding its command.
@@ -60,7 +72,8 @@ def test_all_present_is_one_line_and_no_apt(tmp_path):
     done = system_packages(bin_dir)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == (
-        "system packages: all present (git tmux bwrap rg fd node npm ip unshare venv)\n"
+        "system packages: all present "
+        "(git tmux bwrap rg fd node npm ip unshare venv chromium chromedriver)\n"
     )
     assert not (tmp_path / "apt.log").exists()
 

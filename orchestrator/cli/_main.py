@@ -121,6 +121,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    # The web stack is imported by this verb alone.
+    from orchestrator.web import _server  # noqa: PLC0415
+
+    config = config_of(args)
+    if args.stop:
+        stopped = _server.stop(config)
+        out(args, {"stopped": stopped}, lambda d: "web view stopped" if d["stopped"] else "")
+        return 0
+    if args.foreground:
+
+        def announce(url: str) -> None:
+            if not args.quiet:
+                print(f"fleet web: {url}", flush=True)
+
+        _server.run_foreground(config, announce)
+        return 0
+    data = _server.start_or_reuse(config)
+    out(args, data, lambda d: f"open {d['url']}\n(one-time login link, good for 5 minutes)")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from orchestrator.control._doctor import run_checks  # noqa: PLC0415
 
@@ -339,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("serve", cmd_serve, "run the session's supervisor")
     p.add_argument("--foreground", action="store_true")
     p.add_argument("--stop", action="store_true", help="stop the running supervisor")
+
+    p = verb("web", cmd_web, "a live view of the fleet in your browser (prints a login URL)")
+    p.add_argument("--foreground", action="store_true", help="serve here until Ctrl-C")
+    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stop", action="store_true", help="stop the session's web view")
 
     add_parent_verbs(verb)
     add_map_verb(verb)

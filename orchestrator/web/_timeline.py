@@ -1,0 +1,99 @@
+"""Each child's timeline, read from the session journal (``fleet events``) as it grows.
+
+The journal holds what the supervisor recorded of a child: its spawn (task, model, budget),
+state changes, questions and answers, settled turns with their (clipped) reports, resume ids
+and its handoff. :class:`Timelines` keeps them per child, asking only for records after the
+last one it has, with the activities (tool calls, messages) ``peek`` showed while a page
+looked, in the order seen.
+"""
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+#: The most records kept per child (the oldest go first; the spawn record stays).
+KEEP: Final = 500
+#: Journal kinds a timeline shows (locks, pids and resume ids are bookkeeping).
+SHOWN: Final = frozenset(
+    {
+        "spawn",
+        "state",
+        "question",
+        "answer",
+        "settled",
+        "handoff",
+        "lost",
+        "revived",
+        "hibernate",
+        "wake",
+        "models",
+        "worktree",
+    }
+)
+
+Call = Callable[[str, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@attrs.define(eq=False)
+class Timelines:
+    """The journal's records per child key."""
+
+    seq: int = 0
+    spawned: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    records: dict[str, list[dict[str, Any]]] = attrs.Factory(dict)
+    _activity: dict[str, str] = attrs.Factory(dict)
+
+    async def refresh(self, call: Call) -> None:
+        """Read the records after the last one seen (each reply is capped; ask until done)."""
+        while True:
+            reply = await call("events", {"since": self.seq})
+            events = reply.get("events", [])
+            for record in events:
+                self.add(record)
+            if not events or self.seq >= int(reply.get("seq", 0)):
+                return
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        seq = record.get("seq")
+        if isinstance(seq, int):
+            if seq <= self.seq:
+                return
+            self.seq = seq
+        key, kind = record.get("key"), record.get("kind")
+        if not isinstance(key, str) or not key or kind not in SHOWN:
+            return
+        shown = {k: v for k, v in record.items() if k != "loadout"}  # the loadout is plumbing
+        if kind == "spawn":
+            self.spawned[key] = shown
+        self._keep(key, shown)
+
+    def _keep(self, key: str, record: dict[str, Any]) -> None:
+        kept = self.records.setdefault(key, [])
+        kept.append(record)
+        if len(kept) > KEEP:
+            del kept[1 : len(kept) - KEEP + 1]
+
+    def observe(self, agents: Iterable[Mapping[str, Any]]) -> None:
+        """Note each child's activity when it changed since the last look (a tool call, a
+        message): the journal does not keep them, ``peek`` shows only the current one."""
+        now = time.time()
+        for agent in agents:
+            key, activity = agent.get("key"), agent.get("activity")
+            if not isinstance(key, str) or not isinstance(activity, str) or not activity:
+                continue
+            if self._activity.get(key) == activity:
+                continue
+            self._activity[key] = activity
+            if activity == agent.get("state"):
+                continue  # "working", "idle": the state records say it
+            self._keep(key, {"kind": "activity", "key": key, "at": now, "activity": activity})
+
+    def of(self, key: str) -> list[dict[str, Any]]:
+        """The child's records, oldest first (journal records and seen activities by time)."""
+        return sorted(self.records.get(key, []), key=lambda r: float(r.get("at") or 0))
+
+    def reports(self, key: str) -> list[dict[str, Any]]:
+        """Each settled turn's report, oldest first."""
+        return [r for r in self.records.get(key, []) if r.get("kind") == "settled"]
