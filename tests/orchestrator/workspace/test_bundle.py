@@ -194,3 +194,27 @@ def test_malformed_answers_are_one_line_and_touch_nothing(
     with pytest.raises(WorktreeError, match="over the 10-byte cap"):
         import_bundle(snapshot, b"# v2 git bundle\n" + b"x" * 100, snapshot.commit)
     assert git(snapshot.worktree, "status", "--porcelain") == ""
+
+
+def test_a_bundle_with_two_heads_is_refused(snapshot: Snapshot, tmp_path: Path) -> None:
+    # Both heads sit on the snapshot: which one would be checked out is the node's choice.
+    node = tmp_path / "node"
+    actor, base = ship(snapshot, node)
+    write(node / "src" / "app.py", "def main():\n    return 43\n")
+    one = tmp_path / "one.bundle"
+    one.write_bytes(actor.bring_back())
+    [(good, _)] = _bundle._header(one, "read")[1]
+    # A bare repository borrowing the project's objects (the snapshot commit among them).
+    forge = tmp_path / "forge.git"
+    git(tmp_path, "init", "-q", "--bare", str(forge))
+    (forge / "objects" / "info" / "alternates").write_text(f"{snapshot.repo}/.git/objects\n")
+    git(forge, "fetch", "-q", str(one), f"{good}:refs/heads/a")
+    evil = git(forge, "commit-tree", "-p", base, "-m", "evil", f"{good}^{{tree}}")
+    git(forge, "update-ref", "refs/heads/b", evil)
+    out = tmp_path / "two.bundle"
+    git(forge, "bundle", "create", "-q", str(out), "refs/heads/a", "refs/heads/b", f"^{base}")
+    assert len(_bundle._header(out, "read")[1]) == 2
+    with pytest.raises(WorktreeError, match="carry one head"):
+        import_bundle(snapshot, out.read_bytes(), base)
+    assert (snapshot.worktree / "src" / "app.py").read_text() == "def main():\n    return 42\n"
+    assert git(snapshot.worktree, "status", "--porcelain") == ""
