@@ -10,9 +10,12 @@ process) are collected only where ``FLEET_TEST_RAY_DRIVER=1``, which the wrapper
 """
 
 import os
+import secrets
 import shutil
 import tempfile
+import time
 
+import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -33,6 +36,12 @@ RAY_DRIVERS = (
     "tests/security/test_ray_node.py",
     "tests/security/test_ray_node_sandbox.py",
 )
+#: Every process this run starts inherits it (the supervisor hands its environment on): what
+#: is still running with it once the run ends was left behind (:func:`pytest_sessionfinish`).
+RUN_ENV = "FLT_TEST_RUN"
+#: How long the run's last processes may take to go before they count as left behind.
+LEFTOVER_GRACE_S = 10.0
+_RUN = pytest.StashKey[str]()
 _OWN_BASETEMP = pytest.StashKey[str]()
 _PASSED = pytest.StashKey[bool]()
 #: Set in the wrapper's own pytest: there, and only there, the driver modules are collected.
@@ -56,6 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         config.option.basetemp = tempfile.mkdtemp(prefix="flt-", dir="/tmp")
         config.stash[_OWN_BASETEMP] = config.option.basetemp
+    if not hasattr(config, "workerinput"):
+        # Set before xdist starts its workers, so they and all they start carry it. A pytest
+        # run inside a test (the Ray drivers, fault_soak) marks its own processes.
+        config.stash[_RUN] = os.environ[RUN_ENV] = f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -65,8 +78,59 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(own, ignore_errors=True)
 
 
+def _left_behind(marker: str) -> list[psutil.Process]:
+    """The live processes (but this one) that carry this run's *marker*."""
+    found = []
+    for process in psutil.process_iter(["environ"]):
+        try:
+            environ = process.info["environ"] or {}
+            if process.pid == os.getpid() or environ.get(RUN_ENV) != marker:
+                continue
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"pid {process.pid}: {' '.join(process.cmdline())[:300]}"
+    except psutil.Error:
+        return f"pid {process.pid}"
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    session.config.stash[_PASSED] = exitstatus == 0
+    """No process of this run outlives it: a test that leaves one behind (a sandbox that
+    ignored its SIGTERM, a daemon never stopped) fails the run, and the process is killed.
+    Checked by the process that started the run, after xdist's workers have gone."""
+    config = session.config
+    marker = config.stash.get(_RUN, None)
+    if marker is not None:
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        left = _left_behind(marker)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _left_behind(marker)
+        if left:
+            lines = [_describe(process) for process in left]
+            for process in left:
+                try:
+                    process.kill()
+                except psutil.Error:
+                    continue
+            writer = config.get_terminal_writer()
+            writer.line()
+            writer.line(
+                f"{len(left)} process(es) of this run were still running {LEFTOVER_GRACE_S:g} s "
+                "after its last test (killed now); find the test that left them:",
+                red=True,
+            )
+            for line in lines:
+                writer.line(f"  {line}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    config.stash[_PASSED] = session.exitstatus == 0
 
 
 @pytest.hookimpl(tryfirst=True)
