@@ -47,6 +47,7 @@ The last line is one JSON object.
 
 import argparse
 import compileall
+import itertools
 import json
 import resource
 import statistics
@@ -344,6 +345,14 @@ def sandbox_prefix(argv: Sequence[str]) -> list[str]:
     raise RuntimeError(f"no child command in the sandboxed argv {argv!r}")
 
 
+def recreate_bind_sources(prefix: Sequence[str]) -> None:
+    """The warm-up child's scratch directory, bound into its view, went with the child: the
+    plain processes get an empty one in its place (bwrap refuses a missing bind source)."""
+    for flag, source in itertools.pairwise(prefix):
+        if flag == "--bind":
+            Path(source).mkdir(parents=True, exist_ok=True)
+
+
 async def process_ms(argv: Sequence[str]) -> float:
     """Milliseconds from ``Popen`` to exit of *argv*."""
     started = time.perf_counter()
@@ -421,6 +430,7 @@ async def sandboxed_fleets(
     argvs: dict[str, tuple[str, ...]] = {}
     await run_fleet(base, repo, scripts[:LANE], "boxed-warmup", [], sandbox="auto", argvs=argvs)
     prefix = sandbox_prefix(next(iter(argvs.values())))
+    recreate_bind_sources(prefix)
     boxed_plain = [[*prefix, *argv] for argv in plain]
     fleets: list[Cost] = []
     bare: list[Cost] = []
