@@ -9,11 +9,14 @@ the suite's own process calls ``ray.init``: those that must (they drive the ray 
 process) are collected only where ``FLEET_TEST_RAY_DRIVER=1``, which the wrapper sets.
 """
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -46,6 +49,23 @@ _OWN_BASETEMP = pytest.StashKey[str]()
 _PASSED = pytest.StashKey[bool]()
 #: Set in the wrapper's own pytest: there, and only there, the driver modules are collected.
 DRIVER_ENV = "FLEET_TEST_RAY_DRIVER"
+#: Tests that start a Ray cluster: one at a time across the run's workers (two clusters on two
+#: cores starve each other, and ``fleet demo --ray``'s test counts the machine's Ray heads).
+RAY_USERS = (
+    "tests/test_ray_drivers.py",
+    "tests/e2e/test_demo_ray.py",
+    "tests/e2e/test_ray_fleet.py",
+    "tests/e2e/test_ray_node_loss.py",
+    "tests/test_benchmarks.py::test_a_benchmarks_smoke_run_completes_and_prints_its_json_line[ray_fleet]",
+)
+#: Modules whose tests take tens of seconds each: run first, so that the workers end together
+#: instead of one of them running the longest tests last.
+HEAVY_FIRST = (
+    "tests/test_ray_drivers.py",
+    "tests/test_benchmarks.py",
+    "tests/e2e/",
+    "tests/faults/",
+)
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:
@@ -71,8 +91,40 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_RUN] = os.environ[RUN_ENV] = f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next(
+            (n for n, prefix in enumerate(HEAVY_FIRST) if item.nodeid.startswith(prefix)),
+            len(HEAVY_FIRST),
+        )
+
+    items.sort(key=rank)  # stable: the order within each rank is the collection's
+
+
+def _ray_lock(marker: str) -> str:
+    """One lock file per run, shared by its workers (they inherit the run's marker)."""
+    return os.path.join(tempfile.gettempdir(), f"flt-ray-{marker}.lock")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not item.nodeid.startswith(RAY_USERS):
+        return (yield)
+    path = _ray_lock(os.environ.get(RUN_ENV, "none"))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return (yield)
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     # Ours to remove once the run passed (a failed run's files are kept to look at).
+    marker = config.stash.get(_RUN, None)
+    if marker is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(_ray_lock(marker))
     own = config.stash.get(_OWN_BASETEMP, None)
     if own is not None and config.stash.get(_PASSED, False):
         shutil.rmtree(own, ignore_errors=True)
