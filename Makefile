@@ -45,11 +45,16 @@ setup-test: $(STAMPS)/system $(STAMPS)/clis $(STAMPS)/venv-test
 demo: setup
 	@$(BIN)/fleet demo
 
+# The suite runs on $(WORKERS) xdist workers; tests take work from each other as they finish
+# (worksteal: a few tests take tens of seconds). CI prints the 15 slowest.
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal
+
 test: setup-test
-	$(BIN)/python -m pytest -q
+	$(PYTEST) --durations=15
 
 test-fast: setup-test
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(PYTEST) -m 'not slow'
 
 lint: $(STAMPS)/venv-test
 	$(BIN)/ruff check .

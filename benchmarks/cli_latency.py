@@ -35,7 +35,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
     parser.add_argument("--children", type=int, default=3, help="retained children (default 3)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works (its figures mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.children = 2, 1
     compileall.compile_dir(Path(orchestrator.__file__).parent, quiet=1)
     python = [sys.executable, "-c", "pass"]
     full = [sys.executable, "-c", "from orchestrator.cli._main import main; main()"]

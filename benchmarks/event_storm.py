@@ -4,10 +4,12 @@ DESIGN.md §12 asks that the supervisor's CPU per child event stay flat as the f
 each fleet size (8, 16, 32 by default) the script opens an embedded supervisor, spawns that
 many builtin children (scripted models, unsandboxed so they fork from the fork server) and
 lets each settle a first, trivial turn. Then it prompts every child at once with a turn of
-``--calls`` ``ls`` tool calls — each one a ``tool_start`` and a ``tool_end`` event the runtime
-never coalesces — and measures this process's CPU (the supervisor's, all of it: events,
-frames, records, watchdogs, settle notes) from the prompts until every child has settled, and
-the events the supervisor received in that time (counted at ``ChildRequests.on_event``).
+``--calls`` ``ls`` tool calls (over :data:`DIRS` directories in turn, so the loop gate sees no
+repeat) — each one a ``tool_start`` and a ``tool_end`` the builtin agent has the supervisor's
+loop gate check, and which the runtime never coalesces — and measures this process's CPU (the
+supervisor's, all of it: events, checks, frames, records, watchdogs, settle notes) from the
+prompts until every child has settled, and the events the supervisor received in that time
+(counted at ``ChildRequests.on_event`` and ``ChildRequests.check_tool``).
 
 The figure is CPU microseconds per event at each size; the ratio is the largest fleet's figure
 over the smallest's, measured in the same run (flat is 1.0). Run::
@@ -39,6 +41,8 @@ from orchestrator.core._requests import ChildRequests
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 
 TARGET_RATIO = 1.25  # "flat": the largest fleet may cost at most this much more per event
+#: Directories the storm lists in turn: more than the loop gate's window, so no call repeats.
+DIRS = 12
 CEILING = 600.0
 
 
@@ -50,16 +54,22 @@ class Counter:
 
     def install(self) -> None:
         original = ChildRequests.on_event
+        check = ChildRequests.check_tool
 
         async def counted(requests: ChildRequests, envelope: ipc.Envelope) -> None:
             self.events += 1
             await original(requests, envelope)
 
+        def checked(requests: ChildRequests, event: ipc.Event) -> ipc.Message:
+            self.events += 1
+            return check(requests, event)
+
         ChildRequests.on_event = counted  # type: ignore[method-assign,assignment]
+        ChildRequests.check_tool = checked  # type: ignore[method-assign,assignment]
 
 
 def write_script(directory: Path, calls: int) -> Path:
-    storm = [{"tool": "ls", "args": {"path": "."}} for _ in range(calls)]
+    storm = [{"tool": "ls", "args": {"path": f"d{n % DIRS}"}} for n in range(calls)]
     script = {
         "turns": [
             {"steps": [{"reply": "ready"}]},
@@ -124,8 +134,10 @@ async def bench(sizes: Sequence[int], calls: int, reps: int) -> dict[str, Any]:
         base = Path(tmp)
         repo = base / "repo"
         repo.mkdir()
-        for index in range(20):
-            (repo / f"file{index}.txt").write_text("x\n")
+        for index in range(DIRS):
+            (repo / f"d{index}").mkdir()
+            for name in range(20 // DIRS + 1):
+                (repo / f"d{index}" / f"file{name}.txt").write_text("x\n")
         script = write_script(base, calls)
         await storm(base, repo, script, min(sizes), counter)  # warm-up
         for rep in range(reps):
@@ -163,7 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="8,16,32", help="fleet sizes (comma-separated)")
     parser.add_argument("--calls", type=int, default=100, help="tool calls per child's storm")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (medians)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works (its figures mean nothing)",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.calls, args.reps = "1,2", 5, 1
     sizes = sorted({int(size) for size in args.sizes.split(",")})
     result = trio.run(bench, sizes, args.calls, args.reps)
     print(json.dumps(result))

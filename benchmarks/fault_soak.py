@@ -7,7 +7,7 @@ argv or ``FLEET_HOME`` lies under that prefix is an orphan: it is counted and ki
 
     {"benchmark": "fault_soak", "scenarios": N, "runs": R, "failures": F, "orphans": O}
 
-Usage: ``.venv/bin/python benchmarks/fault_soak.py [--runs 10] [-- extra pytest args]``
+Usage: ``.venv/bin/python benchmarks/fault_soak.py [--runs 10] [--smoke] [-- extra pytest args]``
 """
 
 import argparse
@@ -24,6 +24,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTLE = 3.0  # seconds for the last processes of a run to go before they count as orphans
+#: ``--smoke``: one quick real-child scenario instead of the whole fault suite.
+SMOKE_TARGET = (
+    "tests/faults/test_quick_faults.py::test_a_childs_own_token_never_reaches_its_log_or_tail"
+)
 
 
 def orphans(prefix: str) -> list[psutil.Process]:
@@ -54,7 +58,9 @@ def settle_orphans(prefix: str) -> int:
     return len(left)
 
 
-def one_run(index: int, extra: list[str], scratch: Path) -> dict[str, float | int]:
+def one_run(
+    index: int, extra: list[str], scratch: Path, target: str = "tests/faults"
+) -> dict[str, float | int]:
     # Short and under /tmp: the scenarios' socket paths must fit sun_path.
     prefix = f"/tmp/fsoak-{os.getpid()}-r{index}-"  # noqa: S108
     report = scratch / f"run{index}.xml"
@@ -64,7 +70,7 @@ def one_run(index: int, extra: list[str], scratch: Path) -> dict[str, float | in
             sys.executable,
             "-m",
             "pytest",
-            "tests/faults",
+            target,
             "-p",
             "no:cacheprovider",
             "-q",
@@ -100,12 +106,20 @@ def one_run(index: int, extra: list[str], scratch: Path) -> dict[str, float | in
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works: one run of one quick scenario",
+    )
     parser.add_argument("extra", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
+    target = SMOKE_TARGET if args.smoke else "tests/faults"
+    if args.smoke:
+        args.runs = 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="fault-soak-") as scratch:
         for index in range(1, args.runs + 1):
-            row = one_run(index, args.extra, Path(scratch))
+            row = one_run(index, args.extra, Path(scratch), target)
             rows.append(row)
             print(
                 f"run {row['run']:>3}  scenarios {row['scenarios']:>3}  failures "

@@ -388,7 +388,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=None)
     parser.add_argument("--peeks", type=int, default=200)
     parser.add_argument("--hibernate", action="store_true", help="hibernated against live")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works (its figures mean nothing)",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        # 4 children and 10 peeks; hibernated: 2 Pi children, one spawn and one wake timed.
+        global TIMED  # noqa: PLW0603
+        args.children, args.peeks = (2 if args.hibernate else 4), 10
+        TIMED = 1
     if args.hibernate:
         result = trio.run(bench_hibernation, args.children or 64)
     else:

@@ -259,7 +259,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement (default 1)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works (its figures mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.rounds = 0.05, 1
     if args.serve is not None:
         key = bytes.fromhex(sys.stdin.readline().strip())  # never on argv
         trio.run(serve, args.serve, key)

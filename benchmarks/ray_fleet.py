@@ -9,9 +9,10 @@ Then the channel a remote child speaks: authenticated ``ipc`` round trips over t
 socket, alternating over several rounds (the median of the per-round ratios), client and server
 in this process. Last line: one JSON object.
 
-    .venv/bin/python benchmarks/ray_fleet.py [N]
+    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke]
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -163,22 +164,35 @@ async def remote_memory(k: int) -> float:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", type=int, nargs="?", default=64, help="children (default 64)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run that checks the script works (its figures mean nothing)",
+    )
+    args = parser.parse_args()
+    # Smoke: 2 children on one node, no warm-up, one remote child's memory, one short round
+    # of each channel.
+    n, nodes, warm, seconds, rounds = (2, 1, 0, 0.1, 1) if args.smoke else (args.n, 4, 4, 1.0, 5)
     local_wall, local_p50 = trio.run(run, ProcessLauncher(), n)
     cluster = Cluster()
-    for _ in range(4):
+    for _ in range(nodes):
         cluster.add_node(num_cpus=1, resources={"agent_slot": 16})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
-        trio.run(run, RayLauncher(), 4)  # warm the workers' imports once
+        if warm:
+            trio.run(run, RayLauncher(), warm)  # warm the workers' imports once
         ray_wall, ray_p50 = trio.run(run, RayLauncher(), n)
-        remote_mb = trio.run(remote_memory, 4)
+        remote_mb = trio.run(remote_memory, max(1, warm))
     finally:
         ray.shutdown()
         cluster.shutdown()
     print(f"{n} scouts local: wall {local_wall:.2f}s, launch p50 {local_p50 * 1000:.1f} ms")
-    print(f"{n} scouts ray (4 nodes): wall {ray_wall:.2f}s, launch p50 {ray_p50 * 1000:.1f} ms")
-    unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 5)
+    print(
+        f"{n} scouts ray ({nodes} nodes): wall {ray_wall:.2f}s, launch p50 {ray_p50 * 1000:.1f} ms"
+    )
+    unix_rt, tls_rt, tls_ratio = trio.run(channels, seconds, rounds)
     print(f"memory per remote child (actor worker + child): {remote_mb:.1f} MB RSS")
     print(
         f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
@@ -187,6 +201,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "benchmark": "ray_fleet",
                 "unix_roundtrips_per_s": round(unix_rt),
                 "mtls_roundtrips_per_s": round(tls_rt),
                 "mtls_ratio": round(tls_ratio, 2),

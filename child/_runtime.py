@@ -25,7 +25,7 @@ import trio
 
 import ipc
 from child._lease import Renewer, hold_lease
-from child.backends import Backend, TurnResult
+from child.backends import Backend, TurnAborted, TurnResult
 from child.backends._egress import open_egress
 
 if TYPE_CHECKING:
@@ -167,7 +167,10 @@ class Runtime:
         except ipc.RequestError as exc:
             log.info("tool check got no answer (%s); running the call", exc)
             return None
-        refused = reply.data.get("refused") if isinstance(reply, ipc.Reply) else None
+        data = reply.data if isinstance(reply, ipc.Reply) else {}
+        if data.get("stop"):
+            raise TurnAborted(str(data["stop"]))
+        refused = data.get("refused")
         return str(refused) if refused else None
 
     # -- event pump ----------------------------------------------------------------------

@@ -21,6 +21,6 @@ Layering: ``child.backends`` imports ``child.tools``, ``ipc`` and itself; of its
 (:mod:`child._runtime`, which imports it), nor ``orchestrator``.
 """
 
-from child.backends._base import Backend, Host, TurnResult
+from child.backends._base import Backend, Host, TurnAborted, TurnResult
 
-__all__ = ["Backend", "Host", "TurnResult"]
+__all__ = ["Backend", "Host", "TurnAborted", "TurnResult"]

@@ -30,7 +30,9 @@ class TurnResult:
 
 
 class TurnAborted(Exception):
-    """Raised inside a turn when the parent aborted it (pause, ask, stop)."""
+    """Raised inside a turn when the supervisor is stopping the child (the loop gate's last
+    trip, :meth:`Host.check_tool`): the turn asks its model nothing more and waits for the
+    abort that follows. Its message is the reason."""
 
 
 class Host(Protocol):
@@ -52,9 +54,10 @@ class Host(Protocol):
         """A discussion-paper operation; returns the paper's reply text."""
 
     async def check_tool(self, start: ipc.Event) -> str | None:
-        """Announce a ``tool_start`` *before* the tool runs (instead of emitting it), in order
-        behind the events already emitted; ``None`` when the call may run, else the loop
-        gate's refusal line."""
+        """Announce a ``tool_start`` *before* the tool runs, or a ``tool_end`` before the next
+        model step (instead of emitting it), in order behind the events already emitted;
+        ``None`` when the call may run (or the turn go on), else the loop gate's refusal line.
+        Raises :class:`TurnAborted` when the gate stopped the child."""
 
 
 class Backend(Protocol):

@@ -6,14 +6,19 @@ digest of the output and ``failed``; this module turns them into the gate's call
 
 How a trip is enforced:
 
-- **The builtin agent** asks before it runs a tool: its ``tool_start`` comes as a *request*
-  (an :class:`ipc.Event` body) rather than an event, answered on the channel's reader by
-  :meth:`LoopWatch.check` — the gate is pure, so the answer needs no task and keeps frame
+- **The builtin agent** asks before it runs a tool, and again before its next model step:
+  its ``tool_start`` and ``tool_end`` come as *requests* (an :class:`ipc.Event` body) rather
+  than events, answered on the channel's reader by :meth:`LoopWatch.check` and
+  :meth:`LoopWatch.observe` — the gate is pure, so the answer needs no task and keeps frame
   order with the events behind and ahead of it. A tripped call is refused: the reply carries
   the gate's line and the agent returns it as the call's error result, so the model reads why.
-  The gate stays in the supervisor (a child may not import ``orchestrator``, and a rule the
-  child kept for itself would be the child's to break); the child flushes its buffered events
-  before it asks, so the previous call's result is counted first.
+  The trip that stops the child says so in the same reply (:func:`answer`): the agent asks its
+  model nothing more and waits for the supervisor's abort, so no model request leaves a child
+  the gate has stopped (the stop itself runs in a task; a child told only "refused" raced it
+  to its next model request and sometimes won). The gate stays in the supervisor (a child
+  may not import ``orchestrator``, and a rule the child kept for itself would be the child's
+  to break); the child flushes its buffered events before it asks, so the previous call's
+  result is counted first.
 - **CLI backends** (pi, claude, codex) run their tools themselves: the supervisor sees the
   ``tool_start`` as it happens and steers the child with the gate's one line, as
   ``fleet steer`` would. Three failures in a row are only known once a result is in, so that
@@ -36,7 +41,7 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import ChildRecord
 from orchestrator.governance._loopgate import LoopGate, Trip
 
-__all__ = ["Intervener", "LoopWatch", "intervene"]
+__all__ = ["Intervener", "LoopWatch", "answer", "intervene"]
 
 log = logging.getLogger("orchestrator")
 
@@ -82,6 +87,17 @@ class LoopWatch:
         if trip is not None:
             self.activity = f"{LOOPING}: {trip.line.removeprefix('loop gate: ')}"
         return trip
+
+
+def answer(trip: Trip | None, *, refuse: bool) -> ipc.Reply:
+    """The reply to a builtin agent's checked event: ``refused`` (a ``tool_start``: the call
+    does not run) with the gate's line, and ``stop`` when the trip stops the child."""
+    if trip is None:
+        return ipc.Reply(ok=True)
+    data: dict[str, str | bool] = {"refused": trip.line} if refuse else {}
+    if trip.stop:
+        data["stop"] = trip.line
+    return ipc.Reply(ok=True, data=data)
 
 
 class Intervener(Protocol):

@@ -17,7 +17,7 @@ import ipc
 from orchestrator._errors import UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State, clip
 from orchestrator.core._evidence import TurnEvidence
-from orchestrator.core._loops import LoopWatch
+from orchestrator.core._loops import LoopWatch, answer
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import Watchdog
@@ -103,17 +103,21 @@ class ChildRequests:
             target.result = body
             target.settled.set()
 
-    def check_tool(self, start: ipc.Event) -> ipc.Message:
-        """A builtin agent's ``tool_start``, asked before the call runs (on the reader)."""
-        if start.activity != "tool_start":
-            return ipc.Reply(ok=False, error="only a tool_start is checked before it runs")
-        trip = self.loops.check(start)
-        self._record(start)
-        self.evidence.on_event(start)
-        if trip is None:
-            return ipc.Reply(ok=True)
-        self._looping(trip, steer=False)
-        return ipc.Reply(ok=True, data={"refused": trip.line})
+    def check_tool(self, event: ipc.Event) -> ipc.Message:
+        """A builtin agent's ``tool_start`` before the call runs, or its ``tool_end`` before its
+        next model step (on the reader): the loop gate's answer (:func:`._loops.answer`)."""
+        if event.activity == "tool_start":
+            trip = self.loops.check(event)
+        elif event.activity == "tool_end":
+            trip = self.loops.observe(event)
+        else:
+            return ipc.Reply(ok=False, error="only a tool_start or a tool_end is checked")
+        self._record(event)
+        self.evidence.on_event(event)
+        if trip is not None:
+            # A refused call needs no steer; a result's trip (failures) is steered.
+            self._looping(trip, steer=event.activity == "tool_end")
+        return answer(trip, refuse=event.activity == "tool_start")
 
     def _looping(self, trip: Trip, *, steer: bool) -> None:
         self.run.record.touch(self.loops.activity)

@@ -228,7 +228,7 @@ class ChildRun(ParentCommands, Ending):
                 return ipc.Reply(ok=False, error="this child holds no lease")
             return self.terms.renew(body)
         if isinstance(body, ipc.Event):
-            return self.requests.check_tool(body)  # the loop gate, before a builtin tool runs
+            return self.requests.check_tool(body)  # the loop gate, for a builtin agent
         return None
 
     async def attach(self, channel: ipc.Channel, hello: ipc.Envelope) -> None:

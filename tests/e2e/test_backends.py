@@ -220,8 +220,12 @@ async def test_an_http_500_fails_the_turn_in_seconds(kind, repo, home, monkeypat
     async with ModelServer() as srv:
         srv.script(CHILD, [{"status": 500, "body": "upstream exploded"}] * 3)
         async with fleet(repo, home) as sup:
-            start = trio.current_time()
             [record] = await sup.spawn([spawn_request(kind, srv.base_url(CHILD), "go")])
+            # Timed from the first model request: the CLI's own start-up is not the failure's.
+            with trio.fail_after(60):
+                while not any(r.api for r in srv.requests(CHILD)):  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            start = trio.current_time()
             note = await settle(sup, record.key, seconds=30)
             elapsed = trio.current_time() - start
             await sup.stop([record.key])

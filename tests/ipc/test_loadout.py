@@ -1,3 +1,4 @@
+import fcntl
 import json
 import os
 import pwd
@@ -266,6 +267,31 @@ def test_an_unsealed_memfd_is_refused():
     fd = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
     os.write(fd, sample().to_json())
     with pytest.raises(LoadoutError, match="not sealed"):
+        Loadout.from_fd(fd)
+    assert not _open(fd)
+
+
+_SEALS = {
+    "write": fcntl.F_SEAL_WRITE,
+    "grow": fcntl.F_SEAL_GROW,
+    "shrink": fcntl.F_SEAL_SHRINK,
+    "seal": fcntl.F_SEAL_SEAL,
+}
+
+
+@pytest.mark.parametrize("missing", list(_SEALS))
+def test_a_memfd_missing_any_one_seal_is_refused(missing):
+    # Every seal but one: a forger that left out F_SEAL_WRITE could still rewrite the bytes
+    # after the check, one without F_SEAL_SEAL could add the others only for the check.
+    fd = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+    os.write(fd, sample().to_json())
+    partial = 0
+    for name, seal in _SEALS.items():
+        if name != missing:
+            partial |= seal
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, partial)
+    assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) == partial
+    with pytest.raises(LoadoutError, match=f"memfd is not sealed \\(seals {partial:#x}\\)"):
         Loadout.from_fd(fd)
     assert not _open(fd)
 

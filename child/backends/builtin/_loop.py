@@ -19,7 +19,7 @@ import attrs
 import trio
 
 import ipc
-from child.backends._base import RESTARTED, Host, TurnResult
+from child.backends._base import RESTARTED, Host, TurnAborted, TurnResult
 from child.backends._digest import digest
 from child.backends._host_tools import HOST_TOOLS, build_host_tools
 from child.backends._usage import accumulate
@@ -102,6 +102,8 @@ class BuiltinBackend:
     _turn: int = attrs.field(default=0, init=False)
     _usage: ipc.Usage = attrs.field(factory=ipc.Usage, init=False)
     _abort_pending: bool = attrs.field(default=False, init=False)
+    #: The loop gate stopped the child (:class:`TurnAborted`): no model step follows.
+    _stopped: str = attrs.field(default="", init=False)
 
     @classmethod
     def from_loadout(cls, loadout: ipc.Loadout, host: Host) -> "BuiltinBackend":
@@ -186,6 +188,7 @@ class BuiltinBackend:
             content, self.restarted = f"{RESTARTED}\n{content}", False
         self.messages.append({"role": "user", "content": content})
         self.steers.new_turn()
+        self._stopped = ""
         if self._abort_pending:  # the abort arrived before the turn began
             self._abort_pending = False
             return TurnResult(text="", ok=True, aborted=True)
@@ -248,6 +251,10 @@ class BuiltinBackend:
                 self.messages.append(
                     {"role": "tool", "tool_call_id": call.id, "content": result_text}
                 )
+                if self._stopped:
+                    # The supervisor is stopping this child: its abort ends the turn (the
+                    # scope above), and until then the model is asked nothing.
+                    await trio.sleep_forever()
         return TurnResult(text="", ok=False, error=f"turn exceeded {MAX_STEPS} model steps")
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> str:
@@ -255,8 +262,13 @@ class BuiltinBackend:
         start = ipc.Event(
             activity="tool_start", tool=name, text=_preview(args), input_digest=digest(args)
         )
-        # The supervisor's loop gate sees the call before it runs, and may refuse it.
-        refused = await self.host.check_tool(start)
+        # The supervisor's loop gate sees the call before it runs, and may refuse it; it sees
+        # the result before the next model step, and may stop the child on it.
+        try:
+            refused = await self.host.check_tool(start)
+        except TurnAborted as stop:
+            self._stopped = str(stop)
+            return f"error: this {name} call ({_preview(args)}) was refused: {stop}"
         if refused is not None:
             return f"error: this {name} call ({_preview(args)}) was refused: {refused}"
         if tool is None:
@@ -264,15 +276,17 @@ class BuiltinBackend:
         else:
             result = await tool.run(self.ctx, args)
             text, is_error = result.text, result.is_error
-        self.host.emit(
-            ipc.Event(
-                activity="tool_end",
-                tool=name,
-                text="error" if is_error else "ok",
-                output_digest=digest(text),
-                failed=is_error,
-            )
+        end = ipc.Event(
+            activity="tool_end",
+            tool=name,
+            text="error" if is_error else "ok",
+            output_digest=digest(text),
+            failed=is_error,
         )
+        try:
+            await self.host.check_tool(end)
+        except TurnAborted as stop:
+            self._stopped = str(stop)
         return text
 
     async def steer(self, text: str) -> None:

@@ -37,6 +37,9 @@ class SteerInbox:
     pending: list[str] = attrs.Factory(list)
     seen: list[str] = attrs.Factory(list)
     arrived: trio.Event = attrs.Factory(trio.Event)
+    #: What the last drain took: the steers that joined the conversation just before the
+    #: model's current step.
+    fresh: list[str] = attrs.Factory(list)
 
     def put(self, text: str) -> None:
         self.pending.append(text)
@@ -46,11 +49,13 @@ class SteerInbox:
         """Take every pending steer (they join the conversation)."""
         taken, self.pending = self.pending, []
         self.seen.extend(taken)
+        self.fresh = list(taken)
         self.arrived = trio.Event()
         return taken
 
     def new_turn(self) -> None:
         self.seen.clear()
+        self.fresh = []
 
 
 @attrs.define(eq=False)

@@ -182,6 +182,10 @@ class ScriptedModel:
         if "wait" in step:
             seconds = float(step["wait"])
             if step.get("until") == "steer":
+                # A steer that joined the conversation just before this step counts: it came
+                # while the previous step ran, which is when a steer is meant to arrive.
+                if ctx.steers.fresh or ctx.steers.pending:
+                    return None
                 with trio.move_on_after(seconds):
                     await ctx.steers.arrived.wait()
             else:

@@ -140,13 +140,25 @@ async def failed_then_recovered(srv, backend):
 
 
 async def stalled_then_resumed(srv, backend):
-    """A turn whose model stream stalls after a few words, the seconds it took, then a turn
-    whose stream flows (*backend* should have a short ``stall``)."""
+    """A turn whose model stream stalls after a few words, the seconds from its model request
+    to its end, then a turn whose stream flows (*backend* should have a short ``stall``).
+
+    Timed from the request, not the turn's start: a CLI's own start-up (seconds on a loaded
+    machine) is not the watchdog's. The request is seen by polling, up to 0.05 s late."""
     srv.script("a", [{"stall": True, "text": "partial words"}, {"text": "fine again"}])
-    async with closing(backend, 40):
-        start = trio.current_time()
-        stalled = await backend.run_turn("go")
-        elapsed = trio.current_time() - start
+    asked: list[float] = []
+
+    async def note_the_request() -> None:
+        while not any(r.api for r in srv.requests("a")):  # noqa: ASYNC110 - another thread
+            await trio.sleep(0.01)
+        asked.append(trio.current_time())
+
+    async with closing(backend, 60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(note_the_request)
+            stalled = await backend.run_turn("go")
+            nursery.cancel_scope.cancel()
+        elapsed = trio.current_time() - asked[0] if asked else float("inf")
         resumed = await backend.run_turn("again")
     return stalled, elapsed, resumed
 

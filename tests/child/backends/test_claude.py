@@ -82,7 +82,7 @@ async def test_a_stalled_stream_is_interrupted_by_our_watchdog(tmp_path):
         stalled, elapsed, resumed = await stalled_then_resumed(srv, backend)
         assert not stalled.ok
         assert stalled.error.startswith("claude: no output for 2 s while waiting on the model")
-        assert 2.0 <= elapsed < 15
+        assert 1.95 <= elapsed < 15  # the stall limit is 2 s
         assert (resumed.ok, resumed.text) == (True, "fine again"), resumed.error
 
 

@@ -248,6 +248,27 @@ async def test_aclose_stops_every_shell_and_refuses_new_ones(ws):
     assert refused.text == "shell: the child is shutting down; no new shells"
 
 
+async def test_aclose_sends_each_running_shell_sigterm_before_any_sigkill(ws):
+    # A dev server gets its SIGTERM (to flush, to remove its pid file) before the guardian's
+    # SIGKILL: each shell's trap writes what it got, and only a SIGTERM can be trapped.
+    ctx = ToolContext(workspace=ws)
+    tool = build_tools(["bash"], ctx)["shell"]
+    for n in range(2):
+        command = (
+            f"trap 'echo TERM > {ws}/got{n}; exit 0' TERM; echo up > {ws}/up{n}; sleep 60 & wait"
+        )
+        await tool.run(ctx, {"action": "start", "command": command})
+    with trio.fail_after(10):
+        # The traps are set once each shell wrote its file.
+        while not all((ws / f"up{n}").exists() for n in range(2)):  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    started = time.monotonic()
+    with trio.fail_after(10):
+        await tool.aclose()  # type: ignore[attr-defined]
+    assert [(ws / f"got{n}").read_text() for n in range(2)] == ["TERM\n", "TERM\n"]
+    assert time.monotonic() - started < KILL_GRACE  # they left on the SIGTERM, in parallel
+
+
 # -- dying with the child --------------------------------------------------------------------
 
 _CHILD = textwrap.dedent(

@@ -5,19 +5,28 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
+import attrs
 import psutil
 import pytest
 import trio
 
 import ipc
 from orchestrator.core._admission import (
+    ListenerDoor,
     Refusals,
     accept_own,
     descends_from,
     inherited_pair,
     peer_pid,
 )
+
+if TYPE_CHECKING:
+    from orchestrator._config import Config
+    from orchestrator.core._run import ChildRun
 
 TOKEN = ipc.derive_token(b"k" * 32, "a1")
 
@@ -136,3 +145,73 @@ def test_refusals_count_by_reason_and_log_each():
     assert refusals.counts == {"token": 2, "peer-pid": 1}
     assert refusals.total == 3
     assert logged[1] == ("a1", {"reason": "peer-pid", "via": "listener", "pid": 42})
+
+
+@attrs.define
+class _PaneRun:
+    """What the listener's pid check reads of a pane child's run."""
+
+    launched: SimpleNamespace | None
+    started: trio.Event = attrs.Factory(trio.Event)
+    done: trio.Event = attrs.Factory(trio.Event)
+
+
+def _door() -> ListenerDoor:
+    return ListenerDoor(
+        runs={},
+        config=cast("Config", SimpleNamespace(hello_timeout=5.0)),
+        refusals=Refusals(log=lambda *_: None),
+    )
+
+
+@pytest.fixture
+def pane_tree() -> Iterator[tuple[int, int]]:
+    """A pane's launched process (a shell, say) and the child it started: their pids."""
+    code = (
+        "import subprocess,sys; subprocess.run([sys.executable,'-c','import time; time.sleep(30)'])"
+    )
+    with subprocess.Popen([sys.executable, "-c", code]) as launched:
+        try:
+            kids: list[psutil.Process] = []
+            for _ in range(250):
+                kids = psutil.Process(launched.pid).children()
+                if kids:
+                    break
+                time.sleep(0.02)
+            [child] = kids
+            yield launched.pid, child.pid
+        finally:
+            for kid in psutil.Process(launched.pid).children(recursive=True):
+                kid.kill()
+            launched.kill()
+
+
+async def test_a_pane_hello_is_admitted_from_the_launched_process_tree_only(pane_tree):
+    # The hello comes from the child, a descendant of the launched process; the launched
+    # process's ancestors (this process) and unrelated processes are refused.
+    launched, child = pane_tree
+    run = _PaneRun(launched=SimpleNamespace(pid=launched))
+    run.started.set()
+    pane, door = cast("ChildRun", run), _door()
+    with trio.fail_after(10):
+        assert await door._launched_by(pane, child)
+        assert await door._launched_by(pane, launched)
+        assert not await door._launched_by(pane, os.getpid())
+        assert not await door._launched_by(pane, None)
+
+
+async def test_a_pane_hello_before_the_launch_is_known_waits_for_it():
+    run = _PaneRun(launched=SimpleNamespace(pid=os.getppid()))
+    pane, door = cast("ChildRun", run), _door()
+
+    async def start_later() -> None:
+        await trio.sleep(0.1)
+        run.started.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start_later)
+            assert await door._launched_by(pane, os.getpid())  # a descendant of our parent
+        ended = _PaneRun(launched=None)  # it ended before its launch was known
+        ended.done.set()
+        assert not await door._launched_by(cast("ChildRun", ended), os.getpid())

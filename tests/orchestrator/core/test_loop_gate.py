@@ -19,6 +19,7 @@ from orchestrator._config import Config
 from orchestrator._records import State
 from orchestrator.core._loops import LoopWatch
 from orchestrator.core._supervisor import SpawnRequest, Supervisor, open_supervisor
+from tests.fakes.model_server import ModelServer
 
 CEILING = 60
 GIT_ENV = {
@@ -237,3 +238,48 @@ async def test_the_third_trip_in_one_prompt_stops_the_child_incomplete(env: Env)
             handoff = record.handoff()
     assert handoff["incomplete"].startswith("loop gate: read was called with the same input")
     assert notes[-1]["incomplete"] == handoff["incomplete"]
+
+
+SAME_READ = {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]}
+#: Children racing the gate at once, and rounds of them: the race was lost 1 run in 7.
+RACERS = 4
+ROUNDS = 3
+
+
+@pytest.mark.slow
+async def test_no_model_request_leaves_a_child_once_the_gate_stopped_it(env: Env) -> None:
+    # Five identical reads: the third, fourth and fifth are refused, the fifth is the third
+    # trip and stops the child. Its refusal must be the last thing it does: a sixth model
+    # request (the script's "never") would be a turn the gate had already ended.
+    config = Config(
+        home=env.home,
+        session="t",
+        workspace=env.repo,
+        agents_scope="project",
+        sandbox="off",
+        allow_unsandboxed=True,
+    )
+    async with ModelServer() as srv:
+        for round_ in range(ROUNDS):
+            names = [f"r{round_}c{n}" for n in range(RACERS)]
+            for name in names:
+                srv.script(name, [SAME_READ] * 5 + [{"text": "never"}])
+            with trio.fail_after(CEILING):
+                async with open_supervisor(config) as sup:
+                    records = await sup.spawn(
+                        [
+                            SpawnRequest(
+                                task="read it", model=f"openai:fake-model@{srv.base_url(n)}/v1"
+                            )
+                            for n in names
+                        ]
+                    )
+                    for record in records:
+                        while record.state is not State.STOPPED:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
+                        assert record.incomplete.startswith("loop gate: read was called")
+            for name in names:
+                asked = [r for r in srv.requests(name) if r.api]
+                assert len(asked) == 5, f"{name}: {len(asked)} model requests, the last " + str(
+                    asked[-1].body["messages"][-1]
+                )

@@ -1,10 +1,19 @@
 """Whether a lost child's backend can resume it: one line saying why not, per backend."""
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
+import attrs
 import pytest
 
-from orchestrator.core._revive import Revival, why_not
+from orchestrator._errors import Refused
+from orchestrator.core import _revive
+from orchestrator.core._capacity import Capacity
+from orchestrator.core._registry import Registry
+from orchestrator.core._revive import Revival, revive, why_not
+from orchestrator.governance._ownership import LockTable
 
 
 def _revival(backend: str, resume: str, surface: str = "process") -> Revival:
@@ -65,3 +74,85 @@ def test_a_child_on_a_remote_node_is_not_revived(tmp_path):
     _touch(tmp_path / "transcript.json")
     revival = _revival("builtin", str(tmp_path / "transcript.json"), surface="ray")
     assert why_not(revival, tmp_path) == "a child on a ray node cannot be revived yet"
+
+
+# -- revive itself, up to its launch ---------------------------------------------------------
+
+
+@attrs.define
+class _Host:
+    """What revive reads of the supervisor before the child launches again."""
+
+    root: Path
+    registry: Registry = attrs.Factory(Registry)
+    capacity: Capacity = attrs.Factory(lambda: Capacity(cap=4))
+    spawned: list[str] = attrs.Factory(list)
+
+    @property
+    def config(self) -> SimpleNamespace:
+        paths = SimpleNamespace(scratch=self.root / "scratch")
+        return SimpleNamespace(paths=paths, workspace=self.root / "ws")
+
+    @property
+    def spend(self) -> SimpleNamespace:
+        return SimpleNamespace(check_turn=lambda *_: None, revived=lambda *_: None)
+
+    @property
+    def worktrees(self) -> SimpleNamespace:
+        return SimpleNamespace(snapshots={})
+
+    @property
+    def hibernation(self) -> SimpleNamespace:
+        return SimpleNamespace(spawned=lambda record, *_: self.spawned.append(record.key))
+
+    def launcher_for(self, surface: str) -> None:
+        return None
+
+
+def _real(path: Path) -> str:
+    return os.path.realpath(path)
+
+
+@pytest.fixture
+def lost(tmp_path: Path) -> tuple[_Host, Revival]:
+    host = _Host(root=tmp_path)
+    (tmp_path / "ws" / "src").mkdir(parents=True)
+    transcript = _touch(tmp_path / "scratch" / "a1" / "transcript.json")
+    revival = attrs.evolve(
+        _revival("builtin", str(transcript)), mode="write", locks=("src/app.py",)
+    )
+    return host, revival
+
+
+async def test_revive_takes_the_lost_childs_locks_back_before_it_launches(lost, monkeypatch):
+    host, revival = lost
+    locks = LockTable()
+    held_at_launch: list[dict[str, tuple[str, ...]]] = []
+
+    async def launch_again(sup, spawning, record, revival):
+        held_at_launch.append(locks.snapshot())
+        return SimpleNamespace(record=record)
+
+    monkeypatch.setattr(_revive, "launch_again", launch_again)
+    held = {"a1": (_real(host.config.workspace / "src" / "app.py"),)}
+    record = await revive(cast("Any", host), cast("Any", None), locks, revival)
+    assert record.key == "a1"
+    assert held_at_launch == [held]
+    assert locks.snapshot() == held
+    assert host.spawned == ["a1"]
+
+
+async def test_a_revive_whose_locks_are_held_now_is_refused_and_takes_nothing(lost, monkeypatch):
+    host, revival = lost
+    locks = LockTable()
+    locks.acquire("a2", ["src/**"], root=host.config.workspace)
+
+    async def launch_again(sup, spawning, record, revival):
+        raise AssertionError("launched without its locks")
+
+    monkeypatch.setattr(_revive, "launch_again", launch_again)
+    with pytest.raises(Refused, match=r"its ownership of src/app\.py is now held by a2; stop a2"):
+        await revive(cast("Any", host), cast("Any", None), locks, revival)
+    assert list(locks.snapshot()) == ["a2"]
+    assert "a1" not in host.registry.records
+    assert host.capacity.used == 0

@@ -221,7 +221,8 @@ async def test_slow_receivers_never_delay_the_caller_and_a_full_queue_drops(
             for index in range(10):
                 n.note(record(key=f"a{index}"), report="done")
             assert time.monotonic() - started < 0.1  # note() never waits for a receiver
-            await until(lambda: n.counts()["webhook"]["failed"] >= 1)
+            # Both receivers cut off once (the command's process may start later than the hook).
+            await until(lambda: min(c["failed"] for c in n.counts().values()) >= 1)
             nursery.cancel_scope.cancel()
     counts = n.counts()
     # At most one in flight and two queued: the rest were dropped (counted), none waited for.

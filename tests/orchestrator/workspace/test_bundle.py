@@ -225,3 +225,27 @@ def test_a_nodes_bundle_carrying_files_that_run_later_is_held_like_a_local_chang
     named = finalize(snapshot, ReviewStore(tmp_path / "review"), "a1", names=[".envrc"])
     assert (snapshot.repo / ".envrc").read_text() == "pwn\n"
     assert ".envrc" not in {h.path for h in named.held}
+
+
+def test_a_bundle_with_two_heads_is_refused(snapshot: Snapshot, tmp_path: Path) -> None:
+    # Both heads sit on the snapshot: which one would be checked out is the node's choice.
+    node = tmp_path / "node"
+    actor, base = ship(snapshot, node)
+    write(node / "src" / "app.py", "def main():\n    return 43\n")
+    one = tmp_path / "one.bundle"
+    one.write_bytes(actor.bring_back())
+    [(good, _)] = _bundle._header(one, "read")[1]
+    # A bare repository borrowing the project's objects (the snapshot commit among them).
+    forge = tmp_path / "forge.git"
+    git(tmp_path, "init", "-q", "--bare", str(forge))
+    (forge / "objects" / "info" / "alternates").write_text(f"{snapshot.repo}/.git/objects\n")
+    git(forge, "fetch", "-q", str(one), f"{good}:refs/heads/a")
+    evil = git(forge, "commit-tree", "-p", base, "-m", "evil", f"{good}^{{tree}}")
+    git(forge, "update-ref", "refs/heads/b", evil)
+    out = tmp_path / "two.bundle"
+    git(forge, "bundle", "create", "-q", str(out), "refs/heads/a", "refs/heads/b", f"^{base}")
+    assert len(_bundle._header(out, "read")[1]) == 2
+    with pytest.raises(WorktreeError, match="carry one head"):
+        import_bundle(snapshot, out.read_bytes(), base)
+    assert (snapshot.worktree / "src" / "app.py").read_text() == "def main():\n    return 42\n"
+    assert git(snapshot.worktree, "status", "--porcelain") == ""

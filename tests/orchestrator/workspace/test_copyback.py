@@ -304,6 +304,29 @@ def test_a_worktree_file_changing_during_copy_back_is_a_conflict(repo, snap, rev
     assert tree(repo) == before
 
 
+def test_a_parent_file_changing_during_copy_back_is_a_conflict(repo, snap, review, monkeypatch):
+    # The user saves b.txt after the plan checked it: a conflict before anything is applied,
+    # not an apply error and a rollback; the user's save is kept.
+    five_changes(snap.worktree)
+    real = _apply.prepare
+
+    def save_then_prepare(snapshot, ops, created, algo):
+        write(repo / "b.txt", "the user saved this meanwhile\n")
+        real(snapshot, ops, created, algo)
+
+    monkeypatch.setattr(_apply, "prepare", save_then_prepare)
+    result = finalize(snap, review, "worker-1")
+    assert result.conflicts == (
+        Conflict(path="b.txt", reason="changed in the parent during copy-back"),
+    )
+    assert (result.applied, result.restored) == ((), ())
+    assert result.error.startswith(f"copy back from {snap.worktree}: 1 changed path(s) conflict")
+    assert (repo / "b.txt").read_text() == "the user saved this meanwhile\n"
+    assert (repo / "a.txt").read_text() == "a.txt line 1\nline 2\n"
+    assert not (repo / "fresh").exists()
+    assert not [p for p in repo.iterdir() if p.name.startswith(".fleet-")]
+
+
 def test_copy_back_in_a_sha256_repository(tmp_path, git_home, review):
     root = tmp_path / "sha256"
     root.mkdir()

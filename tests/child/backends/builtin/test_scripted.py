@@ -111,6 +111,27 @@ async def test_without_a_steer_the_default_arm_runs_after_the_full_wait(tmp_path
     assert trio.current_time() == 7
 
 
+async def test_a_steer_that_joined_just_before_the_step_ends_the_wait_at_once(
+    tmp_path, autojump_clock
+):
+    # The steer came while the previous step's tools ran; the loop drained it into the
+    # conversation before this step. Waiting for another would wait the whole 30 s.
+    model = ScriptedModel.from_file(
+        _write(
+            tmp_path,
+            "turns:\n  - steps:\n      - {wait: 30, until: steer}\n      - reply: 'to {{steer}}'\n",
+        )
+    )
+    steers = SteerInbox()
+    steers.put("the east")
+    assert steers.drain() == ["the east"]
+    step = await model.step(_ctx(steers=steers))
+    assert step.text == "to the east"
+    assert trio.current_time() == 0
+    steers.drain()  # the next step: nothing new joined
+    assert steers.fresh == []
+
+
 async def test_side_questions_use_the_side_script_in_order(tmp_path):
     model = ScriptedModel.from_file(
         _write(tmp_path, "side:\n  - steps: [{reply: first}]\n  - steps: [{reply: second}]\n")
