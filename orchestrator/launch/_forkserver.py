@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+import psutil
 import trio
 
 log = logging.getLogger("orchestrator")
@@ -260,7 +261,7 @@ class ForkServer:
             if not quiet:
                 log.warning("fork server %s; children start as fresh interpreters", why)
         if self._popen is not None and self._popen.poll() is None:
-            self._popen.kill()  # stuck or speaking nonsense; aclose() reaps it
+            _kill_with_tree(self._popen)  # stuck or speaking nonsense; aclose() reaps it
         self._ready.set()
         for reply in self._replies.values():
             reply.done.set()
@@ -274,12 +275,37 @@ class ForkServer:
         popen = self._popen
         if popen is None:
             return
+        tree = _descendants(popen.pid)
         with trio.move_on_after(2.0):
             while popen.poll() is None:  # noqa: ASYNC110 - a short wait for a quick exit
                 await trio.sleep(0.01)
         if popen.poll() is None:
-            popen.kill()
+            _kill_with_tree(popen)
             await trio.to_thread.run_sync(popen.wait)
+        _kill(tree)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil checks the pid still names the process it listed
+
+
+def _kill_with_tree(popen: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the server and what it started. The tree is listed first: a sandboxed server's
+    inner bwrap (the pid namespace's init, in a session of its own, deaf to SIGTERM) killed
+    before it set its parent-death signal waits for its gone parent for ever; one was found
+    left over after a test run."""
+    tree = _descendants(popen.pid)
+    popen.kill()
+    _kill(tree)
 
 
 def host_pid(pidfd: int) -> int:

@@ -3,11 +3,13 @@ does then (starts the child under bwrap, as without the server)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 import trio
 
@@ -212,3 +214,32 @@ async def test_the_servers_view_hides_every_fleets_runtime_directory_but_its_own
             os.close(pidfd)
             await forks.exit_status(pid)
             await forks.aclose()
+
+
+async def test_nothing_the_server_started_outlives_its_close(tmp_path: Path) -> None:
+    """bwrap's inner process (the pid namespace's init: a session of its own, deaf to SIGTERM)
+    killed out from under before it set its parent-death signal waited for its gone parent for
+    ever; one was found after a test run. Played here by a wrapper that leaves such a process
+    behind the server: whatever the server's tree held is gone once it is closed."""
+    marker = tmp_path / "sleeper.pid"
+    wrapper = (
+        "/bin/sh",
+        "-c",
+        f'setsid sh -c \'trap "" TERM HUP; echo $$ > {marker}; exec sleep 300\' & exec "$@"',
+        "sh",
+    )
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
+            )
+            forks.start()
+            assert await forks.ready(), forks.failure
+            while not marker.exists() or not marker.read_text().strip():  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            sleeper = psutil.Process(int(marker.read_text()))
+            await forks.aclose()
+        with contextlib.suppress(psutil.Error):
+            sleeper.wait(timeout=5)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert sleeper.status() == psutil.STATUS_ZOMBIE, "the server's leftover still runs"
