@@ -17,7 +17,7 @@ child placed on its node starts a new host (:func:`host_on`, which pings the one
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.launch._ray_node import ChildActor, ray_module
@@ -154,12 +154,18 @@ class Slots:
         with self._lock:
             self._avoid[node] = time.monotonic() + seconds
 
-    def take(self, slot: str, needs: Mapping[str, float], spread: bool = True) -> str | None:
+    def take(
+        self,
+        slot: str,
+        needs: Mapping[str, float],
+        spread: bool = True,
+        nodes: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str | None:
         """A node (id) with a free slot, now counted as used; ``None`` if every lane is full.
         *needs*: further resources the node must have. Spread: the least used node first;
-        otherwise pack: the most used one that still has room."""
+        otherwise pack: the most used one that still has room. *nodes*: ``ray.nodes()``."""
         free: list[tuple[int, str]] = []
-        for node in ray_module().nodes():
+        for node in ray_module().nodes() if nodes is None else nodes:
             have = node.get("Resources") or {}
             if not node.get("Alive") or have.get(slot, 0) <= 0:
                 continue
@@ -167,14 +173,16 @@ class Slots:
                 continue
             free.append((int(have[slot]), str(node["NodeID"])))
         with self._lock:
+            now, used = time.monotonic(), self._used
+            # (used, order listed): ties go to the node listed first, either way.
             room = [
-                (self._used.get(node, 0), node)
-                for cap, node in free
-                if self._used.get(node, 0) < cap
+                (used.get(node, 0), i if spread else -i, node)
+                for i, (cap, node) in enumerate(free)
+                if used.get(node, 0) < cap and self._avoid.get(node, 0) <= now
             ]
             if not room:
                 return None
-            _, chosen = min(room) if spread else max(room)
+            chosen = (min(room) if spread else max(room))[2]
             self._used[chosen] = self._used.get(chosen, 0) + 1
             return chosen
 
