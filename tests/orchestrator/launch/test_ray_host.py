@@ -7,7 +7,7 @@ from orchestrator._errors import UsageError
 from orchestrator.launch._ray_host import HostedChild, NodeHost, Slots
 
 
-def node(name: str, slots: float, alive: bool = True, **more: float) -> dict:
+def node(name: str, slots: float, alive: bool = True, **more: float) -> dict[str, object]:
     return {"NodeID": name, "Alive": alive, "Resources": {"agent_slot": slots, **more}}
 
 
