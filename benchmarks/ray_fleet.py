@@ -10,7 +10,7 @@ socket, alternating over several rounds (the median of the per-round ratios), cl
 in this process. Each Ray measure twice: an actor per child, and one host per node
 (``node_host``, :mod:`orchestrator.launch._ray_host`). Last line: one JSON object.
 
-    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke]
+    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke] [--host]
 """
 
 import json
@@ -142,9 +142,9 @@ async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
 SLEEPER = "import time; time.sleep(60)"
 
 
-async def remote_memory(k: int, hosted: bool) -> float:
-    """Mean RSS (MB) a remote child costs with *k* idle children placed: the child, plus its
-    actor's worker (an actor per child) or its share of its node's host (``node_host``)."""
+async def remote_memory(k: int, hosted: bool) -> tuple[float, float]:
+    """Mean RSS (MB) a remote child costs with *k* idle children placed: the child's own, and
+    its share of its actor's worker (an actor per child) or of its node's host (``node_host``)."""
     import psutil  # noqa: PLC0415 - the benchmark only
 
     def rss(pid: int) -> float:
@@ -158,12 +158,11 @@ async def remote_memory(k: int, hosted: bool) -> float:
             launched.append(await launcher.launch(sleeper, lambda *_: None, nursery))
         await trio.sleep(1.0)
         workers = {r.actor_pid for r in launched}
-        per_child = statistics.mean(rss(r.pid) for r in launched) + sum(
-            rss(pid) for pid in workers
-        ) / len(launched)
+        own = statistics.mean(rss(r.pid) for r in launched)
+        share = sum(rss(pid) for pid in workers) / len(launched)
         for r in launched:
             await r.terminate(1.0)
-    return per_child
+    return own, share
 
 
 def main() -> None:
@@ -179,20 +178,25 @@ def main() -> None:
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     result: dict[str, float] = {}
     try:
-        for mode, hosted in (("actor", False), ("host", True)):
+        modes = (("actor", False), ("host", True))
+        # --host: the node host alone (the actor-per-child run takes minutes).
+        for mode, hosted in modes[1:] if "--host" in sys.argv else modes:
             trio.run(run, RayLauncher(node_host=hosted), nodes)  # warm imports (and hosts)
             wall, p50 = trio.run(run, RayLauncher(node_host=hosted), n)
-            mb = trio.run(remote_memory, nodes, hosted)
+            # Four idle children a node: a host's share is over four.
+            own, share = trio.run(remote_memory, 4 * nodes, hosted)
+            mb = own + share
             result |= {
                 f"{mode}_wall_s": round(wall, 3),
                 f"{mode}_wall_ratio": round(wall / local_wall, 2),
                 f"{mode}_launch_p50_ms": round(p50 * 1000, 1),
                 f"{mode}_child_rss_mb": round(mb, 1),
+                f"{mode}_child_own_rss_mb": round(own, 1),
             }
             print(
                 f"{n} scouts ray, {mode} ({nodes} nodes): wall {wall:.2f}s "
                 f"({wall / local_wall:.2f}x local), launch p50 {p50 * 1000:.1f} ms, "
-                f"{mb:.1f} MB RSS per remote child"
+                f"{mb:.1f} MB RSS per remote child ({own:.1f} own, {share:.1f} worker share)"
             )
     finally:
         ray.shutdown()

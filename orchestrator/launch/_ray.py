@@ -50,7 +50,7 @@ import trio
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan
-from orchestrator.launch._ray_host import HostedChild, Slots, end_actor, host_on
+from orchestrator.launch._ray_host import HostedChild, Slots, end_actor, forget_host, host_on
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
@@ -161,18 +161,17 @@ class RayLauncher:
             child = HostedChild(None, key, node, self._slots)
             try:
                 child.host = await trio.to_thread.run_sync(host_on, node, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(_open_in, child.host, key, abandon_on_cancel=True)
             except Exception as exc:
                 child.release()
+                if child.host is not None:
+                    forget_host(node, child.host)  # dead: the next try starts a new one
                 if attempt + 1 == _HOST_ATTEMPTS:
                     raise
-                log.warning("ray node %s: no host there (%s); trying another", node[:12], exc)
-                self._slots.avoid(node)
+                log.warning("ray node %s: no host there (%s); trying again", node[:12], exc)
+                if child.host is None:
+                    self._slots.avoid(node)
                 continue
-            except BaseException:
-                child.release()
-                raise
-            try:
-                await trio.to_thread.run_sync(_open_in, child.host, key, abandon_on_cancel=True)
             except BaseException:
                 child.release()
                 raise

@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
-__all__ = ["HostedChild", "NodeHost", "Slots", "end_actor", "host_on"]
+__all__ = ["HostedChild", "NodeHost", "Slots", "end_actor", "forget_host", "host_on"]
 
 #: The methods of a child's state that the supervisor may call through its node's host.
 _CALLS = frozenset(
@@ -46,6 +46,8 @@ _CALLS = frozenset(
 _CONCURRENCY = 512
 #: How long a node whose host could not start is passed over.
 AVOID_S = 60.0
+#: How long the cluster's node list is kept before it is asked for again.
+NODES_TTL_S = 1.0
 
 
 class NodeHost:
@@ -147,7 +149,17 @@ class Slots:
         self._used: dict[str, int] = {}
         #: Nodes passed over until the monotonic time given (their host could not start).
         self._avoid: dict[str, float] = {}
+        self._listed: list[dict[str, Any]] = []
+        self._listed_at = -NODES_TTL_S
         self._lock = threading.Lock()
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        """``ray.nodes()``, asked of the GCS at most once every :data:`NODES_TTL_S` (a queue
+        of waiting launches polls this)."""
+        now = time.monotonic()
+        if now - self._listed_at > NODES_TTL_S:
+            self._listed, self._listed_at = list(ray_module().nodes()), now
+        return self._listed
 
     def avoid(self, node: str, seconds: float = AVOID_S) -> None:
         """Pass *node* over for *seconds* (Ray may still list a dead node as alive)."""
@@ -165,7 +177,7 @@ class Slots:
         *needs*: further resources the node must have. Spread: the least used node first;
         otherwise pack: the most used one that still has room. *nodes*: ``ray.nodes()``."""
         free: list[tuple[int, str]] = []
-        for node in ray_module().nodes() if nodes is None else nodes:
+        for node in self._nodes() if nodes is None else nodes:
             have = node.get("Resources") or {}
             if not node.get("Alive") or have.get(slot, 0) <= 0:
                 continue
@@ -199,9 +211,16 @@ _hosts_lock = threading.Lock()
 _host_cls: Any = None
 
 
+def forget_host(node: str, host: Any) -> None:
+    """*host* did not answer: the next :func:`host_on` for *node* starts a new one."""
+    with _hosts_lock:
+        if _hosts.get(node) is host:
+            del _hosts[node]
+
+
 def host_on(node: str) -> Any:
-    """The node host on *node*: the one known if it answers, else a new one (the first child
-    on a node, or its host died). Blocking: runs in a worker thread."""
+    """The node host on *node*: the one known (a dead one fails its first call, and the caller
+    :func:`forget_host` s it), else a new one. Blocking: runs in a worker thread."""
     global _host_cls  # noqa: PLW0603 - ray.remote once per process
     ray = ray_module()
     from ray.util.scheduling_strategies import (  # noqa: PLC0415 - optional extra
@@ -215,12 +234,7 @@ def host_on(node: str) -> Any:
     with lock:
         known = _hosts.get(node)
         if known is not None:
-            try:
-                ray.get(known.ping.remote(), timeout=60)
-            except Exception:  # dead, or from an earlier ray.init
-                _hosts.pop(node, None)
-            else:
-                return known
+            return known
         host = _host_cls.options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
