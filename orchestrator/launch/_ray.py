@@ -1,4 +1,7 @@
-"""The ray launcher: each child runs under one small Ray actor that owns its process (DESIGN §11).
+"""The ray launcher: each child runs under one small Ray actor that owns its process (DESIGN §11),
+or, with :attr:`RayLauncher.node_host`, in its node's one long-lived host (:mod:`._ray_host`),
+which serves the same calls for every child of its node; what follows is said of an actor per
+child and holds for a hosted child too, except that slots are then counted here.
 
 The actor asks for one unit of the per-node custom resource ``agent_slot``: that is the node's
 lane, so a child beyond a node's slots *queues* in Ray's scheduler until a slot frees (it never
@@ -123,7 +126,7 @@ class RayLauncher:
     certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
     session: str = ""
     #: Host every child of a node in one long-lived actor per node (:mod:`._ray_host`)
-    #: instead of an actor per child (``ray.node_host`` in config).
+    #: instead of an actor per child (``subagents.ray_node_host`` in config).
     node_host: bool = False
     #: With node hosts: spread children over nodes (least used first) or pack them.
     spread: bool = True
@@ -154,29 +157,33 @@ class RayLauncher:
         state in that node's host (started there if it has none, or its host died). A node
         whose host cannot start (it died, and Ray does not know yet) is passed over for a
         while and the next one tried."""
-        for attempt in range(_HOST_ATTEMPTS):
+        failures = 0
+        while True:
             # Slots free from worker threads (a stop's): polled, not an Event of this loop.
             while (node := self._slots.take(SLOT, self.resources, self.spread)) is None:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-            child = HostedChild(None, key, node, self._slots)
+            child, fresh = HostedChild(None, key, node, self._slots), True
             try:
-                child.host = await trio.to_thread.run_sync(host_on, node, abandon_on_cancel=True)
+                child.host, fresh = await trio.to_thread.run_sync(
+                    host_on, node, abandon_on_cancel=True
+                )
                 await trio.to_thread.run_sync(_open_in, child.host, key, abandon_on_cancel=True)
             except Exception as exc:
                 child.release()
                 if child.host is not None:
                     forget_host(node, child.host)  # dead: the next try starts a new one
-                if attempt + 1 == _HOST_ATTEMPTS:
+                if not fresh:  # a host known from before died: no fault of the node's
+                    continue
+                failures += 1
+                if failures == _HOST_ATTEMPTS:
                     raise
                 log.warning("ray node %s: no host there (%s); trying again", node[:12], exc)
-                if child.host is None:
-                    self._slots.avoid(node)
+                self._slots.avoid(node)
                 continue
             except BaseException:
                 child.release()
                 raise
             return child
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def open_node(self, key: str) -> str:
         """Give child *key* its actor now and have it make the child's node directory in its

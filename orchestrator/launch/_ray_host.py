@@ -1,7 +1,7 @@
 """The node host: one long-lived Ray actor per node that hosts every child fleet puts there.
 
 A per-child actor costs a Ray worker process per child (about 100 MB and tens of seconds to
-place on a loaded cluster). With ``ray.node_host`` the ray launcher (:mod:`._ray`) instead keeps
+place on a loaded cluster). With ``ray_node_host`` the ray launcher (:mod:`._ray`) instead keeps
 one :class:`NodeHost` per node, placed with node affinity, started on the first child placed on
 that node and reused by every later one: a child there is one more process of the host, and its
 node directory, loadout, TLS key and egress proxy are what its own :class:`ChildActor` state would
@@ -11,7 +11,8 @@ done the same way, on the same node, without a worker of its own.
 The supervisor counts slots itself (:class:`Slots`): a node's lane is its ``agent_slot``
 resource, a child beyond every lane waits for one to free (never fails for want of one). A host
 that dies takes only its children (their watch fails once, as a lost actor's does) and the next
-child placed on its node starts a new host (:func:`host_on`, which pings the one it knew).
+child placed on its node starts a new host (:func:`host_on`; a dead one fails its next
+child's first call, and :func:`forget_host` lets the next try start another).
 """
 
 import contextlib
@@ -218,9 +219,10 @@ def forget_host(node: str, host: Any) -> None:
             del _hosts[node]
 
 
-def host_on(node: str) -> Any:
+def host_on(node: str) -> tuple[Any, bool]:
     """The node host on *node*: the one known (a dead one fails its first call, and the caller
-    :func:`forget_host` s it), else a new one. Blocking: runs in a worker thread."""
+    :func:`forget_host` s it), else a new one; and whether it is new. Blocking: runs in a
+    worker thread."""
     global _host_cls  # noqa: PLW0603 - ray.remote once per process
     ray = ray_module()
     from ray.util.scheduling_strategies import (  # noqa: PLC0415 - optional extra
@@ -234,11 +236,11 @@ def host_on(node: str) -> Any:
     with lock:
         known = _hosts.get(node)
         if known is not None:
-            return known
+            return known, False
         host = _host_cls.options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
         ).remote()
         ray.get(host.ping.remote(), timeout=300)
         _hosts[node] = host
-        return host
+        return host, True
