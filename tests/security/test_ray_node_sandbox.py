@@ -117,7 +117,7 @@ def config_in(home: Path, odd: dict[str, Any], *, allow: bool) -> Config:
 @pytest.fixture(params=[False, True], ids=["actor-per-child", "node-host"])
 def hosted(request) -> bool:
     """Each test with an actor per child and with one host per node (``ray_node_host``)."""
-    return request.param
+    return bool(request.param)
 
 
 def pin(sup: Supervisor, resource: str, hosted: bool) -> None:

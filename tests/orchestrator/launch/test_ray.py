@@ -4,6 +4,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import pytest
@@ -13,6 +14,9 @@ from ray.cluster_utils import Cluster
 
 from orchestrator.launch._launcher import LaunchSpec
 from orchestrator.launch._ray import RayLauncher
+
+if TYPE_CHECKING:
+    from orchestrator.launch._ray_launched import LaunchedRay
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +37,7 @@ def cluster():
 @pytest.fixture(params=[False, True], ids=["actor-per-child", "node-host"])
 def hosted(request) -> bool:
     """Each test runs with an actor per child and with one host per node (``node_host``)."""
-    return request.param
+    return bool(request.param)
 
 
 def launcher_for(*, hosted: bool, **kwargs) -> RayLauncher:
@@ -204,7 +208,7 @@ async def test_a_node_host_killed_mid_turn_fails_only_its_children_and_is_replac
             await launcher.launch(spec(tmp_path, sleeper, f"h{i}"), lambda *_: None, nursery)
             for i in range(4)
         ]
-        by_node: dict[str, list] = {}
+        by_node: dict[str, list[LaunchedRay]] = {}
         for r in runs:
             by_node.setdefault(r.node, []).append(r)
         # One host per node: the children of a node share its worker process.
