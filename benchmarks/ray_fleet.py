@@ -7,9 +7,10 @@ pid known). Launcher-level: it measures placement + actor + process cost, not th
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
 (TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
 socket, alternating over several rounds (the median of the per-round ratios), client and server
-in this process. Last line: one JSON object.
+in this process. Each Ray measure twice: an actor per child, and one host per node
+(``node_host``, :mod:`orchestrator.launch._ray_host`). Last line: one JSON object.
 
-    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke]
+    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke] [--host]
 """
 
 import argparse
@@ -142,25 +143,27 @@ async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
 SLEEPER = "import time; time.sleep(60)"
 
 
-async def remote_memory(k: int) -> float:
-    """Mean RSS (MB) of a remote child's two processes — its actor's worker and the child —
-    with *k* idle children placed."""
+async def remote_memory(k: int, hosted: bool) -> tuple[float, float]:
+    """Mean RSS (MB) a remote child costs with *k* idle children placed: the child's own, and
+    its share of its actor's worker (an actor per child) or of its node's host (``node_host``)."""
     import psutil  # noqa: PLC0415 - the benchmark only
 
     def rss(pid: int) -> float:
         return psutil.Process(pid).memory_info().rss / 2**20
 
-    launcher = RayLauncher()
+    launcher = RayLauncher(node_host=hosted)
     async with trio.open_nursery() as nursery:
         launched = []
         for i in range(k):
             sleeper = attrs.evolve(spec(i), argv=(sys.executable, "-c", SLEEPER))
             launched.append(await launcher.launch(sleeper, lambda *_: None, nursery))
         await trio.sleep(1.0)
-        per_child = statistics.mean(rss(r.pid) + rss(r.actor_pid) for r in launched)
+        workers = {r.actor_pid for r in launched}
+        own = statistics.mean(rss(r.pid) for r in launched)
+        share = sum(rss(pid) for pid in workers) / len(launched)
         for r in launched:
             await r.terminate(1.0)
-    return per_child
+    return own, share
 
 
 def main() -> None:
@@ -171,29 +174,46 @@ def main() -> None:
         action="store_true",
         help="a tiny run that checks the script works (its figures mean nothing)",
     )
+    parser.add_argument(
+        "--host", action="store_true", help="the node host alone (an actor a child takes minutes)"
+    )
     args = parser.parse_args()
-    # Smoke: 2 children on one node, no warm-up, one remote child's memory, one short round
-    # of each channel.
-    n, nodes, warm, seconds, rounds = (2, 1, 0, 0.1, 1) if args.smoke else (args.n, 4, 4, 1.0, 5)
+    smoke = args.smoke
+    # --smoke: 2 scouts on one node, each path once (a quick check that every path still runs).
+    n = 2 if smoke else args.n
+    nodes, slots = (1, 4) if smoke else (4, 16)
     local_wall, local_p50 = trio.run(run, ProcessLauncher(), n)
     cluster = Cluster()
     for _ in range(nodes):
-        cluster.add_node(num_cpus=1, resources={"agent_slot": 16})
+        cluster.add_node(num_cpus=1, resources={"agent_slot": slots})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    result: dict[str, float] = {}
     try:
-        if warm:
-            trio.run(run, RayLauncher(), warm)  # warm the workers' imports once
-        ray_wall, ray_p50 = trio.run(run, RayLauncher(), n)
-        remote_mb = trio.run(remote_memory, max(1, warm))
+        modes = (("actor", False), ("host", True))
+        # --host: the node host alone (the actor-per-child run takes minutes).
+        for mode, hosted in modes[1:] if args.host else modes:
+            trio.run(run, RayLauncher(node_host=hosted), nodes)  # warm imports (and hosts)
+            wall, p50 = trio.run(run, RayLauncher(node_host=hosted), n)
+            # Four idle children a node: a host's share is over four.
+            own, share = trio.run(remote_memory, (1 if smoke else 4) * nodes, hosted)
+            mb = own + share
+            result |= {
+                f"{mode}_wall_s": round(wall, 3),
+                f"{mode}_wall_ratio": round(wall / local_wall, 2),
+                f"{mode}_launch_p50_ms": round(p50 * 1000, 1),
+                f"{mode}_child_rss_mb": round(mb, 1),
+                f"{mode}_child_own_rss_mb": round(own, 1),
+            }
+            print(
+                f"{n} scouts ray, {mode} ({nodes} nodes): wall {wall:.2f}s "
+                f"({wall / local_wall:.2f}x local), launch p50 {p50 * 1000:.1f} ms, "
+                f"{mb:.1f} MB RSS per remote child ({own:.1f} own, {share:.1f} worker share)"
+            )
     finally:
         ray.shutdown()
         cluster.shutdown()
     print(f"{n} scouts local: wall {local_wall:.2f}s, launch p50 {local_p50 * 1000:.1f} ms")
-    print(
-        f"{n} scouts ray ({nodes} nodes): wall {ray_wall:.2f}s, launch p50 {ray_p50 * 1000:.1f} ms"
-    )
-    unix_rt, tls_rt, tls_ratio = trio.run(channels, seconds, rounds)
-    print(f"memory per remote child (actor worker + child): {remote_mb:.1f} MB RSS")
+    unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 2 if smoke else 5)
     print(
         f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
         f"(ratio {tls_ratio:.2f})"
@@ -205,14 +225,11 @@ def main() -> None:
                 "unix_roundtrips_per_s": round(unix_rt),
                 "mtls_roundtrips_per_s": round(tls_rt),
                 "mtls_ratio": round(tls_ratio, 2),
-                "remote_child_rss_mb": round(remote_mb, 1),
                 "n": n,
+                "nodes": nodes,
                 "local_wall_s": round(local_wall, 3),
-                "ray_wall_s": round(ray_wall, 3),
-                "wall_ratio": round(ray_wall / local_wall, 2),
                 "local_launch_p50_ms": round(local_p50 * 1000, 1),
-                "ray_launch_p50_ms": round(ray_p50 * 1000, 1),
-                "launch_p50_ratio": round(ray_p50 / local_p50, 2),
+                **result,
             }
         )
     )

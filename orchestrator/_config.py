@@ -39,6 +39,11 @@ def _check_lane(_: object, __: object, value: int) -> None:
         raise UsageError(f"lane capacity {value} is outside 1..64")
 
 
+def _check_placement(_: object, __: object, value: str) -> None:
+    if value not in ("spread", "pack"):
+        raise UsageError(f"ray_placement {value!r} is not spread or pack")
+
+
 def _check_idle_exit(_: object, __: object, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
         raise UsageError(f"idle_exit_s {value!r} must be a number of seconds >= 0 (0: never)")
@@ -193,6 +198,10 @@ class Config:
     ray_address: str = ""
     #: The address the TLS door for remote children listens on (a port is picked per session).
     ray_listen: str = "127.0.0.1"
+    #: Host a node's children in one long-lived Ray actor per node instead of an actor each.
+    ray_node_host: bool = False
+    #: With node hosts: ``spread`` children over nodes (least used first) or ``pack`` them.
+    ray_placement: str = attrs.field(default="spread", validator=_check_placement)
     #: A remote child's lease: it stops writing and exits after this long unheard.
     lease_s: float = 30.0
     allow_unsandboxed: bool = False
@@ -377,6 +386,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("surface", "surface"),
         ("ray_address", "ray_address"),
         ("ray_listen", "ray_listen"),
+        ("ray_node_host", "ray_node_host"),
+        ("ray_placement", "ray_placement"),
         ("lease_s", "lease_s"),
         ("allow_unsandboxed", "allow_unsandboxed"),
         ("sandbox", "sandbox"),
@@ -417,6 +428,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         ("FLEET_SURFACE", "surface", str),
         ("FLEET_RAY_ADDRESS", "ray_address", str),
         ("FLEET_RAY_LISTEN", "ray_listen", str),
+        ("FLEET_RAY_PLACEMENT", "ray_placement", str),
         ("FLEET_LEASE_S", "lease_s", float),
         ("FLEET_SANDBOX", "sandbox", str),
         ("FLEET_AGENT_DIRS", "agent_dirs", str),
@@ -431,6 +443,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         settings["allow_unsandboxed"] = True
     if env.get("FLEET_REJECT_LOG", "").lower() in {"1", "true", "yes"}:
         settings["reject_log"] = True
+    if env.get("FLEET_RAY_NODE_HOST", "").lower() in {"1", "true", "yes"}:
+        settings["ray_node_host"] = True
     if env.get("FLEET_FORK_SERVER", "").lower() in {"0", "false", "no"}:
         settings["fork_server"] = False
     settings.update({k: v for k, v in overrides.items() if v is not None})

@@ -41,7 +41,10 @@ CASES = [
         id="fleet_overhead-sandboxed",
         marks=pytest.mark.needs("sandbox"),
     ),
+    pytest.param("gateway", [], id="gateway"),
     pytest.param("ipc_throughput", [], id="ipc_throughput"),
+    pytest.param("map", [], id="map", marks=pytest.mark.needs("sandbox")),
+    pytest.param("parent_tools", [], id="parent_tools"),
     pytest.param("ray_fleet", [], id="ray_fleet"),
     pytest.param("worktree", [], id="worktree"),
 ]

@@ -83,6 +83,8 @@ class Launching:
                     slots=sup.config.max_subagents,
                     certify=sup.remote.certify,
                     session=sup.config.session,
+                    node_host=sup.config.ray_node_host,
+                    spread=sup.config.ray_placement != "pack",
                 )
             else:
                 launcher = ProcessLauncher(forks=sup.fork_server, boxed=sup.boxed_fork_server)

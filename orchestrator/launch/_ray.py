@@ -1,4 +1,7 @@
-"""The ray launcher: each child runs under one small Ray actor that owns its process (DESIGN §11).
+"""The ray launcher: each child runs under one small Ray actor that owns its process (DESIGN §11),
+or, with :attr:`RayLauncher.node_host`, in its node's one long-lived host (:mod:`._ray_host`),
+which serves the same calls for every child of its node; what follows is said of an actor per
+child and holds for a hosted child too, except that slots are then counted here.
 
 The actor asks for one unit of the per-node custom resource ``agent_slot``: that is the node's
 lane, so a child beyond a node's slots *queues* in Ray's scheduler until a slot frees (it never
@@ -37,6 +40,7 @@ own interpreter, probes and wraps it there, and says whether it sandboxed the ch
 """
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -49,9 +53,13 @@ import trio
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan
+from orchestrator.launch._ray_host import HostedChild, Slots, end_actor, forget_host, host_on
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
+log = logging.getLogger("orchestrator")
+#: Nodes tried for a child's host before its launch fails.
+_HOST_ATTEMPTS = 3
 #: The per-node custom resource that is a node's lane (one unit per live child).
 SLOT = "agent_slot"
 
@@ -93,6 +101,11 @@ def _actor_class() -> Any:
     return _remote_cls
 
 
+def _open_in(host: Any, key: str) -> None:
+    """Make child *key*'s state in *host*. Blocking: runs in a worker thread."""
+    ray_module().get(host.open.remote(key), timeout=120)
+
+
 @attrs.define(eq=False)
 class RayLauncher:
     """Place each child under its own actor on a Ray cluster; see the module docstring."""
@@ -112,6 +125,12 @@ class RayLauncher:
     #: for a child whose spec names a TLS directory (it dials back over mutual TLS).
     certify: Callable[[str, bytes], tuple[bytes, bytes]] | None = None
     session: str = ""
+    #: Host every child of a node in one long-lived actor per node (:mod:`._ray_host`)
+    #: instead of an actor per child (``subagents.ray_node_host`` in config).
+    node_host: bool = False
+    #: With node hosts: spread children over nodes (least used first) or pack them.
+    spread: bool = True
+    _slots: Slots = attrs.field(factory=Slots, init=False)
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
     #: Per child whose sandbox its node makes (:meth:`plan`).
@@ -121,8 +140,10 @@ class RayLauncher:
     #: Per child with a node-side egress proxy: where its refusals go.
     _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
 
-    async def _actor(self) -> Any:
+    async def _actor(self, key: str) -> Any:
         await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        if self.node_host:
+            return await self._hosted(key)
         options: dict[str, Any] = {
             "num_cpus": self.num_cpus,
             "resources": {**self.resources, SLOT: 1},
@@ -131,19 +152,52 @@ class RayLauncher:
             options["memory"] = self.memory
         return _actor_class().options(**options).remote()
 
+    async def _hosted(self, key: str) -> HostedChild:
+        """A slot on a node (waiting, like Ray's queue, until one frees) and child *key*'s
+        state in that node's host (started there if it has none, or its host died). A node
+        whose host cannot start (it died, and Ray does not know yet) is passed over for a
+        while and the next one tried."""
+        failures = 0
+        while True:
+            # Slots free from worker threads (a stop's): polled, not an Event of this loop.
+            while (node := self._slots.take(SLOT, self.resources, self.spread)) is None:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            child, fresh = HostedChild(None, key, node, self._slots), True
+            try:
+                child.host, fresh = await trio.to_thread.run_sync(
+                    host_on, node, abandon_on_cancel=True
+                )
+                await trio.to_thread.run_sync(_open_in, child.host, key, abandon_on_cancel=True)
+            except Exception as exc:
+                child.release()
+                if child.host is not None:
+                    forget_host(node, child.host)  # dead: the next try starts a new one
+                if not fresh:  # a host known from before died: no fault of the node's
+                    continue
+                failures += 1
+                if failures == _HOST_ATTEMPTS:
+                    raise
+                log.warning("ray node %s: no host there (%s); trying again", node[:12], exc)
+                self._slots.avoid(node)
+                continue
+            except BaseException:
+                child.release()
+                raise
+            return child
+
     async def open_node(self, key: str) -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
         node's own temporary directory, before the child is placed; its path on that node
         (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
         Queues, like a launch, until a node has a free slot."""
-        actor = await self._actor()
+        actor = await self._actor(key)
         ray = ray_module()
         try:
             directory = await trio.to_thread.run_sync(
                 ray.get, actor.make_node.remote(self.session, key), abandon_on_cancel=True
             )
         except BaseException:
-            ray.kill(actor, no_restart=True)
+            end_actor(actor)
             raise
         self._opened[key] = actor
         self._dirs[key] = str(directory)
@@ -187,7 +241,7 @@ class RayLauncher:
         def close() -> None:
             with contextlib.suppress(Exception):
                 ray.get(actor.clean_up.remote(), timeout=60)
-            ray.kill(actor, no_restart=True)
+            end_actor(actor)
 
         await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
@@ -222,14 +276,13 @@ class RayLauncher:
         actor = self._opened.pop(spec.key, None)
         plan = self._plans.pop(spec.key, None)
         if actor is None:
-            actor = await self._actor()
-        ray = ray_module()
+            actor = await self._actor(spec.key)
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
             info = await self._start(actor, spec, plan)
         except BaseException:
             # Cancelled while queued (or the start failed): the actor must not start later.
-            ray.kill(actor, no_restart=True)
+            end_actor(actor)
             raise
         launched = LaunchedRay(
             pid=info["pid"],

@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from orchestrator.launch._launcher import OutputSink
+from orchestrator.launch._ray_host import HostedChild, end_actor
 from orchestrator.launch._ray_node import ReturnRefused, ray_module
 from orchestrator.launch._ray_sweep import sweep_on_node
 
@@ -69,6 +70,8 @@ class LaunchedRay:
                 self.returncode = -int(signal.SIGKILL)
                 self._sweep_soon()
         finally:
+            if isinstance(self.actor, HostedChild):
+                self.actor.free_slot()  # its node's lane, as a child's own actor's exit would
             self.exited.set()
 
     def _sweep_soon(self) -> None:
@@ -112,7 +115,7 @@ class LaunchedRay:
             else:
                 orphaned = False
             # Always: an actor left alive would hold its node's agent_slot.
-            ray.kill(self.actor, no_restart=True)
+            end_actor(self.actor)
             return orphaned
 
         if not self._killed:

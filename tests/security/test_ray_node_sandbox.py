@@ -114,13 +114,20 @@ def config_in(home: Path, odd: dict[str, Any], *, allow: bool) -> Config:
     )  # fmt: skip
 
 
-def pin(sup: Supervisor, resource: str) -> None:
+@pytest.fixture(params=[False, True], ids=["actor-per-child", "node-host"])
+def hosted(request) -> bool:
+    """Each test with an actor per child and with one host per node (``ray_node_host``)."""
+    return bool(request.param)
+
+
+def pin(sup: Supervisor, resource: str, hosted: bool) -> None:
     """The session's ray launcher, as it would make it, asking for one unit of *resource*."""
     sup.launchers["ray"] = RayLauncher(
         address=sup.config.ray_address,
         certify=sup.remote.certify,
         session=sup.config.session,
         resources={resource: 1},
+        node_host=hosted,
     )
 
 
@@ -151,12 +158,12 @@ def supervisor_without_a_sandbox(odd, monkeypatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("supervisor_without_a_sandbox")
-async def test_a_node_with_its_own_temp_dir_plans_and_runs_the_sandbox(home, odd):
+async def test_a_node_with_its_own_temp_dir_plans_and_runs_the_sandbox(home, odd, hosted):
     node_tmp = odd["node_tmp"]
     # Not allowed to run unsandboxed, and the supervisor has no sandbox: the node's decides.
     config = config_in(home, odd, allow=False)
     async with open_supervisor(config) as sup:
-        pin(sup, "odd_tmp")
+        pin(sup, "odd_tmp", hosted)
         key, note = await look(sup, node_tmp)
         [agent] = sup.peek()["agents"]
         node = node_of(config, key)
@@ -179,13 +186,13 @@ async def test_a_node_with_its_own_temp_dir_plans_and_runs_the_sandbox(home, odd
     assert seen["cwd"] == str(node / "checkout")
     # The node's temp dir is hidden: of it, the child sees its own node directory only.
     assert seen["node_tmp"] == [node.name], seen
-    assert not node.exists()  # its actor removed it when the child ended
+    assert not node.exists()  # its actor (or host) removed it when the child ended
 
 
-async def test_a_node_without_a_sandbox_refuses_the_child_in_one_line(home, odd):
+async def test_a_node_without_a_sandbox_refuses_the_child_in_one_line(home, odd, hosted):
     config = config_in(home, odd, allow=False)
     async with open_supervisor(config) as sup:
-        pin(sup, "no_bwrap")
+        pin(sup, "no_bwrap", hosted)
         key, note = await look(sup, odd["node_tmp"])
         node = node_of(config, key)
     error = note["error"]
@@ -195,10 +202,10 @@ async def test_a_node_without_a_sandbox_refuses_the_child_in_one_line(home, odd)
     assert not node.exists()  # nothing of it (its loadout, its token) stays on the node
 
 
-async def test_a_node_without_a_sandbox_runs_the_child_unsandboxed_when_allowed(home, odd):
+async def test_a_node_without_a_sandbox_runs_the_child_unsandboxed_when_allowed(home, odd, hosted):
     config = config_in(home, odd, allow=True)
     async with open_supervisor(config) as sup:
-        pin(sup, "no_bwrap")
+        pin(sup, "no_bwrap", hosted)
         key, note = await look(sup, odd["node_tmp"])
         [agent] = sup.peek()["agents"]
         [handoff] = await sup.stop([key])

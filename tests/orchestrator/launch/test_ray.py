@@ -4,6 +4,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import pytest
@@ -13,6 +14,9 @@ from ray.cluster_utils import Cluster
 
 from orchestrator.launch._launcher import LaunchSpec
 from orchestrator.launch._ray import RayLauncher
+
+if TYPE_CHECKING:
+    from orchestrator.launch._ray_launched import LaunchedRay
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +32,16 @@ def cluster():
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+@pytest.fixture(params=[False, True], ids=["actor-per-child", "node-host"])
+def hosted(request) -> bool:
+    """Each test runs with an actor per child and with one host per node (``node_host``)."""
+    return bool(request.param)
+
+
+def launcher_for(*, hosted: bool, **kwargs) -> RayLauncher:
+    return RayLauncher(node_host=hosted, **kwargs)
 
 
 def spec(tmp_path, code: str, key: str = "c1") -> LaunchSpec:
@@ -58,8 +72,8 @@ async def gone(pid: int, within: float = 10.0) -> None:
             await trio.sleep(0.1)
 
 
-async def test_children_spread_over_nodes_and_report(cluster, tmp_path):
-    launcher = RayLauncher()
+async def test_children_spread_over_nodes_and_report(cluster, tmp_path, hosted):
+    launcher = launcher_for(hosted=hosted)
     out: list[bytes] = []
     async with trio.open_nursery() as nursery:
         runs = [
@@ -77,8 +91,8 @@ async def test_children_spread_over_nodes_and_report(cluster, tmp_path):
     assert out.count(b"hi\n") == 4
 
 
-async def test_lane_queues_and_never_fails(cluster, tmp_path):
-    launcher = RayLauncher()
+async def test_lane_queues_and_never_fails(cluster, tmp_path, hosted):
+    launcher = launcher_for(hosted=hosted)
     marks = tmp_path / "marks"
     marks.mkdir()
     code = (
@@ -105,8 +119,8 @@ async def test_lane_queues_and_never_fails(cluster, tmp_path):
     assert wall > 7.0
 
 
-async def test_stop_kills_the_whole_group_through_the_actor(cluster, tmp_path):
-    launcher = RayLauncher()
+async def test_stop_kills_the_whole_group_through_the_actor(cluster, tmp_path, hosted):
+    launcher = launcher_for(hosted=hosted)
     pidfile = tmp_path / "grandchild"
     code = (
         "import subprocess, sys, time;"
@@ -128,8 +142,10 @@ async def test_stop_kills_the_whole_group_through_the_actor(cluster, tmp_path):
     await gone(r.pid)
 
 
-async def test_killed_actor_takes_its_child_with_it_and_its_node_directory_goes(cluster, tmp_path):
-    launcher = RayLauncher(session="t")
+async def test_killed_actor_takes_its_child_with_it_and_its_node_directory_goes(
+    cluster, tmp_path, hosted
+):
+    launcher = launcher_for(hosted=hosted, session="t")
     node = Path(await launcher.open_node("c1"))
     # What the child leaves there: a directory it made unwritable, with a file in it.
     code = (
@@ -147,7 +163,7 @@ async def test_killed_actor_takes_its_child_with_it_and_its_node_directory_goes(
                 await trio.sleep(0.05)
         # Behind the launcher's back (as an OOM kill would): PR_SET_PDEATHSIG reaps the child,
         # and with the actor gone a task on its node removes the node directory.
-        ray.kill(r.actor, no_restart=True)
+        ray.kill(r.actor.host if hosted else r.actor, no_restart=True)
         with trio.fail_after(60):
             await r.wait()
     assert r.returncode is not None
@@ -156,10 +172,10 @@ async def test_killed_actor_takes_its_child_with_it_and_its_node_directory_goes(
     assert not await trio.Path(node).exists()
 
 
-async def test_a_dead_node_fails_its_child_once_and_leaves_no_process(cluster, tmp_path):
+async def test_a_dead_node_fails_its_child_once_and_leaves_no_process(cluster, tmp_path, hosted):
     doomed = cluster.add_node(num_cpus=1, resources={"agent_slot": 1, "doomed": 1})
     cluster.wait_for_nodes()
-    launcher = RayLauncher(resources={"doomed": 1})
+    launcher = launcher_for(hosted=hosted, resources={"doomed": 1})
     async with trio.open_nursery() as nursery:
         r = await launcher.launch(
             spec(tmp_path, "import time; time.sleep(600)"), lambda *_: None, nursery
@@ -175,6 +191,50 @@ async def test_a_dead_node_fails_its_child_once_and_leaves_no_process(cluster, t
     await gone(r.pid, within=30)
     # The surviving nodes' lanes are unaffected: a new child still runs.
     async with trio.open_nursery() as nursery:
-        again = await RayLauncher().launch(spec(tmp_path, "pass", "c2"), lambda *_: None, nursery)
+        again = await launcher_for(hosted=hosted).launch(
+            spec(tmp_path, "pass", "c2"), lambda *_: None, nursery
+        )
         assert await again.wait() == 0
     assert again.node != doomed.node_id
+
+
+async def test_a_node_host_killed_mid_turn_fails_only_its_children_and_is_replaced(
+    cluster, tmp_path
+):
+    launcher = launcher_for(hosted=True)
+    sleeper = "import time; print('up', flush=True); time.sleep(600)"
+    async with trio.open_nursery() as nursery:
+        runs = [
+            await launcher.launch(spec(tmp_path, sleeper, f"h{i}"), lambda *_: None, nursery)
+            for i in range(4)
+        ]
+        by_node: dict[str, list[LaunchedRay]] = {}
+        for r in runs:
+            by_node.setdefault(r.node, []).append(r)
+        # One host per node: the children of a node share its worker process.
+        assert len(by_node) == 3
+        for on_node in by_node.values():
+            assert len({r.actor_pid for r in on_node}) == 1
+        doomed = next(rs for rs in by_node.values() if len(rs) == 2)
+        others = [r for r in runs if r not in doomed]
+        ray.kill(doomed[0].actor.host, no_restart=True)
+        with trio.fail_after(90):
+            codes = [await r.wait() for r in doomed]
+        assert all(code < 0 for code in codes)
+        for r in doomed:
+            await gone(r.pid, within=30)
+        # The other nodes' children never noticed.
+        assert all(alive(r.pid) and not r.exited.is_set() for r in others)
+        # The freed slots are taken by the next spawns, on that node under a new host.
+        for r in doomed:
+            await r.terminate(1.0)
+        again = [
+            await launcher.launch(spec(tmp_path, "pass", f"n{i}"), lambda *_: None, nursery)
+            for i in range(2)
+        ]
+        assert {r.node for r in again} == {doomed[0].node}
+        assert {r.actor_pid for r in again} != {doomed[0].actor_pid}
+        assert [await r.wait() for r in again] == [0, 0]
+        for r in others:
+            await r.terminate(1.0)
+    assert all(r.returncode == -15 for r in others)

@@ -1,0 +1,246 @@
+"""The node host: one long-lived Ray actor per node that hosts every child fleet puts there.
+
+A per-child actor costs a Ray worker process per child (about 100 MB and tens of seconds to
+place on a loaded cluster). With ``ray_node_host`` the ray launcher (:mod:`._ray`) instead keeps
+one :class:`NodeHost` per node, placed with node affinity, started on the first child placed on
+that node and reused by every later one: a child there is one more process of the host, and its
+node directory, loadout, TLS key and egress proxy are what its own :class:`ChildActor` state would
+hold — the host keeps one such state per child, by key, so everything a child's actor did is
+done the same way, on the same node, without a worker of its own.
+
+The supervisor counts slots itself (:class:`Slots`): a node's lane is its ``agent_slot``
+resource, a child beyond every lane waits for one to free (never fails for want of one). A host
+that dies takes only its children (their watch fails once, as a lost actor's does) and the next
+child placed on its node starts a new host (:func:`host_on`; a dead one fails its next
+child's first call, and :func:`forget_host` lets the next try start another).
+"""
+
+import contextlib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.launch._ray_node import ChildActor, ray_module
+
+__all__ = ["HostedChild", "NodeHost", "Slots", "end_actor", "forget_host", "host_on"]
+
+#: The methods of a child's state that the supervisor may call through its node's host.
+_CALLS = frozenset(
+    {
+        "make_node",
+        "write_files",
+        "open_egress",
+        "refusals",
+        "forget",
+        "clean_up",
+        "request_certificate",
+        "receive",
+        "bring_back",
+        "start",
+        "wait",
+        "stop",
+    }
+)
+#: Threads of a host: each child's ``wait`` holds one for its life, its refusals poll another
+#: for up to 5 s at a time; the rest serve starts and stops.
+_CONCURRENCY = 512
+#: How long a node whose host could not start is passed over.
+AVOID_S = 60.0
+#: How long the cluster's node list is kept before it is asked for again.
+NODES_TTL_S = 1.0
+
+
+class NodeHost:
+    """The Ray actor of a node that hosts many children: one :class:`ChildActor` state each."""
+
+    def __init__(self) -> None:
+        self._children: dict[str, ChildActor] = {}
+        self._lock = threading.Lock()
+
+    def ping(self) -> str:
+        """The node this host runs on (a call that answers: the host is alive)."""
+        return str(ray_module().get_runtime_context().get_node_id())
+
+    def open(self, key: str) -> None:
+        """Make child *key*'s state; one that exists (a key reused too soon) is refused."""
+        with self._lock:
+            if key in self._children:
+                raise RuntimeError(f"child {key!r} is already on this node")
+            self._children[key] = ChildActor()
+
+    def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
+        """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would."""
+        if name not in _CALLS:
+            raise RuntimeError(f"a node host does not serve {name!r}")
+        with self._lock:
+            child = self._children[key]
+        return getattr(child, name)(*args)
+
+    def release(self, key: str) -> None:
+        """Child *key* is done here: its process group stopped (if it still runs), its node
+        directory removed, its state forgotten."""
+        with self._lock:
+            child = self._children.pop(key, None)
+        if child is None:
+            return
+        if getattr(child, "proc", None) is not None and child.proc.poll() is None:
+            child.stop(1.0)
+        child.clean_up()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._children)
+
+
+class _Method:
+    def __init__(self, child: "HostedChild", name: str) -> None:
+        self._child, self._name = child, name
+
+    def remote(self, *args: Any) -> Any:
+        return self._child.host.call.remote(self._child.key, self._name, args)
+
+
+class HostedChild:
+    """The supervisor's handle on one child in its node's host: ``handle.start.remote(...)``
+    as on a child's own actor; :meth:`release` where the actor would be killed."""
+
+    def __init__(self, host: Any, key: str, node: str, slots: "Slots") -> None:
+        self.host, self.key, self.node, self._slots = host, key, node, slots
+        self._released = self._freed = False
+
+    def __getattr__(self, name: str) -> _Method:
+        if name not in _CALLS:
+            raise AttributeError(name)
+        return _Method(self, name)
+
+    def free_slot(self) -> None:
+        """The child has ended: its node's slot frees (its state stays for a bring-back)."""
+        if not self._freed:
+            self._freed = True
+            self._slots.free(self.node)
+
+    def release(self) -> None:
+        """The child is done: the host forgets it (fire and forget) and its slot frees."""
+        self.free_slot()
+        if self._released or self.host is None:
+            return
+        self._released = True
+        with contextlib.suppress(Exception):  # the host is gone, and the child with it
+            self.host.release.remote(self.key)
+
+    def __del__(self) -> None:
+        # As a child's own actor goes with its last handle, so does its state in the host.
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def end_actor(actor: Any) -> None:
+    """End a child's actor: its own actor is killed, a hosted child only released."""
+    if isinstance(actor, HostedChild):
+        actor.release()
+    else:
+        ray_module().kill(actor, no_restart=True)
+
+
+class Slots:
+    """The supervisor's count of children per node against each node's ``agent_slot``."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}
+        #: Nodes passed over until the monotonic time given (their host could not start).
+        self._avoid: dict[str, float] = {}
+        self._listed: list[dict[str, Any]] = []
+        self._listed_at = -NODES_TTL_S
+        self._lock = threading.Lock()
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        """``ray.nodes()``, asked of the GCS at most once every :data:`NODES_TTL_S` (a queue
+        of waiting launches polls this)."""
+        now = time.monotonic()
+        if now - self._listed_at > NODES_TTL_S:
+            self._listed, self._listed_at = list(ray_module().nodes()), now
+        return self._listed
+
+    def avoid(self, node: str, seconds: float = AVOID_S) -> None:
+        """Pass *node* over for *seconds* (Ray may still list a dead node as alive)."""
+        with self._lock:
+            self._avoid[node] = time.monotonic() + seconds
+
+    def take(
+        self,
+        slot: str,
+        needs: Mapping[str, float],
+        spread: bool = True,
+        nodes: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str | None:
+        """A node (id) with a free slot, now counted as used; ``None`` if every lane is full.
+        *needs*: further resources the node must have. Spread: the least used node first;
+        otherwise pack: the most used one that still has room. *nodes*: ``ray.nodes()``."""
+        free: list[tuple[int, str]] = []
+        for node in self._nodes() if nodes is None else nodes:
+            have = node.get("Resources") or {}
+            if not node.get("Alive") or have.get(slot, 0) <= 0:
+                continue
+            if any(have.get(name, 0) < amount for name, amount in needs.items()):
+                continue
+            free.append((int(have[slot]), str(node["NodeID"])))
+        with self._lock:
+            now, used = time.monotonic(), self._used
+            # (used, order listed): ties go to the node listed first, either way.
+            room = [
+                (used.get(node, 0), i if spread else -i, node)
+                for i, (cap, node) in enumerate(free)
+                if used.get(node, 0) < cap and self._avoid.get(node, 0) <= now
+            ]
+            if not room:
+                return None
+            chosen = (min(room) if spread else max(room))[2]
+            self._used[chosen] = self._used.get(chosen, 0) + 1
+            return chosen
+
+    def free(self, node: str) -> None:
+        with self._lock:
+            if self._used.get(node, 0) > 0:
+                self._used[node] -= 1
+
+
+_hosts: dict[str, Any] = {}
+#: One lock per node: hosts on different nodes start at once, one node's only once.
+_node_locks: dict[str, threading.Lock] = {}
+_hosts_lock = threading.Lock()
+_host_cls: Any = None
+
+
+def forget_host(node: str, host: Any) -> None:
+    """*host* did not answer: the next :func:`host_on` for *node* starts a new one."""
+    with _hosts_lock:
+        if _hosts.get(node) is host:
+            del _hosts[node]
+
+
+def host_on(node: str) -> tuple[Any, bool]:
+    """The node host on *node*: the one known (a dead one fails its first call, and the caller
+    :func:`forget_host` s it), else a new one; and whether it is new. Blocking: runs in a
+    worker thread."""
+    global _host_cls  # noqa: PLW0603 - ray.remote once per process
+    ray = ray_module()
+    from ray.util.scheduling_strategies import (  # noqa: PLC0415 - optional extra
+        NodeAffinitySchedulingStrategy,
+    )
+
+    with _hosts_lock:
+        lock = _node_locks.setdefault(node, threading.Lock())
+        if _host_cls is None:
+            _host_cls = ray.remote(max_concurrency=_CONCURRENCY, max_restarts=0)(NodeHost)
+    with lock:
+        known = _hosts.get(node)
+        if known is not None:
+            return known, False
+        host = _host_cls.options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+        ).remote()
+        ray.get(host.ping.remote(), timeout=300)
+        _hosts[node] = host
+        return host, True
