@@ -51,6 +51,9 @@ def home_prefix() -> str:
 def fleet_processes(home: Path) -> list[psutil.Process]:
     """Every live, non-zombie process of the fleet under *home* (by argv or environment)."""
     marker = str(home)
+    # Its sessions, not the home alone: every sandbox of every fleet names each other home of
+    # the user it hides on its command line (``--tmpfs HOME``), a parallel test's included.
+    sessions = str(home / "sessions")
     found = []
     for process in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
@@ -58,7 +61,7 @@ def fleet_processes(home: Path) -> list[psutil.Process]:
                 continue
             cmdline = " ".join(process.info["cmdline"] or [])
             environ = process.info["environ"] or {}
-            mine = marker in cmdline or environ.get("FLEET_HOME") == marker
+            mine = sessions in cmdline or environ.get("FLEET_HOME") == marker
             if mine and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except psutil.Error:

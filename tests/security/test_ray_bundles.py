@@ -282,12 +282,19 @@ def test_a_bundled_symlink_out_of_the_tree_lands_nothing_outside(
     entries = f"120000 blob {link}\tREADME.md\n040000 tree {inner}\tsrc\n"
     import_bundle(snapshot, forge(snapshot, tmp_path, entries.encode()), snapshot.commit)
     result = finalize(snapshot, ReviewStore(tmp_path / "review"), "a1")
-    # Copy-back lands neither link (nor anything else of the change: it is all or nothing).
-    assert result.applied == (), result
-    assert {c.path for c in result.conflicts} >= {"README.md", "src/etc"}, result
-    assert "\n" not in result.error
+    # Copy-back holds both links (every symlink waits for a person) and lands the ordinary file.
+    assert result.applied == ("src/app.py",), result
+    assert {h.path for h in result.held} == {"README.md", "src/etc"}, result
     assert outside.read_text() == "the host's\n"
     assert not (snapshot.repo / "README.md").is_symlink()
     assert (snapshot.repo / "README.md").read_text() == "# sample\n"
     assert not (snapshot.repo / "src" / "etc").exists()
-    assert (snapshot.repo / "src" / "app.py").read_text() == APP
+    # Named, each link still meets the path guard: nothing outside the tree is reached.
+    named = finalize(
+        snapshot, ReviewStore(tmp_path / "review"), "a1", names=["README.md", "src/etc"]
+    )
+    assert not named.applied, named
+    assert "\n" not in named.error
+    assert outside.read_text() == "the host's\n"
+    assert not (snapshot.repo / "README.md").is_symlink()
+    assert not (snapshot.repo / "src" / "etc").exists()
