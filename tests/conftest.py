@@ -58,7 +58,11 @@ RAY_USERS = (
     "tests/e2e/test_ray_fleet.py",
     "tests/e2e/test_ray_node_loss.py",
     "tests/test_benchmarks.py::test_a_benchmarks_smoke_run_completes_and_prints_its_json_line[ray_fleet]",
+    "tests/security/test_ray_node_loss_cli.py",
 )
+#: Tests that run one at a time under the same lock: Ray clusters, and tests that look for
+#: their processes by what runs on the whole machine (the hostile shells' ``sleep 301N``).
+ONE_AT_A_TIME = (*RAY_USERS, "tests/security/test_shells.py")
 #: Modules whose tests take tens of seconds each: run first, so that the workers end together
 #: instead of one of them running the longest tests last.
 HEAVY_FIRST = (
@@ -109,7 +113,7 @@ def _ray_lock(marker: str) -> str:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    if not item.nodeid.startswith(RAY_USERS):
+    if not item.nodeid.startswith(ONE_AT_A_TIME):
         return (yield)
     path = _ray_lock(os.environ.get(RUN_ENV, "none"))
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator._config import Config
 from tests.fakes.model_server import ModelServer
 from tests.faults.conftest import faults
 
@@ -44,10 +45,11 @@ def _until(check: Any, timeout: float = 60.0) -> None:
 
 def _probe(faults: Any, life: str) -> dict[str, Any]:
     session = faults.home / "sessions" / "t"
+    token = Config(home=faults.home, session="t", workspace=faults.repo).paths.control_token
     command = "; ".join(
         [
             f"cat {session}/journal.jsonl >/dev/null 2>&1; echo journal=$?",
-            f"cat {session}/control.token >/dev/null 2>&1; echo token=$?",
+            f"cat {token} >/dev/null 2>&1; echo token=$?",
             f"ls {session} 2>/dev/null | tr '\\n' , ; echo",
             f"(echo {life} > {faults.repo}/planted-{life}) 2>/dev/null; echo repo=$?",
             f"(echo {life} > {faults.home}/planted-{life}) 2>/dev/null; echo home=$?",

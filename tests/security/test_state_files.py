@@ -101,7 +101,7 @@ def test_a_hostile_worker_can_neither_read_nor_write_the_journal_paper_or_spend(
         journal, paper = session / "journal.jsonl", session / "paper.json"
         assert journal.exists(), sorted(os.listdir(session))
         assert paper.exists(), sorted(os.listdir(session))
-        token = (session / "control.token").read_text().strip()
+        token = (fleet.paths.control_token).read_text().strip()
         paper_before = paper.read_bytes()
         spend_before = fleet.json("peek")
         pid = daemon_pid(fleet)
@@ -109,7 +109,7 @@ def test_a_hostile_worker_can_neither_read_nor_write_the_journal_paper_or_spend(
         guessed = [
             str(journal),
             str(paper),
-            str(session / "control.token"),
+            str(fleet.paths.control_token),
             str(session / "supervisor.log"),
             str(session / "logs" / "a1.log"),
             f"/proc/{pid}/environ",
@@ -155,13 +155,13 @@ def test_a_hostile_worker_can_neither_read_nor_write_the_journal_paper_or_spend(
         # of the parent's environment is passed on by design: an agent CLI needs its own.)
         for name, value in found["env"].items():
             assert token not in value, name
-            for state in (journal, paper, session / "control.token", session / "control.sock"):
+            for state in (journal, paper, fleet.paths.control_token, fleet.paths.control_socket):
                 assert str(state) not in value, (name, value)
 
         time.sleep(1)  # anything the child managed to append would be flushed by now
         assert MARK not in journal.read_text(), "the child wrote the journal"
         assert paper.read_bytes() == paper_before, "the child changed the paper"
-        assert MARK not in (session / "control.token").read_text()
+        assert MARK not in (fleet.paths.control_token).read_text()
         # Its own spend is what the fleet metered, not what it tried to append.
         usage = fleet.json("peek")["usage"]
         assert usage.pop("children") == spend_before["usage"].pop("children") + 1
