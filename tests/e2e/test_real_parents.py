@@ -212,17 +212,19 @@ PARENTS = {"claude": _claude, "codex": _codex, "gemini": _gemini, "opencode": _o
 
 def _check(fleet: Fleet, model: ParentModel, srv: ModelServer) -> None:
     """The work was done, reviewed and landed; nothing is left running."""
-    assert model.result("spawn"), model.results
+    assert len(model.result("spawn")) == 3, model.results  # one call a child
     stopped = model.result("stop")
     assert stopped, model.results
     [handoff] = stopped[0]["handoffs"]
     assert handoff["state"] == "stopped", handoff
-    assert "src/calc.py" in " ".join(map(str, handoff.get("applied", []))), handoff
+    assert not handoff.get("applied"), handoff  # held: nothing landed before the review
     reports = {s["key"]: s.get("report", "") for w in model.result("wait") for s in w["settled"]}
     assert len(reports) == 3, model.results  # both scouts and the worker
     worker_report = reports[handoff["key"]]
     assert "TESTS OK" in worker_report  # the worker ran the test in its sandbox, after the fix
-    assert "a + b" in str(model.result("diff")[0])
+    assert "a + b" in str(model.result("review")[0])
+    [applied] = model.result("apply")
+    assert "src/calc.py" in str(applied), applied
     assert [r for r in srv.requests("parent") if r.api is not None]
     passing = _run_test(fleet.repo)
     assert passing.returncode == 0, passing.stderr
