@@ -263,6 +263,10 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
         _check(fleet, model, srv)
 
 
+# Pi's extension (orchestrator/parents/pi_extension/fleet.js) still offers the old tools:
+# subagent_diff, no review/apply and no hold, so the held-review-apply flow cannot run there.
+# Strict: it fails once the extension offers the new tools, so the mark goes with them.
+@pytest.mark.xfail(strict=True, reason="#31: Pi's extension lacks review/apply/hold")
 @pytest.mark.needs("pi")
 @pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
 async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
@@ -281,7 +285,7 @@ async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
             argv = [a for a in base.argv if a != "--no-extensions"]
             at = argv.index("--tools") + 1
             argv[at] = "read," + ",".join(
-                f"subagent_{v}" for v in ("spawn", "wait", "stop", "diff")
+                f"subagent_{v}" for v in ("spawn", "wait", "stop", "review", "apply", "diff")
             )
             env = {**base.env, **_fleet_env(fleet)}
             command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
