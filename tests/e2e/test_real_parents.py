@@ -212,17 +212,19 @@ PARENTS = {"claude": _claude, "codex": _codex, "gemini": _gemini, "opencode": _o
 
 def _check(fleet: Fleet, model: ParentModel, srv: ModelServer) -> None:
     """The work was done, reviewed and landed; nothing is left running."""
-    assert model.result("spawn"), model.results
+    assert len(model.result("spawn")) == 3, model.results  # one call a child
     stopped = model.result("stop")
     assert stopped, model.results
     [handoff] = stopped[0]["handoffs"]
     assert handoff["state"] == "stopped", handoff
-    assert "src/calc.py" in " ".join(map(str, handoff.get("applied", []))), handoff
+    assert not handoff.get("applied"), handoff  # held: nothing landed before the review
     reports = {s["key"]: s.get("report", "") for w in model.result("wait") for s in w["settled"]}
     assert len(reports) == 3, model.results  # both scouts and the worker
     worker_report = reports[handoff["key"]]
     assert "TESTS OK" in worker_report  # the worker ran the test in its sandbox, after the fix
-    assert "a + b" in str(model.result("diff")[0])
+    assert "a + b" in str(model.result("review")[0])
+    [applied] = model.result("apply")
+    assert "src/calc.py" in str(applied), applied
     assert [r for r in srv.requests("parent") if r.api is not None]
     passing = _run_test(fleet.repo)
     assert passing.returncode == 0, passing.stderr
@@ -261,6 +263,10 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
         _check(fleet, model, srv)
 
 
+# Pi's extension (orchestrator/parents/pi_extension/fleet.js) still offers the old tools:
+# subagent_diff, no review/apply and no hold, so the held-review-apply flow cannot run there.
+# Strict: it fails once the extension offers the new tools, so the mark goes with them.
+@pytest.mark.xfail(strict=True, reason="#31: Pi's extension lacks review/apply/hold")
 @pytest.mark.needs("pi")
 @pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
 async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
@@ -279,7 +285,7 @@ async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
             argv = [a for a in base.argv if a != "--no-extensions"]
             at = argv.index("--tools") + 1
             argv[at] = "read," + ",".join(
-                f"subagent_{v}" for v in ("spawn", "wait", "stop", "diff")
+                f"subagent_{v}" for v in ("spawn", "wait", "stop", "review", "apply", "diff")
             )
             env = {**base.env, **_fleet_env(fleet)}
             command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
@@ -318,11 +324,6 @@ class ErrorProbe:
         return {"text": "done"}
 
 
-# Today `budjet` is accepted and the scout launches (claude, codex), and gemini and opencode
-# show "MCP error -32602: Structured content does not match…" instead of fleet's message: the
-# tool schemas and error results #31 item 1 reworks. Strict: it fails once they are fixed, so
-# the mark goes with them.
-@pytest.mark.xfail(strict=True, reason="#31 item 1: schema-checked arguments, valid errors")
 @pytest.mark.parametrize(
     "parent", [pytest.param(p, marks=pytest.mark.needs(p)) for p in sorted(PARENTS)]
 )
@@ -339,7 +340,10 @@ def test_every_real_parent_reads_fleets_errors_and_an_unknown_argument_is_refuse
         for text in probe.said:
             assert "-32602" not in text
             assert "does not match" not in text
-        assert "budjet" in unknown
+        if parent == "gemini":  # Gemini CLI checks the schema itself and never calls fleet
+            assert "must NOT have additional properties" in unknown, unknown
+        else:
+            assert "budjet" in unknown, unknown
         assert fleet.json("peek")["agents"] == []  # refused before anything launched
         assert "a99" in missing
 

@@ -6,11 +6,11 @@ the CLI gives an MCP server's or an extension's tools: ``mcp__fleet__spawn``, ``
 ``subagent_spawn``, Codex's ``mcp__fleet/spawn``), reads the results the CLI sent back, and
 emits the next call of its plan:
 
-1. spawn two scouts in one batch (they map the code in parallel);
+1. spawn two scouts, two ``spawn`` calls in one turn (they map the code in parallel);
 2. wait until both settled;
 3. spawn a worker that fixes the bug and runs the tests in its sandbox;
-4. wait until it settled; stop it (its change lands in the parent's checkout);
-5. read the diff; stop the scouts; answer.
+4. wait until it settled; stop it with ``hold`` (its change is kept, not landed);
+5. read the held diff (``review`` diff); ``apply`` it; stop the scouts; answer.
 
 ``full=True`` fills every field the schema offers that the plan can use; ``full=False`` sends
 the fewest arguments that do the job. How today's tools are named and called lives in
@@ -38,46 +38,48 @@ VERBS: dict[str, str] = {
     "spawn": "spawn",
     "wait": "wait",
     "stop": "stop",
-    "diff": "diff",
+    "review": "review",
+    "apply": "apply",
 }
 
 
 #: The parent CLI's own tool that waits for its MCP servers to connect (Claude Code).
 WAIT_FOR_SERVERS = "WaitForMcpServers"
 
+_BUDGET = {"hard_tokens": 1_000_000, "hard_usd": 9}
 
-def _spawn_batch(full: bool, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+
+def _spawn(full: bool, task: dict[str, Any]) -> dict[str, Any]:
+    """One child a call: two scouts are two calls in one turn."""
     if full:
-        return {"tasks": [{**t, "mode": "scout", "backend": "builtin"} for t in tasks]}
-    return {"tasks": [{"task": t["task"], "model": t["model"]} for t in tasks]}
-
-
-def _spawn_one(full: bool, task: dict[str, Any]) -> dict[str, Any]:
-    if full:
-        budget = {"soft_tokens": 900_000, "hard_tokens": 1_000_000, "soft_usd": 5, "hard_usd": 9}
-        return {**task, "mode": "worktree", "backend": "builtin", "budget": budget}
-    return {"task": task["task"], "agent": task["agent"], "model": task["model"]}
+        return {**task, "backend": "builtin", "budget": _BUDGET}
+    keep = ("task", "model", "agent") if task.get("agent") == "worker" else ("task", "model")
+    return {k: task[k] for k in keep}
 
 
 def _wait(full: bool, keys: list[str]) -> dict[str, Any]:
     return {"agents": keys, "all": True, "timeout": 45} if full else {"agents": keys}
 
 
-def _stop(full: bool, keys: list[str]) -> dict[str, Any]:
-    return {"agents": keys}
+def _stop(full: bool, keys: list[str], hold: bool = False) -> dict[str, Any]:
+    return {"agents": keys} | ({"hold": True} if hold else {})
 
 
-def _diff(full: bool, keys: list[str]) -> dict[str, Any]:
-    return {"targets": keys, "context": 3} if full else {}
+def _review(full: bool, keys: list[str]) -> dict[str, Any]:
+    return {"action": "diff", "targets": keys} | ({"context": 3} if full else {})
+
+
+def _apply(full: bool, key: str) -> dict[str, Any]:
+    return {"agent": key, "paths": []} if full else {"agent": key}
 
 
 #: The arguments of each call the plan makes, full or minimal (today's shapes).
 CALLS: dict[str, Callable[..., dict[str, Any]]] = {
-    "spawn_batch": _spawn_batch,
-    "spawn_one": _spawn_one,
+    "spawn": _spawn,
     "wait": _wait,
     "stop": _stop,
-    "diff": _diff,
+    "review": _review,
+    "apply": _apply,
 }
 
 
@@ -117,7 +119,7 @@ class ParentModel:
     _scout_keys: list[str] = attrs.field(factory=list)
     _worker_key: str = ""
     _settled: set[str] = attrs.field(factory=set)
-    _pending: str = ""  # the verb whose result the next request carries
+    _pending: list[str] = attrs.field(factory=list)  # the verbs whose results come next
     _seen: int = 0  # tool results already read
     _schemas: dict[str, Any] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
@@ -131,8 +133,10 @@ class ParentModel:
                     return {"tool_calls": [{"name": WAIT_FOR_SERVERS, "arguments": {}}]}
                 return {"text": "fleet parent"}
             results = request.tool_results()
-            if len(results) > self._seen and self._pending:
-                self._read(self._pending, payload(results[-1]), results[-1])
+            fresh = results[self._seen :] if len(results) > self._seen else []
+            if fresh and self._pending:
+                for verb, raw in zip(self._pending, fresh[-len(self._pending) :], strict=False):
+                    self._read(verb, payload(raw), raw)
             self._seen = len(results)
             self._schemas = request.tool_schemas()
             return self._next(names)
@@ -144,51 +148,59 @@ class ParentModel:
         if verb == "spawn":
             keys = [a["key"] for a in data.get("agents", [])]
             if self._step == "wait_scouts":
-                self._scout_keys = keys
+                self._scout_keys += keys
             else:
                 self._worker_key = keys[0] if keys else ""
         if verb == "wait":
             self._settled |= {s["key"] for s in data.get("settled", [])}
 
-    def _call(self, names: list[str], verb: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        name = fleet_tool(names, verb)
-        if name is None:
-            raise AssertionError(f"parent model: no fleet tool for {verb} in {names}")
-        # The full call fills what the offered schema has: a field this parent's tool does not
-        # declare is left out (Pi's diff has no context), never sent to be refused.
-        declared = (self._schemas.get(name) or {}).get("properties")
-        if self.full and isinstance(declared, dict):
-            arguments = {k: v for k, v in arguments.items() if k in declared}
-        self._pending = verb
-        self.calls.append((name, arguments))
-        return {"tool_calls": [{"name": name, "arguments": arguments}]}
+    def _call(self, names: list[str], *calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+        """One turn of one or more calls (*calls*: verb, arguments)."""
+        made = []
+        for verb, wanted in calls:
+            name = fleet_tool(names, verb)
+            if name is None:
+                raise AssertionError(f"parent model: no fleet tool for {verb} in {names}")
+            # The full call fills what the offered schema has: a field this parent's tool does
+            # not declare is left out, never sent to be refused.
+            declared = (self._schemas.get(name) or {}).get("properties")
+            arguments = wanted
+            if self.full and isinstance(declared, dict):
+                arguments = {k: v for k, v in wanted.items() if k in declared}
+            self.calls.append((name, arguments))
+            made.append({"name": name, "arguments": arguments})
+        self._pending = [verb for verb, _ in calls]
+        return {"tool_calls": made}
 
     def _next(self, names: list[str]) -> dict[str, Any]:
-        step = self._step
+        step, full = self._step, self.full
         if step == "spawn_scouts":
             self._step = "wait_scouts"
-            return self._call(names, "spawn", CALLS["spawn_batch"](self.full, self.scouts))
+            return self._call(names, *(("spawn", CALLS["spawn"](full, s)) for s in self.scouts))
         if step == "wait_scouts":
-            if not self._scout_keys:
+            if len(self._scout_keys) != len(self.scouts):
                 raise AssertionError(f"parent model: the scouts' spawn failed: {self.results}")
             if not set(self._scout_keys) <= self._settled:
-                return self._call(names, "wait", CALLS["wait"](self.full, self._scout_keys))
+                return self._call(names, ("wait", CALLS["wait"](full, self._scout_keys)))
             self._step = "wait_worker"
-            return self._call(names, "spawn", CALLS["spawn_one"](self.full, self.worker))
+            return self._call(names, ("spawn", CALLS["spawn"](full, self.worker)))
         if step == "wait_worker":
             if not self._worker_key:
                 raise AssertionError(f"parent model: the worker's spawn failed: {self.results}")
             if self._worker_key not in self._settled:
-                return self._call(names, "wait", CALLS["wait"](self.full, [self._worker_key]))
-            self._step = "diff"
-            return self._call(names, "stop", CALLS["stop"](self.full, [self._worker_key]))
-        if step == "diff":
+                return self._call(names, ("wait", CALLS["wait"](full, [self._worker_key])))
+            self._step = "review"
+            return self._call(names, ("stop", CALLS["stop"](full, [self._worker_key], hold=True)))
+        if step == "review":
+            self._step = "apply"
+            return self._call(names, ("review", CALLS["review"](full, [self._worker_key])))
+        if step == "apply":
             self._step = "stop_scouts"
-            return self._call(names, "diff", CALLS["diff"](self.full, [self._worker_key]))
+            return self._call(names, ("apply", CALLS["apply"](full, self._worker_key)))
         if step == "stop_scouts":
             self._step = "answer"
-            return self._call(names, "stop", CALLS["stop"](self.full, self._scout_keys))
-        self._pending = ""
+            return self._call(names, ("stop", CALLS["stop"](full, self._scout_keys)))
+        self._pending = []
         self.answered = True
         return {"text": self.answer}
 
