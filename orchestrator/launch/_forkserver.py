@@ -261,7 +261,12 @@ class ForkServer:
             if not quiet:
                 log.warning("fork server %s; children start as fresh interpreters", why)
         if self._popen is not None and self._popen.poll() is None:
-            _kill_with_tree(self._popen)  # stuck or speaking nonsense; aclose() reaps it
+            # Stuck or speaking nonsense; aclose() reaps it. Its forked children go on (they
+            # are the fleet's); before it was ready it has none, and its whole tree goes.
+            if self._ready.is_set():
+                self._popen.kill()
+            else:
+                _kill_with_tree(self._popen)
         self._ready.set()
         for reply in self._replies.values():
             reply.done.set()

@@ -527,7 +527,12 @@ def test_a_cmux_child_completes_its_task_and_its_surface_closes(fleet, cmux):
 
 def test_a_refused_cmux_launch_is_shown_once_with_its_class(fleet, cmux):
     cmux.mode = "denied"
-    fleet.json("spawn", "--surface", "cmux", "--model", fleet.script("hang", HANG), "x")
+    # A child that failed at launch: spawn says so (exit 1 with the reason), and wait shows it.
+    [spawned] = fleet.json(
+        "spawn", "--surface", "cmux", "--model", fleet.script("hang", HANG), "x", code=1
+    )["agents"]
+    assert spawned["state"] == "failed", spawned
+    assert "cmux" in spawned["error"], spawned
     result = fleet.run("wait", "a1", "--timeout", "30", "--json")
     assert result.returncode == 1
     [note] = json.loads(result.stdout)["settled"]
