@@ -9,6 +9,8 @@ read until ``fleet discard``. Reading from a scratch the child could write never
 link, and takes at most :data:`TRANSCRIPT_LIMIT` bytes (the newest).
 """
 
+import contextlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +20,8 @@ import attrs
 
 import ipc
 from orchestrator._errors import NotFound, UsageError
+
+log = logging.getLogger("orchestrator")
 
 __all__ = ["Kept"]
 
@@ -79,16 +83,25 @@ class Kept:
         }
 
     def _write(self, key: str, name: str, data: bytes) -> None:
-        ipc.ensure_private_dir(self.root)
+        """Keep *data* as *key*'s *name*. A copy that cannot be written (a full disk) is left
+        out, said once in the log: it never fails the stop or settle that keeps it."""
         folder = self._dir(key)
-        ipc.ensure_private_dir(folder)
         tmp = folder / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        tmp.replace(folder / name)
+            ipc.ensure_private_dir(self.root)
+            ipc.ensure_private_dir(folder)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            tmp.replace(folder / name)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            log.warning("report: %s's %s is not kept: %s", key, name, exc.strerror or exc)
 
     def _read(self, key: str, name: str) -> str | None:
         data = _read_file(self._dir(key) / name, TRANSCRIPT_LIMIT)
