@@ -118,12 +118,15 @@ def time_finalize(
         (wt / rel).unlink()
     for rel in chosen[edited + deleted :]:
         (wt / rel).chmod(0o755)
-    for i in range(added):
-        (wt / "added" / f"dir{i % 3}").mkdir(parents=True, exist_ok=True)
-        (wt / "added" / f"dir{i % 3}" / f"new{i}.py").write_text(f"new = {i}\n" * 200)
+    new = [f"added/dir{i % 3}/new{i}.py" for i in range(added)]
+    for i, rel in enumerate(new):
+        (wt / rel).parent.mkdir(parents=True, exist_ok=True)
+        (wt / rel).write_text(f"new = {i}\n" * 200)
     store = ReviewStore(scratch / "review")
     start = time.perf_counter()
-    result = finalize(snapshot, store, "bench")
+    # Every path named, as a person landing the whole change does: a file made executable is
+    # held otherwise (copy-back quarantine), and all 200 are the work measured.
+    result = finalize(snapshot, store, "bench", names=[*chosen, *new])
     elapsed = time.perf_counter() - start
     assert result.error == "", result.error
     assert len(result.applied) == 20 * scale, len(result.applied)
