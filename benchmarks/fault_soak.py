@@ -13,6 +13,7 @@ Usage: ``.venv/bin/python benchmarks/fault_soak.py [--runs 10] [--smoke] [-- ext
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,12 +32,15 @@ SMOKE_TARGET = (
 
 
 def orphans(prefix: str) -> list[psutil.Process]:
+    # A home's sessions, not the home alone: every sandbox of every fleet names each other home
+    # of the user it hides on its command line (``--tmpfs HOME``), a parallel run's included.
+    sessions = re.compile(re.escape(prefix) + r"[^/\s]*/sessions")
     found = []
     for process in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
             home = (process.info["environ"] or {}).get("FLEET_HOME", "")
-            mine = prefix in cmdline or home.startswith(prefix)
+            mine = bool(sessions.search(cmdline)) or home.startswith(prefix)
             if mine and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except psutil.Error:
