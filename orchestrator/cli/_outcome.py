@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 from orchestrator._errors import TimedOut
 
@@ -87,9 +88,14 @@ def error_code(exc: FleetError, verb: str, *, json_output: bool) -> int:
 
 
 def internal_error_code(exc: Exception, verb: str, *, json_output: bool, debug: bool) -> int:
-    """Report a bug in one line (the traceback with ``--debug`` or ``FLEET_DEBUG``)."""
+    """Report a bug in one line (the traceback with ``--debug`` or ``FLEET_DEBUG``).
+
+    A supervisor (``serve``) writes the traceback too: started by another command, its log is
+    the only record of the bug, and nobody can rerun it with ``--debug``."""
     if debug or os.environ.get("FLEET_DEBUG"):
         raise exc
+    if verb == "serve":
+        traceback.print_exception(exc, file=sys.stderr)
     if json_output:
         print(json.dumps({"error": {"kind": "internal", "message": str(exc)}}))
     print(

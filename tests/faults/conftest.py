@@ -273,5 +273,9 @@ def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
         if world.daemon:
             world.cli("serve", "--stop", timeout=90)
         leftovers = reap_leftovers(home)
+        # The supervisors' logs outlive the home (pytest keeps the last runs' tmp_path): a
+        # supervisor's traceback is the only record of a crash under load.
+        for n, log in enumerate(sorted(home.glob("sessions/*/supervisor.log"))):
+            shutil.copyfile(log, tmp_path / f"supervisor-{n}.log")
         shutil.rmtree(home, ignore_errors=True)
         assert not leftovers, f"processes survived the scenario: {leftovers}"
