@@ -17,7 +17,7 @@ from sandbox._seccomp import filter_file
 from sandbox._spec import SandboxSpec, Wrapped
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 SHELL = "/bin/sh"
 SECCOMP_FD = 3
@@ -150,15 +150,18 @@ def wrap_fork_server(
     """The command line, up to and including its ``--``, that runs an absolute command (the
     fork server) in the sandboxed fork server's bwrap (:func:`sandbox._bwrap.server_argv`),
     with the seccomp filter; ``None`` where bwrap does not work here (the caller keeps starting
-    sandboxed children under bwrap one by one). Every path must exist; each is canonicalized."""
+    sandboxed children under bwrap one by one). Every writable and readable path must exist;
+    a hidden one that is gone (another fleet's home, deleted since it was listed) has nothing
+    left to hide and is left out. Each is canonicalized."""
     if sys.platform != "linux" or not probe().available:
         return None
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None
     roots = {
-        name: tuple(Path(os.path.realpath(path, strict=True)) for path in paths)
-        for name, paths in (("hidden", hidden), ("writable", writable), ("readable", readable))
+        "hidden": tuple(_existing(hidden)),
+        "writable": tuple(Path(os.path.realpath(path, strict=True)) for path in writable),
+        "readable": tuple(Path(os.path.realpath(path, strict=True)) for path in readable),
     }
     seccomp = filter_file()
     inner = server_argv(
@@ -170,3 +173,12 @@ def wrap_fork_server(
         seccomp_fd=None if seccomp is None else SECCOMP_FD,
     )
     return inner if seccomp is None else (SHELL, "-c", _SECCOMP_EXEC, str(seccomp), *inner)
+
+
+def _existing(paths: Sequence[Path]) -> Iterator[Path]:
+    """Each of *paths* that exists, canonical."""
+    for path in paths:
+        try:
+            yield Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:
+            continue

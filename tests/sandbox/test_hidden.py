@@ -171,3 +171,20 @@ def test_seatbelt_denies_hidden_reads_and_allows_back_what_is_named(tmp_path):
     assert deny < profile.index("(allow file-read*\n") < profile.index("(allow file-write*\n")
     assert deny < profile.rindex("(allow network-outbound")
     assert str(state) not in profile
+
+
+@pytest.mark.needs("sandbox")
+def test_a_hidden_path_deleted_before_the_fork_server_starts_is_left_out(tmp_path):
+    """Another fleet's home, listed a moment before and deleted since, has nothing left to
+    hide: the fork server still starts (it was a crash of every supervisor starting then)."""
+    from sandbox._wrap import wrap_fork_server  # noqa: PLC0415
+
+    kept, gone, work = tmp_path / "kept", tmp_path / "gone", tmp_path / "work"
+    kept.mkdir()
+    work.mkdir()
+    argv = wrap_fork_server(hidden=[kept, gone], writable=[work], readable=[])
+    assert argv is not None
+    assert str(kept) in argv
+    assert str(gone) not in argv
+    with pytest.raises(FileNotFoundError):  # what must be reachable still must exist
+        wrap_fork_server(hidden=[], writable=[gone], readable=[])
