@@ -45,10 +45,11 @@ setup-test: $(STAMPS)/system $(STAMPS)/clis $(STAMPS)/venv-test
 demo: setup
 	@$(BIN)/fleet demo
 
-# The suite runs on $(WORKERS) xdist workers; tests take work from each other as they finish
-# (worksteal: a few tests take tens of seconds). CI prints the 15 slowest.
+# The suite runs on $(WORKERS) xdist workers
+# (loadgroup: each worker takes the next test as it finishes, and the tests that must run one at
+# a time, Ray clusters, go to one worker together; tests/conftest.py). CI prints the 15 slowest.
 WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
 
 test: setup-test
 	$(PYTEST) --durations=15

@@ -47,8 +47,11 @@ def test_the_local_node_outlives_the_thread_that_connected() -> None:
         await trio.to_thread.run_sync(RayLauncher(slots=1)._connect)
 
     trio.run(connect)
-    assert ray.is_initialized()
-    node = node_processes()
-    assert {p.name() for p in node} == {"gcs_server", "raylet"}, node
-    time.sleep(THREAD_RETIRED_S)  # the worker thread that ran _connect is gone by now
-    assert all(alive(p) for p in node), f"the local node died with its thread: {node}"
+    try:
+        assert ray.is_initialized()
+        node = node_processes()
+        assert {p.name() for p in node} == {"gcs_server", "raylet"}, node
+        time.sleep(THREAD_RETIRED_S)  # the worker thread that ran _connect is gone by now
+        assert all(alive(p) for p in node), f"the local node died with its thread: {node}"
+    finally:
+        ray.shutdown()  # the node, its workers, monitor and dashboard: this process started them
