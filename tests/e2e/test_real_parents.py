@@ -289,7 +289,9 @@ async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
             )
             env = {**base.env, **_fleet_env(fleet)}
             command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
-            with trio.fail_after(CEILING):
+            # The other parents finish in 15-20 s: while the mark stands, a minute is plenty to
+            # fail in (it waited out the whole CEILING, 10 minutes of the suite for the two).
+            with trio.fail_after(60):
                 async with open_cli(command, tmp_path / "pi.stderr") as pi:
                     await pi.send({"type": "prompt", "id": "p1", "message": PROMPT})
                     while not model.answered:
@@ -445,7 +447,9 @@ async def test_a_user_install_gives_a_real_pi_parent_fleets_tools_in_any_project
             argv[argv.index("--tools") + 1] = "read,subagent_spawn,subagent_wait"
             env = {**base.env, **_fleet_env(fleet)}
             command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
-            with trio.fail_after(CEILING):
+            # The other parents finish in 15-20 s: while the mark stands, a minute is plenty to
+            # fail in (it waited out the whole CEILING, 10 minutes of the suite for the two).
+            with trio.fail_after(60):
                 async with open_cli(command, tmp_path / "pi.stderr") as pi:
                     await pi.send({"type": "prompt", "id": "p1", "message": PROMPT})
                     await pi.until(lambda e: e.get("type") == "agent_end")
