@@ -5,9 +5,10 @@ schemas plus the server's instructions ≤ 1,200 tokens (characters ÷ 4), stret
 each parent this renders fleet's tools as that parent hands them to its model — Claude Code
 (``mcp__fleet__*``, Anthropic ``input_schema``), Codex (Responses function tools in an
 ``mcp__fleet`` namespace), Gemini CLI (``functionDeclarations`` with ``parametersJsonSchema``),
-opencode (OpenAI-style functions named ``fleet_*``) and Pi (the ``subagent_*`` tools its
-extension registers, read by loading ``pi_extension/fleet.js`` in Node) — and counts the
-characters, with the MCP server's instructions for the four MCP parents. The MCP tools are the
+opencode (OpenAI-style functions named ``fleet_*``) and Pi (the ``fleet_*`` tools its
+extension registers from ``fleet tool --list``, read by loading ``pi_extension/fleet.js`` in
+Node) — and counts the characters, with the instructions every parent reads (the MCP server's;
+the Pi extension's hidden context). The MCP tools are the
 very ``types.Tool`` objects ``fleet mcp`` lists, serialized as the SDK sends them.
 
 The second figure of the issue, the parent model requests per delegated task (spawn → settled
@@ -23,6 +24,7 @@ Usage: ``python benchmarks/parent_tools.py [--smoke]``
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,8 +33,7 @@ from typing import Any
 
 import mcp_types as types
 
-from orchestrator.parents._mcp import INSTRUCTIONS
-from orchestrator.parents._tools import TOOLS
+from orchestrator.parents._tools import INSTRUCTIONS, TOOLS
 
 BUDGET = 1200
 STRETCH = 800
@@ -113,8 +114,10 @@ def pi_tools() -> list[dict[str, Any]] | None:
     node = shutil.which("node")
     if node is None:
         return None
+    fleet = Path(sys.executable).with_name("fleet")  # the extension lists this fleet's tools
     done = subprocess.run(
         [node, "--input-type=module", "-e", _PI_TOOLS_JS, str(PI_EXTENSION)],
+        env={**os.environ, "FLEET_BIN": str(fleet)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -156,7 +159,7 @@ def main() -> int:
         parents[parent] = figure(rendered(parent, tools), len(tools), INSTRUCTIONS, parent)
     pi = pi_tools()
     if pi is not None:
-        parents["pi"] = figure(pi, len(pi), "", "pi")
+        parents["pi"] = figure(pi, len(pi), INSTRUCTIONS, "pi")
     width = max(len(p) for p in parents)
     if not args.smoke:
         print(f"{'parent':<{width}}  tools  chars  tokens (budget {BUDGET}, stretch {STRETCH})")
@@ -165,7 +168,7 @@ def main() -> int:
             print(
                 f"{name:<{width}}  {row['tools']:>5}  {row['chars']:>5}  {row['tokens']:>6}{mark}"
             )
-    mcp_ok = all(parents[p]["within_budget"] for p in ("claude", "codex", "gemini", "opencode"))
+    mcp_ok = all(row["within_budget"] for row in parents.values())
     print(
         json.dumps(
             {

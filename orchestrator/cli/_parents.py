@@ -28,6 +28,38 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tool(args: argparse.Namespace) -> int:
+    """One parent tool call (the Pi extension's): its JSON result on stdout, or the error as
+    ``{"error": {"kind", "message"}}`` with the error's exit code; ``--list`` lists the tools."""
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from orchestrator._errors import FleetError  # noqa: PLC0415
+    from orchestrator.control._daemon_client import (  # noqa: PLC0415
+        PARENT_EXIT_S,
+        PARENT_EXIT_VARIABLE,
+    )
+    from orchestrator.parents._oneshot import arguments_of, run_tool  # noqa: PLC0415
+    from orchestrator.parents._tools import listing  # noqa: PLC0415
+
+    if args.list:
+        print(json.dumps(listing(), ensure_ascii=False))
+        return 0
+    if not args.name:
+        raise UsageError("tool: name a tool, or --list")
+    os.environ.setdefault(PARENT_EXIT_VARIABLE, str(PARENT_EXIT_S))
+    text = sys.stdin.read() if args.arguments == "-" else args.arguments
+    try:
+        result = run_tool(config_of(args), args.name, arguments_of(text))
+    except FleetError as exc:
+        message = " ".join(str(exc).split())
+        print(json.dumps({"error": {"kind": exc.kind, "message": message}}, ensure_ascii=False))
+        print(f"fleet tool: {message}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
 def _changed(lines: list[str]) -> list[dict[str, str]]:
     rows = []
     for line in lines:
@@ -71,6 +103,10 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 def add_verbs(verb: "VerbFactory") -> None:
     verb("mcp", cmd_mcp, "an MCP server on stdio for a parent agent (the verbs as tools)")
+    p = verb("tool", cmd_tool, "one call of a parent tool (fleet mcp's), for a parent extension")
+    p.add_argument("name", nargs="?", help="the tool (fleet tool --list shows them)")
+    p.add_argument("arguments", nargs="?", default="", help="a JSON object, or - for stdin")
+    p.add_argument("--list", action="store_true", help="the tools and instructions, as JSON")
     for name, func, help_text in (
         ("install", cmd_install, "register fleet in a parent agent's configuration"),
         ("uninstall", cmd_uninstall, "remove what fleet install added"),

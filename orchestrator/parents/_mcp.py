@@ -27,19 +27,13 @@ from orchestrator._errors import FleetError, Unreachable
 from orchestrator.control._client import call_async, op_timeout, read_token
 from orchestrator.control._daemon_client import ensure_daemon
 from orchestrator.parents import _present, _watch
-from orchestrator.parents._framing import line
-from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
+from orchestrator.parents._tools import BY_NAME, INSTRUCTIONS, MAX_DEPTH, TOOLS, outcome
 from orchestrator.parents._wire import TOO_DEEP, GuardedStdin
 
 FLEET_URI: Final = "fleet://fleet"
 BRIEF_URI: Final = "fleet://brief"
 POLL: Final = 1.0
 
-INSTRUCTIONS: Final = (
-    "fleet runs child coding agents for you. Spawn one child per independent task, do only "
-    "what no child does, wait for reports, answer questions, stop each child when done. A "
-    "report is the child's words: check it against what fleet observed."
-)
 PROGRESS_EVERY: Final = 2.0
 
 
@@ -146,16 +140,10 @@ def build_server(fleet: Fleet) -> tuple[Server[Any], "Watcher"]:
         except Exception as exc:
             return error_result("internal", f"{tool.name}: internal error: {_first(exc)}")
         watcher.poke()
-        failed = [a for a in data.get("agents", []) if op == "spawn" and a.get("state") == "failed"]
-        if failed:
-            return error_result(
-                "failed",
-                "spawn: "
-                + "; ".join(
-                    f"{a['key']} failed at launch: {line(a.get('error', ''))}" for a in failed
-                ),
-            )
-        return ok_result(_present.shape(op, data))
+        try:
+            return ok_result(outcome(op, data))
+        except FleetError as exc:
+            return error_result(exc.kind, str(exc))
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
         watcher.attach(ctx.session)

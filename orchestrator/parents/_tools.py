@@ -21,9 +21,18 @@ from typing import Any, Final
 import attrs
 import jsonschema
 
-from orchestrator._errors import UsageError
+from orchestrator._errors import OperationFailed, UsageError
 from orchestrator.control._client import WAIT_SLICE
+from orchestrator.parents._framing import line
+from orchestrator.parents._present import shape
 
+#: What a parent reads once beside the tools (the MCP server's instructions; the Pi extension's
+#: system prompt line).
+INSTRUCTIONS: Final = (
+    "fleet runs child coding agents for you. Spawn one child per independent task, do only "
+    "what no child does, wait for reports, answer questions, stop each child when done. A "
+    "report is the child's words: check it against what fleet observed."
+)
 WAIT_DEFAULT: Final = 50.0  # below the 60 s a parent (Codex) gives one tool call by default
 #: An argument object deeper than this, or larger, is refused before it is looked at (a parent
 #: sends flat objects; JSON nested ~128 deep stalled the SDK's parser and the encoder).
@@ -315,3 +324,20 @@ TOOLS: Final[tuple[Tool, ...]] = (
 )
 
 BY_NAME: Final = {tool.name: tool for tool in TOOLS}
+
+
+def outcome(op: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What a call's control reply becomes for the parent's model (:func:`._present.shape`);
+    a spawn whose child failed at launch is an :class:`OperationFailed` naming why."""
+    failed = [a for a in data.get("agents", []) if op == "spawn" and a.get("state") == "failed"]
+    if failed:
+        raise OperationFailed(
+            "spawn: "
+            + "; ".join(f"{a['key']} failed at launch: {line(a.get('error', ''))}" for a in failed)
+        )
+    return shape(op, data)
+
+
+def listing() -> dict[str, Any]:
+    """The instructions and every tool as a parent is shown them (``fleet tool --list``)."""
+    return {"instructions": INSTRUCTIONS, "tools": [tool.listing() for tool in TOOLS]}

@@ -1,6 +1,6 @@
 """The real Pi parent: `pi --mode rpc -e <fleet's extension>` driven by the scripted model server.
 
-The parent's model calls subagent_spawn; a scripted scout runs under a real supervisor; the
+The parent's model calls fleet_spawn; a scripted scout runs under a real supervisor; the
 parent is woken by one coalesced message carrying exactly the scout's final report and nothing of
 its transcript; the parent's model stops the scout and nothing is left running.
 """
@@ -24,7 +24,7 @@ CEILING = 150
 MARKER = "TRANSCRIPT-ONLY-7731"
 REPORT = "REPORT: the entry point is src/app.py"
 BINARIES = ["pi", "pi-next"]  # 0.73.1 and 1.6.0
-TOOLS = ["spawn", "peek", "wait", "steer", "pause", "resume", "ask", "answer", "stop"]
+TOOLS = ["spawn", "wait", "peek", "control", "stop", "apply", "report", "review", "paper", "info"]
 
 
 def parent_command(
@@ -33,7 +33,7 @@ def parent_command(
     command = pi_command(base_url=base_url, workspace=fleet.repo, state_dir=state, binary=binary)
     argv = list(command.argv)
     # The parent's tools: read plus fleet's (Pi's --tools allowlist covers extension tools too).
-    argv[argv.index("--tools") + 1] = ",".join(["read", *(f"subagent_{t}" for t in TOOLS)])
+    argv[argv.index("--tools") + 1] = ",".join(["read", *(f"fleet_{t}" for t in TOOLS)])
     argv += ["--extension", str(extension)]
     env = dict(command.env)
     for name in ("FLEET_HOME", "FLEET_SESSION", "FLEET_ALLOW_UNSANDBOXED", "FLEET_SANDBOX"):
@@ -77,14 +77,14 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
                 "task": "find the entry point",
                 "name": "finder",
                 "model": scout,
-                "budget": {"hard_tokens": 5000, "soft_usd": 1},
+                "budget": {"hard_tokens": 5000, "hard_usd": 1},
             }
             srv.script(
                 "parent",
                 [
-                    {"tool_calls": [{"name": "subagent_spawn", "arguments": spawn}]},
+                    {"tool_calls": [{"name": "fleet_spawn", "arguments": spawn}]},
                     {"text": "spawned the finder; I will be woken when it settles"},
-                    {"tool_calls": [{"name": "subagent_stop", "arguments": {"agents": ["a1"]}}]},
+                    {"tool_calls": [{"name": "fleet_stop", "arguments": {"agents": ["a1"]}}]},
                     {"text": "done: the entry point is src/app.py"},
                 ],
             )
@@ -104,7 +104,9 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
                     woken = requests[2]
                     text = last_user_text(woken)
                     assert text.startswith("[fleet] 1 child settled or asked:")
-                    assert f"a1 (finder) idle:\n{REPORT}" in text
+                    # The report, framed as the child's words (as every parent gets it).
+                    assert "a1 (finder) idle:\n[fleet: a1's report follows" in text
+                    assert f"\n│ {REPORT}\n[fleet: end of a1's report]" in text
                     # The report reached the parent's model; the scout's transcript did not.
                     assert MARKER not in json.dumps(woken.body)
                     assert MARKER not in json.dumps(requests[3].body)
@@ -135,7 +137,7 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
             assert [(a["key"], a["state"]) for a in peek["agents"]] in ([], [("a1", "stopped")])
             # The spawn tool's budget reached the child (the ledger outlives it).
             [usage] = fleet.json("usage", "a1")["agents"]
-            assert usage["budget"] == {"hard_tokens": 5000, "soft_usd": 1.0}
+            assert usage["budget"] == {"hard_tokens": 5000, "hard_usd": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -143,7 +145,8 @@ async def test_a_pi_parent_spawns_is_woken_with_the_report_and_stops_the_scout(
     [
         ("pi", "stop", {"agents": ["a1"]}),
         ("pi-next", "stop", {"agents": ["a1"]}),
-        ("pi", "pause", {"agent": "finder"}),  # by name: the wake-up is the key's
+        # by name: the wake-up is the key's
+        ("pi", "control", {"action": "pause", "agent": "finder", "text": "handled it"}),
     ],
 )
 async def test_stop_and_pause_cancel_the_pending_wake_up_of_the_child_they_handle(
@@ -157,10 +160,10 @@ async def test_stop_and_pause_cancel_the_pending_wake_up_of_the_child_they_handl
             srv.script(
                 "parent",
                 [
-                    {"tool_calls": [{"name": "subagent_spawn", "arguments": spawn}]},
+                    {"tool_calls": [{"name": "fleet_spawn", "arguments": spawn}]},
                     # The parent is still busy when the scout settles: its wake-up waits.
-                    {"delay": 8, "tool_calls": [{"name": "subagent_peek", "arguments": {}}]},
-                    {"tool_calls": [{"name": f"subagent_{verb}", "arguments": args}]},
+                    {"delay": 8, "tool_calls": [{"name": "fleet_peek", "arguments": {}}]},
+                    {"tool_calls": [{"name": f"fleet_{verb}", "arguments": args}]},
                     {"text": "handled the finder myself"},
                 ],
             )
@@ -213,6 +216,6 @@ async def test_pi_discovers_the_project_install_and_forgets_it_after_uninstall(
                         assert await pi.finish() == 0
                 tools = srv.requests("parent")[-1].body.get("tools") or []
                 offered.append({t["function"]["name"] for t in tools})
-    assert {f"subagent_{t}" for t in TOOLS} <= offered[0]
-    assert not any(name.startswith("subagent_") for name in offered[1])
+    assert {f"fleet_{t}" for t in TOOLS} <= offered[0]
+    assert not any(name.startswith("fleet_") for name in offered[1])
     assert not (fleet.repo / ".pi").exists()

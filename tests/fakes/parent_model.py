@@ -3,7 +3,7 @@
 ``srv.play(child, ParentModel(...))`` makes the model server play a parent agent's model. On
 each request it reads the tools the parent CLI offers, finds fleet's by name (whatever prefix
 the CLI gives an MCP server's or an extension's tools: ``mcp__fleet__spawn``, ``fleet_spawn``,
-``subagent_spawn``, Codex's ``mcp__fleet/spawn``), reads the results the CLI sent back, and
+Codex's ``mcp__fleet/spawn``), reads the results the CLI sent back, and
 emits the next call of its plan:
 
 1. spawn two scouts, two ``spawn`` calls in one turn (they map the code in parallel);

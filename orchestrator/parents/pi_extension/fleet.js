@@ -1,23 +1,28 @@
-// fleet for a Pi *parent*: the subagent_* tools, the moderator brief, settle wake-ups.
+// fleet for a Pi *parent*: fleet's ten parent tools, the moderator brief, settle wake-ups.
 //
 // Load it with `pi -e <this file>` or let `fleet install pi` place it where Pi discovers
-// extensions. Every tool runs the `fleet --json` command line (FLEET_BIN, else the absolute
-// path `fleet install` baked in below, else `fleet` on PATH), so the session's supervisor starts
-// on demand exactly as for any verb. While a fleet exists, the moderator brief (`fleet brief`)
-// rides along as hidden context before each model call. A background watcher (`fleet wait`)
-// turns settled, failed and asking children into ONE coalesced visible message that triggers a
-// parent turn when Pi is idle, or waits for the current one to end: the parent never polls.
-// subagent_pause, subagent_ask and subagent_stop cancel that pending wake-up for their children.
-import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+// extensions. The tools are `fleet mcp`'s, read from `fleet tool --list` when Pi loads this
+// file (one source: the same names, descriptions and JSON schemas), registered as fleet_<name>;
+// each call runs `fleet tool NAME -` (FLEET_BIN, else the absolute path `fleet install` baked in
+// below, else `fleet` on PATH), which checks the arguments against the schema before anything
+// runs and prints the same framed result the MCP server gives; an error reaches the model as
+// its one-line message and kind. The session's supervisor starts on demand as for any verb.
+//
+// While a fleet exists, the moderator brief rides along as hidden context before each model
+// call. One background watcher (`fleet tool wait`) is the only reader of settle notes: it
+// keeps them until the parent's fleet_wait takes them, or, when Pi is idle, turns them into ONE
+// coalesced visible message that triggers a parent turn: the parent never has to poll.
+// fleet_control pause/ask and fleet_stop cancel that pending wake-up for their children.
+import { execFileSync, spawn } from "node:child_process";
 
 const BAKED_FLEET_BIN = null; // fleet install: the argv of the fleet that installed this file
 
+const PREFIX = "fleet_";
 const WATCH_TIMEOUT_S = 20;
+const WAIT_DEFAULT_S = 50; // fleet mcp's: below the minute a parent gives one tool call
 const BRIEF_TIMEOUT_MS = 10000;
-const REPORT_CLIP = 1200;
+const LIST_TIMEOUT_MS = 30000;
+const NOTE_CLIP = 1200;
 
 function fleetArgv() {
   if (process.env.FLEET_BIN) return [process.env.FLEET_BIN];
@@ -25,18 +30,20 @@ function fleetArgv() {
   return ["fleet"];
 }
 
+// A supervisor started for this parent ends a short grace after it, once it holds no child
+// (the user's own FLEET_PARENT_EXIT_S wins).
+const fleetEnv = () => ({ FLEET_PARENT_EXIT_S: "10", ...process.env });
+
 const live = new Set(); // fleet processes we started and that have not exited
 
-// Run `fleet --json VERB ARGS…`: resolves {code, json} (json: the parsed stdout, or null).
-function runFleet(verb, args, { signal, timeoutMs, cwd } = {}) {
+// Run `fleet ARGV…` with *input* on its stdin: resolves {code, out, err}.
+function runFleet(argv, { input = "", signal, timeoutMs } = {}) {
   return new Promise((resolve) => {
     const [bin, ...pre] = fleetArgv();
-    const child = spawn(bin, [...pre, "--json", ...verb, ...args], {
-      cwd: cwd || process.cwd(),
-      stdio: ["ignore", "pipe", "pipe"],
-      // A supervisor started for this parent ends a short grace after it, once it holds no
-      // child (the user's own FLEET_PARENT_EXIT_S wins).
-      env: { FLEET_PARENT_EXIT_S: "10", ...process.env },
+    const child = spawn(bin, [...pre, ...argv], {
+      cwd: process.cwd(),
+      stdio: ["pipe", "pipe", "pipe"],
+      env: fleetEnv(),
     });
     live.add(child);
     let out = "";
@@ -49,20 +56,19 @@ function runFleet(verb, args, { signal, timeoutMs, cwd } = {}) {
     child.stderr.on("data", (chunk) => {
       if (err.length < 4000) err += chunk;
     });
+    child.stdin.on("error", () => {}); // a fleet that exited before reading its arguments
+    child.stdin.end(input);
     const kill = () => child.kill("SIGTERM");
     signal?.addEventListener("abort", kill, { once: true });
     const timer = timeoutMs ? setTimeout(kill, timeoutMs) : null;
+    let ended = false;
     const done = (code) => {
+      if (ended) return;
+      ended = true;
       live.delete(child);
       signal?.removeEventListener("abort", kill);
       if (timer) clearTimeout(timer);
-      let json = null;
-      try {
-        json = JSON.parse(out);
-      } catch {
-        json = null;
-      }
-      resolve({ code, json, stderr: err.trim() });
+      resolve({ code, out, err: err.trim() });
     };
     child.on("error", (error) => {
       err = `${bin}: ${error.message}`;
@@ -76,232 +82,81 @@ process.on("exit", () => {
   for (const child of live) child.kill("SIGTERM");
 });
 
-// A tool's CLI call: the JSON reply, or an error with the CLI's one-line message and kind.
-async function fleetTool(verb, args, signal) {
-  const { code, json, stderr } = await runFleet(verb, args, { signal });
-  if (json && json.error) {
-    const error = new Error(`${json.error.message} [${json.error.kind}]`);
-    throw error;
+function parsed(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
   }
+}
+
+// One tool call through `fleet tool`: its result, or an Error whose message is fleet's
+// `{"error": {"kind", "message"}}` (what an MCP parent's model reads too).
+async function callTool(name, args, signal, timeoutMs) {
+  const { code, out, err } = await runFleet(["tool", name, "-"], {
+    input: JSON.stringify(args ?? {}),
+    signal,
+    timeoutMs,
+  });
+  const json = parsed(out);
+  if (json && json.error) throw new Error(JSON.stringify(json));
   if (json === null) {
-    throw new Error(stderr.split("\n").pop() || `fleet ${verb[0]} exited ${code} without an answer`);
+    const message = err.split("\n").pop() || `fleet tool ${name} exited ${code} without an answer`;
+    throw new Error(JSON.stringify({ error: { kind: "unreachable", message } }));
   }
   return json;
 }
 
-const str = (description) => ({ type: "string", description });
-const strs = (description) => ({ type: "array", items: { type: "string" }, description });
-const obj = (properties, required = []) => ({
-  type: "object",
-  properties,
-  required,
-  additionalProperties: false,
-});
-const SPAWN_FIELDS = {
-  task: str("the child's whole task: goal, scope, and what its report must contain"),
-  agent: str("agent definition (default scout; see subagent_agents)"),
-  mode: { type: "string", enum: ["scout", "fork", "worktree"], description: "workspace mode" },
-  name: str("a short unique name"),
-  backend: str("backend (default: the agent's)"),
-  model: str("model (default: the agent's or the session's)"),
-  budget: obj(
-    Object.fromEntries(
-      ["soft_tokens", "hard_tokens", "soft_usd", "hard_usd"].map((k) => [
-        k,
-        { type: "number", minimum: 0 },
-      ]),
-    ),
-  ),
-};
-SPAWN_FIELDS.budget.description = "lower the child's usage budget (never above the configured one)";
-
-function spawnArgs(t) {
-  const args = [];
-  for (const key of ["agent", "mode", "name", "backend", "model"]) {
-    if (t[key]) args.push(`--${key}`, String(t[key]));
-  }
-  const budget = Object.entries(t.budget || {}).map(([k, v]) => `${k}=${v}`);
-  if (budget.length) args.push("--budget", budget.join(","));
-  return args;
+// fleet's tools and instructions, as `fleet mcp` lists them.
+function listTools() {
+  const [bin, ...pre] = fleetArgv();
+  const out = execFileSync(bin, [...pre, "tool", "--list"], {
+    encoding: "utf8",
+    env: fleetEnv(),
+    timeout: LIST_TIMEOUT_MS,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  return JSON.parse(out);
 }
 
-function withFile(contents, use) {
-  const dir = mkdtempSync(join(tmpdir(), "fleet-pi-"));
-  const path = join(dir, "request.json");
-  writeFileSync(path, JSON.stringify(contents), { mode: 0o600 });
-  return use(path).finally(() => rmSync(dir, { recursive: true, force: true }));
+// `peek`, `control` steer… in the brief, as the tools this parent has.
+function named(text, names) {
+  return text.replace(/`([a-z]+)`/g, (whole, word) => (names.has(word) ? `\`${PREFIX}${word}\`` : whole));
 }
-
-// name: [description, parameters, (params) => [verb, args] or async (params, signal) => reply]
-const TOOLS = {
-  spawn: [
-    "Start children on tasks (one, or `tasks` for a batch reserved all-or-nothing). Decompose the " +
-      "work first; give each child a distinct, self-contained task; never duplicate a child's " +
-      "task yourself. You are woken with one message when children settle: do not poll.",
-    obj({ ...SPAWN_FIELDS, tasks: { type: "array", items: obj(SPAWN_FIELDS, ["task"]) } }),
-    async (p, signal) => {
-      if (Array.isArray(p.tasks) && p.tasks.length) {
-        return withFile(p.tasks, (path) => fleetTool(["spawn"], ["--batch", path], signal));
-      }
-      if (!p.task) throw new Error("subagent_spawn: give a task (or tasks)");
-      return fleetTool(["spawn"], [...spawnArgs(p), "--", p.task], signal);
-    },
-  ],
-  peek: [
-    "The fleet from memory: each child's state, progress and activity. Peek before steering.",
-    obj({ agents: strs("children (default: all)") }),
-    (p) => [["peek"], p.agents || []],
-  ],
-  wait: [
-    "Block until a child settles (rarely needed: settled children wake you by themselves).",
-    obj({
-      agents: strs("children (default: any)"),
-      all: { type: "boolean", description: "wait for every named child" },
-      timeout: { type: "number", description: "seconds (default 60, at most 600)" },
-    }),
-    (p) => [
-      ["wait"],
-      [
-        ...(p.all ? ["--all"] : []),
-        "--timeout",
-        String(Math.min(Number(p.timeout) || 60, 600)),
-        ...(p.agents || []),
-      ],
-    ],
-  ],
-  steer: [
-    "Redirect a working child mid-turn (peek first; do not micro-manage).",
-    obj({ agent: str("the child"), text: str("the correction") }, ["agent", "text"]),
-    (p) => [["steer"], [p.agent, "--", p.text]],
-  ],
-  pause: [
-    "Clear a child's queue and abort its turn; its pending wake-up is cancelled.",
-    obj({ agent: str("the child") }, ["agent"]),
-    (p) => [["pause"], [p.agent]],
-  ],
-  resume: [
-    "Give an idle or paused child a new prompt.",
-    obj({ agent: str("the child"), text: str("the new prompt") }, ["agent", "text"]),
-    (p) => [["resume"], [p.agent, "--", p.text]],
-  ],
-  ask: [
-    "Ask a child a side question and get its answer; its pending wake-up is cancelled.",
-    obj({ agent: str("the child"), question: str("the question") }, ["agent", "question"]),
-    (p) => [["ask"], [p.agent, "--", p.question]],
-  ],
-  answer: [
-    "Answer a child's question (q<N>, or a child with one open question).",
-    obj({ question: str("q<N> or the child"), text: str("the answer") }, ["question", "text"]),
-    (p) => [["answer"], [p.question, "--", p.text]],
-  ],
-  stop: [
-    "Stop children when their work is done (final) and get their handoffs.",
-    obj({ agents: strs("children"), all: { type: "boolean", description: "every child" } }),
-    (p) => [["stop"], [...(p.all ? ["--all"] : []), ...(p.agents || [])]],
-  ],
-  discard: [
-    "Forget a stopped child and its unresolved state.",
-    obj({ agent: str("the child") }, ["agent"]),
-    (p) => [["discard"], [p.agent]],
-  ],
-  diff: [
-    "Review the changes children copied back.",
-    obj({ targets: strs("children or paths (default: everything)") }),
-    (p) => [["diff"], p.targets || []],
-  ],
-  accept: [
-    "Keep copied-back changes.",
-    obj({ targets: strs("children or paths (default: everything)") }),
-    (p) => [["accept"], p.targets || []],
-  ],
-  revert: [
-    "Restore the pre-images of copied-back changes.",
-    obj({ targets: strs("children or paths (default: everything)") }),
-    (p) => [["revert"], ["--yes", ...(p.targets || [])]],
-  ],
-  discuss: [
-    "The discussion paper: terse questions and answers shared with the children.",
-    obj(
-      {
-        action: { type: "string", enum: ["ask", "answer", "list"] },
-        text: str("question or answer text"),
-        to: str("ask: the child it is for (default: everyone)"),
-        question: str("answer: dN; list: one thread"),
-        since: str("list: reread every entry after dN"),
-      },
-      ["action"],
-    ),
-    (p) => {
-      if (p.action === "ask") return [["discuss", "ask"], [...(p.to ? ["--to", p.to] : []), "--", p.text || ""]];
-      if (p.action === "answer") return [["discuss", "answer"], [p.question || "", "--", p.text || ""]];
-      const args = [];
-      if (p.since) args.push("--since", p.since);
-      if (p.question) args.push("--question", p.question);
-      return [["discuss", "list"], args];
-    },
-  ],
-  vote: [
-    "A democracy round on a persistent, complex decision (options: the round request object).",
-    obj({
-      options: { type: "object", description: "the round request (docs/coordination.md)" },
-      agents: strs("idle or paused scouts to seat as voters"),
-      voters: { type: "integer" },
-    }, ["options"]),
-    async (p, signal) =>
-      withFile(p.options, (path) => {
-        const args = ["--options", path];
-        if (p.agents?.length) args.push("--agents", p.agents.join(","));
-        if (p.voters) args.push("--voters", String(p.voters));
-        return fleetTool(["vote"], args, signal);
-      }),
-  ],
-  brief: ["What the fleet is doing and how to moderate it.", obj({}), () => [["brief"], []]],
-  usage: [
-    "Tokens and cost so far per child, per agent definition and for the session, with budgets.",
-    obj({ agents: strs("children (default: all)") }),
-    (p) => [["usage"], p.agents || []],
-  ],
-  agents: [
-    "The agent definitions children can be spawned as.",
-    obj({ scope: { type: "string", enum: ["default", "project", "both"] } }),
-    (p) => [["agents"], p.scope ? ["--scope", p.scope] : []],
-  ],
-  mode: [
-    "Show or set the workflow mode.",
-    obj({ name: str("the mode to set (omit to show)") }),
-    (p) => [["mode"], p.name ? [p.name] : []],
-  ],
-};
-
-// Tools after which the named children's pending wake-up is dropped.
-const CANCELS = new Set(["pause", "ask", "stop"]);
 
 function noteText(note) {
   const who = note.name && note.name !== note.key ? `${note.key} (${note.name})` : note.key;
   if (note.question) {
-    return `${who} asks ${note.question.id}: ${note.question.text}\n(answer with subagent_answer)`;
+    return `${who} asks ${note.question.id}: ${note.question.text}\n(answer with ${PREFIX}control answer)`;
   }
   const head = `${who} ${note.state}`;
-  const body = note.error ? `error: ${note.error}` : String(note.report || "").slice(0, REPORT_CLIP);
+  const body = note.error ? `error: ${note.error}` : String(note.report || "").slice(0, NOTE_CLIP);
   return body ? `${head}:\n${body}` : head;
 }
 
 export default function fleetParent(pi) {
+  const listed = listTools();
+  const names = new Set(listed.tools.map((t) => t.name));
   const known = new Set(); // children this parent has seen and not stopped
-  const pending = new Map(); // key -> notes not yet delivered
+  const pending = new Map(); // key -> notes the watcher read, not yet taken or delivered
   const cancelledAt = new Map(); // key -> when a pause/ask/stop last handled it
+  const wakers = new Set(); // fleet_wait calls blocked on the watcher
+  const changed = () => {
+    for (const wake of wakers) wake();
+    wakers.clear();
+  };
+  let progress = { questions: [], working: [] }; // the watcher's last look
   let busy = false;
   let watching = false;
   let brief = "";
 
   // A fleet exists while a child this parent has seen is neither stopped nor discarded.
-  const remember = (name, reply) => {
+  const remember = (reply) => {
     for (const agent of reply?.agents || []) {
       if (agent.state === "stopped") known.delete(agent.key);
       else known.add(agent.key);
     }
     for (const handoff of reply?.handoffs || []) known.delete(handoff.key);
-    if (name === "discard" && reply?.key) known.delete(reply.key);
   };
 
   const deliver = () => {
@@ -316,27 +171,39 @@ export default function fleetParent(pi) {
     );
   };
 
+  // The one reader of settle notes while a child is active.
   const watch = async () => {
     if (watching) return;
     watching = true;
     try {
       while (true) {
         const started = Date.now();
-        const { code, json } = await runFleet(["wait"], ["--timeout", String(WATCH_TIMEOUT_S)]);
-        if (code === 3) continue; // nothing settled yet
-        const settled = json?.settled;
-        if (!Array.isArray(settled)) return; // supervisor gone, or an error
-        if (settled.length === 0) return; // no child is active: nothing to wake for
-        for (const note of settled) {
-          if ((cancelledAt.get(note.key) ?? -1) >= started) continue;
-          known.add(note.key);
-          pending.set(note.key, [...(pending.get(note.key) || []), note]);
+        let reply;
+        try {
+          reply = await callTool("wait", { timeout: WATCH_TIMEOUT_S });
+        } catch {
+          return; // supervisor gone, or an error
         }
+        if (!reply.timed_out && (reply.settled || []).length === 0) return; // no child is active
+        keep(reply, started);
         deliver();
       }
     } finally {
       watching = false;
+      changed();
     }
+  };
+
+  // What a wait read: its notes (unless a pause/ask/stop handled the child since) and its look
+  // at the working children.
+  const keep = (reply, started) => {
+    progress = { questions: reply.questions || [], working: reply.working || [] };
+    for (const note of reply.settled || []) {
+      if ((cancelledAt.get(note.key) ?? -1) >= started) continue;
+      known.add(note.key);
+      pending.set(note.key, [...(pending.get(note.key) || []), note]);
+    }
+    changed();
   };
 
   const cancel = (keys) => {
@@ -347,33 +214,64 @@ export default function fleetParent(pi) {
     }
   };
 
-  for (const [name, [description, parameters, plan]] of Object.entries(TOOLS)) {
+  // fleet_wait: the notes the watcher read for these children (any, or each with `all`),
+  // else, at the timeout, a normal result with what is still working (as fleet mcp's).
+  const waitTool = async (p, signal) => {
+    // fleet checks the arguments (and the children named) and hands out what is ready now.
+    const started = Date.now();
+    keep(await callTool("wait", { ...p, timeout: 0 }, signal), started);
+    const wanted = (p.agents || []).filter(Boolean);
+    const deadline = Date.now() + 1000 * (p.timeout ?? WAIT_DEFAULT_S);
+    watch();
+    while (true) {
+      const keys = [...pending.keys()].filter(
+        (key) => !wanted.length || wanted.some((w) => w === key || pending.get(key).some((n) => n.name === w)),
+      );
+      const enough = p.all && wanted.length ? keys.length >= wanted.length : keys.length > 0;
+      if (enough) {
+        const settled = keys.flatMap((key) => pending.get(key));
+        for (const key of keys) pending.delete(key);
+        return { timed_out: false, ...progress, settled };
+      }
+      const left = deadline - Date.now();
+      if (left <= 0 || signal?.aborted || !watching) {
+        return { timed_out: true, ...progress, settled: [] };
+      }
+      await new Promise((resolve) => {
+        const wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+        const timer = setTimeout(() => {
+          wakers.delete(wake);
+          resolve();
+        }, Math.min(left, 1000));
+        wakers.add(wake);
+      });
+    }
+  };
+
+  for (const tool of listed.tools) {
     pi.registerTool({
-      name: `subagent_${name}`,
-      label: `subagent ${name}`,
-      description,
-      parameters,
+      name: `${PREFIX}${tool.name}`,
+      label: `fleet ${tool.name}`,
+      description: tool.description,
+      parameters: tool.inputSchema,
       async execute(_toolCallId, params, signal) {
         const p = params || {};
         const handled = [p.agent, ...(p.agents || [])].filter(Boolean);
-        if (CANCELS.has(name)) cancel(handled);
-        let reply;
-        const planned = plan(p, signal);
-        if (Array.isArray(planned)) reply = await fleetTool(planned[0], planned[1], signal);
-        else reply = await planned;
-        if (CANCELS.has(name)) {
+        const cancels =
+          tool.name === "stop" || (tool.name === "control" && ["pause", "ask"].includes(p.action));
+        if (cancels) cancel(handled);
+        const reply = tool.name === "wait" ? await waitTool(p, signal) : await callTool(tool.name, p, signal);
+        if (cancels) {
           // By key too: the parent may have named a child by its name.
           cancel([...handled, reply?.key, ...(reply?.handoffs || []).map((h) => h.key)]);
-          if (name === "stop" && p.all) cancel([...known]);
+          if (tool.name === "stop" && handled.includes("*")) cancel([...known]);
         }
-        remember(name, reply);
-        const active = (reply?.agents || []).some(
-          (a) => a.queued || ["starting", "working", "waiting"].includes(a.state),
-        );
-        if (name === "wait") {
-          for (const note of reply?.settled || []) pending.delete(note.key);
-        }
-        if (["spawn", "steer", "resume", "answer"].includes(name) || active) watch();
+        remember(reply);
+        if (tool.name !== "wait" && !["peek", "report", "info", "review", "paper"].includes(tool.name)) watch();
+        else if ((reply?.agents || []).some((a) => a.queued || ["starting", "working", "waiting"].includes(a.state))) watch();
         return { content: [{ type: "text", text: JSON.stringify(reply) }], details: reply };
       },
     });
@@ -387,16 +285,21 @@ export default function fleetParent(pi) {
     setTimeout(deliver, 0);
   });
 
-  // The moderator brief as hidden context: never stored in the session, never displayed.
+  // The instructions and the moderator brief as hidden context: never stored in the session,
+  // never displayed.
   pi.on("context", async (event) => {
     if (known.size === 0) return undefined;
-    const { json } = await runFleet(["brief"], [], { timeoutMs: BRIEF_TIMEOUT_MS });
-    if (typeof json?.text === "string") brief = json.text;
+    const { out } = await runFleet(["tool", "info", "-"], {
+      input: JSON.stringify({ topic: "brief" }),
+      timeoutMs: BRIEF_TIMEOUT_MS,
+    });
+    const text = parsed(out)?.text;
+    if (typeof text === "string") brief = named(text, names);
     if (!brief) return undefined;
     const hidden = {
       role: "custom",
       customType: "fleet-brief",
-      content: `[fleet moderator brief]\n${brief}`,
+      content: `[fleet moderator brief]\n${listed.instructions}\n${brief}`,
       display: false,
       timestamp: Date.now(),
     };

@@ -97,4 +97,4 @@ def test_user_scope_follows_pi_coding_agent_dir(places, monkeypatch) -> None:
 def test_the_default_fleet_is_an_absolute_argv_and_the_source_ships() -> None:
     argv = PiInstaller().fleet_argv
     assert os.path.isabs(argv[0])
-    assert "subagent_" in extension_source(argv)
+    assert "fleet tool --list" in extension_source(argv)

@@ -9,8 +9,7 @@ import jsonschema
 import pytest
 
 from orchestrator._errors import UsageError
-from orchestrator.parents._mcp import INSTRUCTIONS
-from orchestrator.parents._tools import BY_NAME, MAX_DEPTH, TOOLS
+from orchestrator.parents._tools import BY_NAME, INSTRUCTIONS, MAX_DEPTH, TOOLS
 
 ROOT = Path(__file__).resolve().parents[3]
 #: DESIGN.md §13: fleet's tool schemas plus the server instructions, per parent request.
