@@ -143,14 +143,14 @@ def _install(fleet: Fleet, parent: str, env: dict[str, str], verb: str = "instal
     assert result.returncode == 0, result.stderr
 
 
-def _fleet_env(fleet: Fleet) -> dict[str, str]:
+def fleet_env(fleet: Fleet) -> dict[str, str]:
     env = {k: v for k, v in fleet.env.items() if k.startswith(("FLEET_", "GIT_"))}
     env.pop("FLEET_IDLE_EXIT_S", None)
     return env
 
 
 def _run(command: CliCommand, fleet: Fleet, log: Path) -> None:
-    env = {**command.env, **_fleet_env(fleet)}
+    env = {**command.env, **fleet_env(fleet)}
     with log.open("wb") as err:
         result = subprocess.run(
             list(command.argv),
@@ -208,6 +208,17 @@ def _opencode(fleet: Fleet, srv: ModelServer, state: Path) -> CliCommand:
 
 
 PARENTS = {"claude": _claude, "codex": _codex, "gemini": _gemini, "opencode": _opencode}
+
+
+def pi_parent(fleet: Fleet, srv: ModelServer, state: Path, tools: str) -> CliCommand:
+    """``pi --mode rpc`` on what ``fleet install pi --project`` wrote, offering *tools*."""
+    base = pi_command(base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=state)
+    _install(fleet, "pi", dict(base.env))
+    # Discovery on (no --no-extensions): Pi finds .pi/extensions/fleet by itself.
+    argv = [a for a in base.argv if a != "--no-extensions"]
+    argv[argv.index("--tools") + 1] = tools
+    env = {**base.env, **fleet_env(fleet)}
+    return CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
 
 
 def _check(fleet: Fleet, model: ParentModel, srv: ModelServer) -> None:
@@ -273,18 +284,10 @@ async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
         async with ModelServer() as srv:
             model = _parent_model(fleet, full=full)
             srv.play("parent", model)
-            base = pi_command(
-                base_url=srv.base_url("parent"), workspace=fleet.repo, state_dir=tmp_path / "pi"
-            )
-            _install(fleet, "pi", dict(base.env))
-            # Discovery on (no --no-extensions): Pi finds .pi/extensions/fleet by itself.
-            argv = [a for a in base.argv if a != "--no-extensions"]
-            at = argv.index("--tools") + 1
-            argv[at] = "read," + ",".join(
+            tools = "read," + ",".join(
                 f"fleet_{v}" for v in ("spawn", "wait", "stop", "review", "apply")
             )
-            env = {**base.env, **_fleet_env(fleet)}
-            command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
+            command = pi_parent(fleet, srv, tmp_path / "pi", tools)
             with trio.fail_after(CEILING):
                 async with open_cli(command, tmp_path / "pi.stderr") as pi:
                     await pi.send({"type": "prompt", "id": "p1", "message": PROMPT})
@@ -439,7 +442,7 @@ async def test_a_user_install_gives_a_real_pi_parent_fleets_tools_in_any_project
             _install_user(fleet, "pi", dict(base.env))
             argv = [a for a in base.argv if a != "--no-extensions"]
             argv[argv.index("--tools") + 1] = "read,fleet_spawn,fleet_wait"
-            env = {**base.env, **_fleet_env(fleet)}
+            env = {**base.env, **fleet_env(fleet)}
             command = CliCommand(argv=tuple(argv), env=env, cwd=fleet.repo)
             with trio.fail_after(CEILING):
                 async with open_cli(command, tmp_path / "pi.stderr") as pi:
