@@ -6,6 +6,7 @@ from typing import Any
 import attrs
 import pytest
 
+from orchestrator._config import load_config
 from orchestrator._errors import UsageError
 from orchestrator.batch import IntegrationQueue
 
@@ -61,3 +62,20 @@ async def test_land_without_a_gate_is_refused(tmp_path):
 
 async def test_land_with_nothing_queued_is_none(tmp_path):
     assert await queue_of(tmp_path, []).land() is None
+
+
+def test_config_reads_integration_auto_and_timeout_and_refuses_bad_values(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "integration:\n  gate: sh check.sh\n  auto: true\n  timeout: 600\n"
+    )
+    config = load_config(home=tmp_path, cwd=tmp_path)
+    assert (config.integration_gate, config.integration_auto) == ("sh check.sh", True)
+    assert config.integration_timeout == 600.0
+    (tmp_path / "config.yaml").write_text("integration:\n  gate: sh check.sh\n")
+    config = load_config(home=tmp_path, cwd=tmp_path)
+    assert (config.integration_auto, config.integration_timeout) == (False, 1800.0)
+    for bad in ("auto: yes-please", "timeout: 0", "timeout: -5", "timeout: soon", "wait: 3"):
+        (tmp_path / "config.yaml").write_text(f"integration:\n  gate: x\n  {bad}\n")
+        with pytest.raises(UsageError, match=r"^config\.yaml: integration") as caught:
+            load_config(home=tmp_path, cwd=tmp_path)
+        assert "\n" not in str(caught.value)
