@@ -239,6 +239,11 @@ class Config:
     #: ``integration.gate``: the shell command a held change must pass in a fresh sandboxed
     #: worktree before ``fleet land`` applies it ("" : ``land`` is refused).
     integration_gate: str = ""
+    #: ``integration.auto``: the supervisor lands each change entering the queue on its own,
+    #: in order (``fleet serve``'s supervisor; no ``fleet land`` needed).
+    integration_auto: bool = False
+    #: ``integration.timeout``: seconds a gate may run before it is stopped and the change held.
+    integration_timeout: float = 1800.0
     #: ``subagents.pacing``: the model gateway's per-provider rate and cooldown patience, as
     #: given (``spend._pacing.parse_pacing`` validates it).
     pacing: object = None
@@ -412,12 +417,7 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         settings["copyback_hold"] = copyback.get("hold")
     integration = data.get("integration")
     if integration is not None:
-        gate = integration.get("gate") if isinstance(integration, dict) else None
-        if not isinstance(integration, dict) or set(integration) - {"gate"}:
-            raise UsageError("config.yaml: integration must be a mapping with one key, gate")
-        if not isinstance(gate, str):
-            raise UsageError("config.yaml: integration.gate must be a shell command (a string)")
-        settings["integration_gate"] = gate
+        settings.update(_integration(integration))
     env = os.environ
     for name, target, convert in (
         ("FLEET_MAX_SUBAGENTS", "max_subagents", int),
@@ -479,3 +479,23 @@ def _int_or_text(value: str) -> object:
         return int(value)
     except ValueError:
         return value  # the watchdog policy check reports it and falls back
+
+
+def _integration(integration: object) -> dict[str, Any]:
+    """The ``integration`` mapping's settings, or a one-line error."""
+    if not isinstance(integration, dict) or set(integration) - {"gate", "auto", "timeout"}:
+        raise UsageError("config.yaml: integration must be a mapping of gate, auto and timeout")
+    settings: dict[str, Any] = {}
+    gate = integration.get("gate", "")
+    if not isinstance(gate, str):
+        raise UsageError("config.yaml: integration.gate must be a shell command (a string)")
+    settings["integration_gate"] = gate
+    auto = integration.get("auto", False)
+    if not isinstance(auto, bool):
+        raise UsageError("config.yaml: integration.auto must be true or false")
+    settings["integration_auto"] = auto
+    timeout = integration.get("timeout", 1800)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < 1e7:
+        raise UsageError("config.yaml: integration.timeout must be a number of seconds above 0")
+    settings["integration_timeout"] = float(timeout)
+    return settings

@@ -87,9 +87,10 @@ class IntegrationQueue:
     root: Path
     #: Paths the gate must not see (the whole state directory).
     hidden: tuple[Path, ...] = ()
-    #: A gate still running after this is stopped and the change held (one control request
-    #: may not outlast the 120 s IPC cap; a longer gate needs land to run in slices).
-    gate_timeout: float = 100.0
+    #: ``integration.timeout``: a gate still running after this is stopped and the change held.
+    #: ``integration.auto`` lands outside any request, so its gate may use all of it; a
+    #: ``fleet land`` by hand is one control request, which its client waits on ~100 s at most.
+    gate_timeout: float = 1800.0
     #: Runs the gate unsandboxed only when the session allows unsandboxed children.
     allow_unsandboxed: bool = False
     entries: dict[str, Entry] = attrs.Factory(dict)
@@ -173,7 +174,10 @@ class IntegrationQueue:
             entry.status, entry.gate = "held", output[-GATE_TAIL:]
             entry.reason = f"gate `{self.gate}` failed (exit {code})"
             return {}
-        fields = await self.worktrees.apply(entry.key, [p.path for p, _ in ordinary])
+        # Shielded: a stop (or a dropped request) after a green gate lands the whole change,
+        # never half of it; before this point it leaves the change queued, nothing applied.
+        with trio.CancelScope(shield=True):
+            fields = await self.worktrees.apply(entry.key, [p.path for p, _ in ordinary])
         if fields.get("conflicts") or fields.get("error"):
             entry.status = "held"
             entry.conflicts = [c["path"] for c in fields.get("conflicts", [])]

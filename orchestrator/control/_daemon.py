@@ -32,6 +32,7 @@ from orchestrator._errors import Refused
 from orchestrator._runtime import ensure_session_runtime, remove_session_runtime
 from orchestrator.control._daemon_client import PARENT_EXIT_VARIABLE
 from orchestrator.control._durable import Durability, close_durability, open_durability
+from orchestrator.control._land import land_queued
 from orchestrator.control._server import ControlServer
 from orchestrator.core._supervisor import open_supervisor
 
@@ -81,6 +82,8 @@ async def serve(
                     server.extra_ops.update(durability.ops())
                     await nursery.start(listener.serve, server.handle_connection)
                     nursery.start_soon(_on_signals, server.shutdown)
+                    if config.integration_auto and config.integration_gate.strip():
+                        nursery.start_soon(land_queued, sup)
                     idle_s = idle_exit_after(config.idle_exit_s, os.environ)
                     if idle_s > 0:
                         nursery.start_soon(exit_when_idle, server, idle_s)

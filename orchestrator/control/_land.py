@@ -6,17 +6,22 @@ one) and answers ``{"entry": {key, status, reason, conflicts, gate, held_files, 
 fresh worktree worker whose task is the failure. ``queue`` answers ``{"queue": [...]}``.
 """
 
+import logging
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
-from orchestrator._errors import UsageError
+import trio
+
+from orchestrator._errors import FleetError, UsageError
 from orchestrator._records import SpawnRequest, clip
 from orchestrator.batch import Entry
 from orchestrator.control._args import str_arg
 from orchestrator.core._isolation import apply_settlement
 from orchestrator.core._supervisor import Supervisor
 
-__all__ = ["land_op", "queue_op"]
+__all__ = ["land_op", "land_queued", "queue_op"]
+
+log = logging.getLogger(__name__)
 
 #: The most of a held change's patch a resolver's task carries.
 PATCH_CLIP: Final = 16_000
@@ -45,6 +50,28 @@ async def land_op(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
             data["resolver"] = await _resolver(sup, entry)
     data["queue"] = sup.queue.show()
     return data
+
+
+async def land_queued(sup: Supervisor, *, every: float = 1.0) -> NoReturn:
+    """``integration.auto``: land each change that enters the queue, in order, as it comes.
+
+    Runs in ``fleet serve``'s supervisor, not in a request, so a gate may run its whole
+    ``integration.timeout``. The queue's lock orders it with a ``fleet land`` by hand; a change
+    it holds stays held (``fleet land aN`` retries it). A supervisor stopped mid-gate lands
+    nothing: the copy-back runs only after a green gate, and the change stays queued."""
+    while True:
+        try:
+            landed = await sup.queue.land()
+        except (FleetError, OSError) as exc:
+            log.warning("integration.auto: %s", exc)
+            landed = None
+        if landed is None:
+            await trio.sleep(every)
+            continue
+        entry, fields = landed
+        if fields:
+            apply_settlement(sup.registry.find(entry.key), fields)
+        log.info("integration.auto: %s %s %s", entry.key, entry.status, entry.reason)
 
 
 async def _resolver(sup: Supervisor, entry: Entry) -> str:

@@ -146,6 +146,7 @@ class Supervisor(FleetViews):
         self.queue = IntegrationQueue(
             worktrees=self.worktrees,
             gate=self.config.integration_gate,
+            gate_timeout=self.config.integration_timeout,
             root=self.config.paths.root,
             hidden=(self.config.home,),
             allow_unsandboxed=self.config.allow_unsandboxed,

@@ -3,6 +3,7 @@ one at a time by ``fleet land`` behind ``git apply --check`` and a sandboxed tes
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,80 @@ def test_the_gate_runs_sandboxed_it_cannot_write_the_parent_or_reach_the_state_d
         assert "SAW-STATE" not in entry["gate"]
         assert not escape.exists()
         assert (fleet.repo / "check.sh").read_text() == "exit 0\n"
+
+
+def test_with_integration_auto_a_held_change_lands_without_fleet_land(tmp_path: Path):
+    with running_fleet(tmp_path) as fleet:
+        (fleet.home / "config.yaml").write_text(
+            "integration:\n  gate: sh check.sh\n  auto: true\n  timeout: 120\n"
+        )
+        for name, text in {"a.txt": "one\n", "c.txt": "fine\n", "check.sh": CHECK}.items():
+            (fleet.repo / name).write_text(text)
+        for argv in (["git", "add", "-A"], ["git", "commit", "-qm", "gate"]):
+            subprocess.run(argv, cwd=fleet.repo, env=fleet.env, check=True, capture_output=True)
+        for key, steps in {
+            "a1": [_edit("a.txt", "one", "one-a1")],
+            "a2": [_write("c.txt", "broken\n")],
+        }.items():
+            model = fleet.script(key, _worker(steps))
+            fleet.json("spawn", "--agent", "worker", "--model", model, f"task {key}")
+            fleet.json("wait", key, "--timeout", "90", timeout=120)
+            fleet.json("stop", key, "--hold")
+        deadline = time.monotonic() + 90
+        shown: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            shown = {e["key"]: e["status"] for e in fleet.json("queue")["queue"]}
+            if shown == {"a1": "landed", "a2": "held"}:
+                break
+            time.sleep(0.5)
+        assert shown == {"a1": "landed", "a2": "held"}
+        assert (fleet.repo / "a.txt").read_text() == "one-a1\n"
+        assert (fleet.repo / "c.txt").read_text() == "fine\n"
+        assert _parent_passes(fleet.repo)
+        held = {e["key"]: e for e in fleet.json("peek")["queue"]}["a2"]
+        assert "c.txt is broken: FAILED" in held["gate"]
+
+
+def test_land_resolve_hands_a_conflict_to_a_resolver_whose_change_lands_behind_the_gate(
+    tmp_path: Path,
+):
+    resolver = [
+        _write("a.txt", "one-a1-a2\n"),
+        {"reply": "## Summary\nresolved: {{task}}"},
+    ]
+    with running_fleet(tmp_path) as fleet:
+        model = fleet.script("resolver", json.dumps({"turns": [{"steps": resolver}]}))
+        (fleet.home / "config.yaml").write_text(
+            f"subagents:\n  model: '{model}'\nintegration:\n  gate: sh check.sh\n"
+        )
+        for name, text in {"a.txt": "one\n", "c.txt": "fine\n", "check.sh": CHECK}.items():
+            (fleet.repo / name).write_text(text)
+        for argv in (["git", "add", "-A"], ["git", "commit", "-qm", "gate"]):
+            subprocess.run(argv, cwd=fleet.repo, env=fleet.env, check=True, capture_output=True)
+        for key, steps in {
+            "a1": [_edit("a.txt", "one", "one-a1")],
+            "a2": [_edit("a.txt", "one", "one-a2")],
+        }.items():
+            script = fleet.script(key, _worker(steps))
+            fleet.json("spawn", "--agent", "worker", "--model", script, f"task {key}")
+            fleet.json("wait", key, "--timeout", "90", timeout=120)
+            fleet.json("stop", key, "--hold")
+        assert fleet.json("land", timeout=120)["entry"]["status"] == "landed"  # a1
+        held = fleet.json("land", "--resolve", code=1, timeout=120)
+        assert (held["entry"]["key"], held["entry"]["status"]) == ("a2", "held")
+        fixer = held["resolver"]
+        assert fixer == "a3"
+        done = fleet.json("wait", fixer, "--timeout", "90", timeout=120)
+        summary = json.dumps(done)
+        # The resolver's task carried the failure and the held change's patch.
+        assert "conflict with the parent" in summary
+        assert "a.txt" in summary
+        assert "+one-a2" in summary
+        assert (fleet.repo / "a.txt").read_text() == "one-a1\n"  # nothing landed yet
+        fleet.json("stop", fixer, "--hold")
+        queued = {e["key"]: e["status"] for e in fleet.json("queue")["queue"]}
+        assert queued == {"a1": "landed", "a2": "held", "a3": "queued"}
+        entry = fleet.json("land", timeout=120)["entry"]
+        assert (entry["key"], entry["status"], entry["landed"]) == ("a3", "landed", ["a.txt"])
+        assert (fleet.repo / "a.txt").read_text() == "one-a1-a2\n"
+        assert _parent_passes(fleet.repo)
