@@ -46,6 +46,10 @@ import mcp_types as types
 import trio
 
 from orchestrator.parents._tools import INSTRUCTIONS, TOOLS
+
+# The real parents are started as the e2e tests start them: their helpers live under tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from tests._needs import missing
 from tests.e2e.conftest import Fleet, running_fleet
 from tests.e2e.test_real_parents import PARENTS, fleet_env, pi_parent
