@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator._errors import UsageError
-from orchestrator.cli._common import config_of, out
+from orchestrator.cli._common import call, config_of, out
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -50,7 +50,9 @@ def cmd_tool(args: argparse.Namespace) -> int:
     os.environ.setdefault(PARENT_EXIT_VARIABLE, str(PARENT_EXIT_S))
     text = sys.stdin.read() if args.arguments == "-" else args.arguments
     try:
-        result = run_tool(config_of(args), args.name, arguments_of(text))
+        result = run_tool(
+            lambda op, payload: call(args, op, payload), args.name, arguments_of(text)
+        )
     except FleetError as exc:
         message = " ".join(str(exc).split())
         print(json.dumps({"error": {"kind": exc.kind, "message": message}}, ensure_ascii=False))
