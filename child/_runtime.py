@@ -362,7 +362,7 @@ async def run(loadout_path: str) -> int:
         credentials, context = Credentials.take(
             pathlib.Path(loadout.tls), loadout.session, loadout.owner
         )
-        async with open_egress(loadout):
+        async with open_egress(loadout) as loadout:
             channel, _ = await ipc.open_tls_client(
                 loadout.socket,
                 context,
@@ -379,7 +379,7 @@ async def run(loadout_path: str) -> int:
         hello=hello,
         request_timeout=loadout.request_timeout,
     )
-    async with open_egress(loadout):
+    async with open_egress(loadout) as loadout:
         return await Runtime(loadout=loadout, channel=channel).serve()
 
 
@@ -409,7 +409,7 @@ async def run_inherited(connection_fd: int, loadout_fd: int) -> int:
         hello=ipc.Hello(pid=os.getpid(), backend=loadout.backend),
         request_timeout=loadout.request_timeout,
     )
-    async with open_egress(loadout):
+    async with open_egress(loadout) as loadout:
         return await Runtime(loadout=loadout, channel=channel).serve()
 
 

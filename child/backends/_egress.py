@@ -14,6 +14,12 @@ through. :func:`open_egress` then serves, for the life of the child:
   agent CLIs get it as ``HTTPS_PROXY`` (see :func:`proxy_environment`), the builtin ``openai``
   model as its client's proxy.
 
+- when ``FLEET_MODEL_GATEWAY`` names the child's model URL (the supervisor's model gateway
+  serves it, holding the key: the child has a placeholder), and that URL is ``https`` or not
+  on loopback: one more local port relaying to the model's endpoint, and the loadout the child
+  runs with points its model at it in plain HTTP (``http://127.0.0.1:PORT/<the URL's path>``).
+  The gateway makes the TLS connection upstream; it refuses a TLS handshake from the child.
+
 The relay decides nothing: the supervisor's proxy holds the allowlist and refuses the rest.
 """
 
@@ -26,6 +32,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
+import attrs
 import trio
 
 import ipc
@@ -34,6 +41,9 @@ log = logging.getLogger("child")
 
 SOCKET_ENV: Final = "FLEET_EGRESS_SOCKET"
 PROXY_ENV: Final = "FLEET_EGRESS_PROXY"
+#: The model URL the supervisor's gateway serves (``orchestrator.spend._keyless.GATEWAY_ENV``).
+GATEWAY_ENV: Final = "FLEET_MODEL_GATEWAY"
+_SCHEME_PORTS: Final = {"http": 80, "https": 443}
 _LOOPBACK_NAMES: Final = frozenset({"localhost"})
 _CHUNK: Final = 65536
 _MAX_HEAD: Final = 8192
@@ -187,12 +197,30 @@ async def _serve(listener: trio.SocketListener, handler: object, *args: str) -> 
             nursery.start_soon(handler, stream, *args)  # type: ignore[arg-type]
 
 
+def _gatewayed(url: str) -> tuple[str, str] | None:
+    """``(host:port, path)`` of a gateway-served model *url* that the child cannot reach as it
+    is (``https``, or not on loopback); None when it can, or *url* is not a model URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEME_PORTS or not parts.hostname:
+        return None
+    if parts.scheme == "http" and is_loopback(parts.hostname):
+        return None  # the loopback listener for its own address and port serves it as it is
+    try:
+        port = parts.port or _SCHEME_PORTS[parts.scheme]
+    except ValueError:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}", parts.path.rstrip("/")
+
+
 @contextlib.asynccontextmanager
-async def open_egress(loadout: ipc.Loadout) -> AsyncIterator[None]:
-    """Serve the relay (see the module docstring) while the body runs; nothing without one."""
+async def open_egress(loadout: ipc.Loadout) -> AsyncIterator[ipc.Loadout]:
+    """Serve the relay (see the module docstring) while the body runs; nothing without one.
+    Yields the loadout to run with: *loadout*, its model pointed at the gateway's port when the
+    gateway serves it."""
     path = os.environ.get(SOCKET_ENV, "")
     if not path or not loadout.egress:
-        yield
+        yield loadout
         return
     async with trio.open_nursery() as nursery:
         remote = False
@@ -215,8 +243,16 @@ async def open_egress(loadout: ipc.Loadout) -> AsyncIterator[None]:
             port = listener.socket.getsockname()[1]
             os.environ[PROXY_ENV] = f"http://127.0.0.1:{port}"
             nursery.start_soon(_serve, listener, _relay_raw, path)
+        gatewayed = _gatewayed(os.environ.get(GATEWAY_ENV, ""))
+        if gatewayed is not None:
+            target, prefix = gatewayed
+            listener = await _listen("127.0.0.1", 0)
+            port = listener.socket.getsockname()[1]
+            nursery.start_soon(_serve, listener, _relay_fixed, path, target)
+            model = attrs.evolve(loadout.model, base_url=f"http://127.0.0.1:{port}{prefix}")
+            loadout = attrs.evolve(loadout, model=model)
         try:
-            yield
+            yield loadout
         finally:
             os.environ.pop(PROXY_ENV, None)
             nursery.cancel_scope.cancel()

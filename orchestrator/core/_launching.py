@@ -36,9 +36,10 @@ from orchestrator.launch._launcher import (
 from orchestrator.launch._nodeplan import node_directory_of, plan_for
 from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._ray_launched import LaunchedRay
-from orchestrator.launch._sandboxing import Placement, place
+from orchestrator.launch._sandboxing import Placement, place, reaches_a_model
 from orchestrator.launch._tmux import TmuxLauncher
-from orchestrator.spend._gateway import model_gateway
+from orchestrator.spend._gateway import gateway_url, model_gateway
+from orchestrator.spend._keyless import GATEWAY_ENV, carries_credentials, keyless
 from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
@@ -169,21 +170,24 @@ class Launching:
                     loadout_file=Path(run.loadout) if run.loadout else None,
                 )
                 self._record_sandbox(run, placement.sandboxed, placement.reason)
+            env = {
+                **self._credentials(run, loadout, proxy, placement),
+                **placement.env,
+                # Unique to this run: the kill ladder finds every process that inherited it.
+                MARKER_ENV: run_marker(sup.config.session, run.key),
+            }
             spec = LaunchSpec(
                 key=run.key,
                 name=run.record.name,
                 argv=placement.argv,
                 cwd=loadout.workspace,
-                env={
-                    **child_environment(os.environ),
-                    **placement.env,
-                    # Unique to this run: the kill ladder finds every process that inherited it.
-                    MARKER_ENV: run_marker(sup.config.session, run.key),
-                },
+                env=env,
                 inherit=None if pair is None else (pair[1].fileno(), sealed),
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
                 plain=not placement.sandboxed and not isinstance(launcher, RayLauncher),
-                view=placement.view,
+                # The sandboxed fork server holds no secret: a child given one is started fresh
+                # (a fork would leave the secret in the server's memory for the next child).
+                view=None if carries_credentials(env) else placement.view,
                 tls=loadout.tls,
                 ship=await self._shipment(run, loadout),
             )
@@ -214,6 +218,36 @@ class Launching:
         run.record.unsandboxed_reason = reason
         if not sandboxed:
             run.log.write(f"running unsandboxed: {reason}")
+
+    @staticmethod
+    def _credentials(
+        run: ChildRun,
+        loadout: ipc.Loadout,
+        proxy: EgressProxy | Path | None,
+        placement: Placement,
+    ) -> dict[str, str]:
+        """*run*'s environment from ours, keyless when it is sandboxed here (:mod:`._keyless`):
+        no credential but those its definition grants; its model's key a placeholder when the
+        gateway serves that model (and :data:`GATEWAY_ENV` its URL). A child whose model the
+        gateway cannot serve keeps the user's credentials, and its run log says so."""
+        env = child_environment(os.environ)
+        if not placement.sandboxed or not isinstance(proxy, EgressProxy | None):
+            return env  # unsandboxed (it could read ours), or on a Ray node (no gateway there)
+        model = loadout.model
+        served = isinstance(proxy, EgressProxy) and bool(proxy.models)
+        if reaches_a_model(loadout.backend, model) and not served:
+            run.log.write(
+                f"model {model.name or model.kind!r}: no gateway serves it, so the child holds "
+                "the user's credentials (give it an openai:/anthropic: model to keep keys out)"
+            )
+            return env
+        placeholder = [model.api_key_env] if served and model.api_key_env else []
+        env = keyless(env, granted=loadout.secret_env, placeholder=placeholder)
+        if served:
+            env[GATEWAY_ENV] = gateway_url(model)
+            held = " (the child has a placeholder)" if env.get(model.api_key_env) else ""
+            run.log.write(f"model key held by the gateway{held}")
+        return env
 
     async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
         """A child on another node gets the workspace as a bundle: a worktree child its

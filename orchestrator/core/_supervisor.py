@@ -59,6 +59,7 @@ from orchestrator.launch._launcher import Launched, Launcher, child_argv
 from orchestrator.launch._sandboxing import fork_server_wrapper
 from orchestrator.notify import Notifier
 from orchestrator.spend._budgets import Budgets
+from orchestrator.spend._keyless import keyless
 from orchestrator.spend._limits import parse_policy
 from orchestrator.spend._pacing import parse_pacing
 from orchestrator.workspace._quarantine import HoldRules
@@ -205,6 +206,8 @@ class Supervisor(FleetViews):
                 self.boxed_fork_server = attrs.evolve(
                     self.fork_server,
                     wrapper=wrapper,
+                    # Its forks are sandboxed children: its memory holds no credential of ours.
+                    env=keyless(self.fork_server.env),
                     log_path=self.config.paths.root / "fork-server-sandboxed.log",
                 )
 

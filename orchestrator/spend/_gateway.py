@@ -1,8 +1,11 @@
 """The model gateway: one child's model traffic, relayed by the supervisor, keyed and metered.
 
 The egress proxy hands a child's tunnel to its model endpoint to :meth:`Gateway.serve` instead
-of dialling it: the child speaks plain HTTP/1.1 (its base URL is ``http://``, over the relay in
-its sandbox), read here with ``h11``. Each request is
+of dialling it: the child speaks plain HTTP/1.1 (its base URL is ``http://``, a port of the
+relay in its sandbox, even when the model's own URL is ``https``), read here with ``h11``. A
+tunnel that opens with a TLS handshake instead — a client dialling the model host itself — is
+refused and logged: the gateway makes the upstream TLS connection, and the child holds only a
+placeholder key (:mod:`._keyless`). Each request is
 
 - refused when a hard cap is reached (:attr:`Gateway.refusal` says why): a ``403`` with a JSON
   error body both OpenAI and Anthropic clients show (``error.message``), never retried;
@@ -20,6 +23,7 @@ with one status line; the gateway never raises into the proxy.
 import contextlib
 import functools
 import json
+import os
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
@@ -34,12 +38,18 @@ import ipc
 from orchestrator.spend._metering import Meter, Metered
 from orchestrator.spend._pacing import Pacing, retry_after
 
-__all__ = ["MAX_BODY", "MAX_RETRIES", "Gateway", "model_gateway"]
+__all__ = ["ANTHROPIC_URL", "MAX_BODY", "MAX_RETRIES", "Gateway", "gateway_url", "model_gateway"]
 
 MAX_BODY: Final = 32 << 20
 #: How often one request is retried after a 429/529 cooldown before the child gets the answer.
 MAX_RETRIES: Final = 5
 _CHUNK: Final = 65536
+#: The first byte of a TLS record carrying a handshake (a ClientHello).
+_TLS_HANDSHAKE: Final = b"\x16"
+_DIRECT: Final = (
+    "a TLS connection straight to the model endpoint; the gateway serves the child's model "
+    "in plain HTTP at the base URL fleet gives it (children hold no key)"
+)
 _CREDENTIALS: Final = frozenset({"authorization", "x-api-key", "api-key"})
 _HOP: Final = frozenset(
     {
@@ -58,10 +68,30 @@ _HOP: Final = frozenset(
 )
 
 
-@functools.cache
 def _tls() -> ssl.SSLContext:
-    """The system's trust store, loaded once (loading it per connection cost ~0.3 s)."""
+    """The system's trust store (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured: a corporate
+    CA, or a test's), loaded once per setting (loading it per connection cost ~0.3 s)."""
+    return _trust(os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+
+
+@functools.cache
+def _trust(_file: str, _directory: str) -> ssl.SSLContext:
     return ssl.create_default_context()
+
+
+#: The model URL an ``anthropic`` model without one reaches.
+ANTHROPIC_URL: Final = "https://api.anthropic.com"
+
+
+def gateway_url(model: ipc.ModelSpec) -> str:
+    """The model URL a gateway serves for *model*: its base URL (an ``anthropic`` model's
+    default when it names none); "" for a model the gateway cannot serve (a script, or a
+    name only an agent CLI resolves, with that CLI's own endpoint and credentials)."""
+    if model.kind == "openai":
+        return model.base_url
+    if model.kind == "anthropic":
+        return model.base_url or ANTHROPIC_URL
+    return ""
 
 
 def _model_of(body: bytes | bytearray) -> str:
@@ -71,6 +101,23 @@ def _model_of(body: bytes | bytearray) -> str:
     except (ValueError, AttributeError):
         return ""
     return value[:200] if isinstance(value, str) else ""
+
+
+def _describe(exc: BaseException) -> str:
+    """What went wrong, in one line: httpx's own message is empty for a TLS failure."""
+    cause: BaseException | None = exc
+    while cause is not None and not str(cause).strip():
+        cause = cause.__cause__ or cause.__context__
+    text = str(cause if cause is not None else type(exc).__name__)
+    return " ".join(text.split())[:300]
+
+
+def _origin_form(target: str) -> str:
+    """The path and query of a request *target* (an absolute-form ``http://host/path`` too)."""
+    if target.startswith(("http://", "https://")):
+        parts = urlsplit(target)
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return target if target.startswith("/") else "/" + target
 
 
 def _error_body(message: str) -> bytes:
@@ -104,8 +151,13 @@ class Gateway:
         """Serve HTTP/1.1 requests on *stream* (the bytes *first* already read) until it
         closes; every request relayed, metered or refused."""
         connection = h11.Connection(h11.SERVER)
-        if first:
-            connection.receive_data(first)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            first = first or bytes(await stream.receive_some(_CHUNK))
+        if first[:1] == _TLS_HANDSHAKE:
+            # A client that dials the model host itself (the real key's way past us): refused.
+            self.on_refused(self.upstream, _DIRECT)
+            return
+        connection.receive_data(first)
         async with contextlib.AsyncExitStack() as stack:
             client = self.client
             if client is None:
@@ -137,7 +189,7 @@ class Gateway:
                 break
             else:
                 return False
-        target = request.target.decode("ascii", "replace")
+        target = _origin_form(request.target.decode("ascii", "replace"))
         refusal = self.refusal()
         if refusal is not None:
             self.on_refused(target, refusal)
@@ -165,8 +217,8 @@ class Gateway:
             try:
                 response = await client.send(outgoing, stream=True)
             except httpx.HTTPError as exc:
-                self.on_refused(target, f"upstream failed: {exc}")
-                message = f"fleet gateway: upstream failed: {exc}"
+                self.on_refused(target, f"upstream failed: {_describe(exc)}")
+                message = f"fleet gateway: upstream failed: {_describe(exc)}"
                 await self._answer(stream, connection, 502, message)
                 return False
             if gate is None or self.pacing is None or response.status_code not in (429, 529):
@@ -198,7 +250,7 @@ class Gateway:
                     meter.feed(chunk)
                     await stream.send_all(connection.send(h11.Data(data=chunk)) or b"")
             except httpx.HTTPError as exc:
-                self.on_refused(target, f"upstream broke off: {exc}")
+                self.on_refused(target, f"upstream broke off: {_describe(exc)}")
                 return False
             finally:
                 usage = meter.usage()
@@ -257,15 +309,20 @@ def model_gateway(
     allowed: Iterable[str],
     environ: Mapping[str, str],
 ) -> dict[tuple[str, int], Callable[[trio.abc.Stream, bytes], Awaitable[None]]]:
-    """The egress proxy's model handler for *run*: its model endpoint, when that is plain
-    ``http`` and on its allowlist, served by a :class:`Gateway` (metered, capped; the real key
-    of ``model.api_key_env`` from *environ* set on the way out); else nothing."""
-    parts = urlsplit(model.base_url)
-    if parts.scheme != "http" or not parts.hostname:
+    """The egress proxy's model handler for *run*: its model's endpoint (:func:`gateway_url`,
+    ``http`` or ``https``), when that is on its allowlist, served by a :class:`Gateway`
+    (metered, capped; the real key of ``model.api_key_env`` from *environ* set on the way out,
+    over TLS of the gateway's own when the endpoint is ``https``); else nothing."""
+    parts = urlsplit(gateway_url(model))
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
         return {}
-    pair = (parts.hostname.lower(), parts.port or 80)
-    if f"{parts.hostname.lower()}:{pair[1]}" not in {a.lower() for a in allowed} and (
-        f"[{pair[0]}]:{pair[1]}" not in {a.lower() for a in allowed}
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return {}
+    pair = (parts.hostname.lower(), port)
+    if f"{pair[0]}:{port}" not in {a.lower() for a in allowed} and (
+        f"[{pair[0]}]:{port}" not in {a.lower() for a in allowed}
     ):
         return {}
     key = environ.get(model.api_key_env, "") if model.api_key_env else ""
@@ -276,7 +333,7 @@ def model_gateway(
         )
     host = f"[{pair[0]}]" if ":" in pair[0] else pair[0]
     gateway = Gateway(
-        upstream=f"http://{host}:{pair[1]}",
+        upstream=f"{parts.scheme}://{host}:{port}",
         on_usage=lambda metered: spend.on_metered(run, metered),
         credentials=credentials,
         refusal=lambda: spend.refusal(run.key),

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     import types
     from collections.abc import Callable, Mapping, Sequence
 
+    from tests.fakes._tls import TestCA
+
 __all__ = ["DEFAULT_CHILD", "ModelServer", "Request", "ScriptError", "ToolCall", "Turn", "Usage"]
 
 DEFAULT_CHILD = "default"
@@ -155,8 +157,11 @@ class Request:
 
 @attrs.define(eq=False)
 class ModelServer:
-    """The scripted model server; use it as a (sync or async) context manager."""
+    """The scripted model server; use it as a (sync or async) context manager. With *tls* (a
+    :class:`tests.fakes._tls.TestCA`) it serves HTTPS with a leaf that CA signed, standing in
+    for a provider: :meth:`base_url` is then ``https://``."""
 
+    tls: TestCA | None = None
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _scripts: dict[str, tuple[Turn, ...]] = attrs.field(factory=dict, init=False)
     _default: tuple[Turn, ...] = attrs.field(default=(), init=False)
@@ -244,7 +249,8 @@ class ModelServer:
     def base_url(self, child: str = DEFAULT_CHILD) -> str:
         """The root a client appends ``/v1/...`` to: ``http://127.0.0.1:PORT/c/<child>``."""
         _check_child(child)
-        return f"http://127.0.0.1:{self.port}/c/{child}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}/c/{child}"
 
     def script(self, child: str, turns: Sequence[Mapping[str, Any] | Turn]) -> None:
         """Give `child` its own script (replacing any earlier one) and rewind its cursor."""
@@ -302,15 +308,19 @@ class ModelServer:
             self._started.set()  # also when startup failed, so start() does not wait in vain
 
     async def _serve(self) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        plain = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        listeners: list[trio.abc.Listener[Any]] = list(plain)
+        if self.tls is not None:
+            context = self.tls.server_context()
+            listeners = [trio.SSLListener(each, context, https_compatible=True) for each in plain]
         with trio.CancelScope() as scope:
             self._scope = scope
             self._token = trio.lowlevel.current_trio_token()
-            self._port = listeners[0].socket.getsockname()[1]
+            self._port = plain[0].socket.getsockname()[1]
             self._started.set()
             await trio.serve_listeners(self._handle, listeners)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: trio.abc.Stream) -> None:
         connection = Connection(stream)
         async with stream:
             try:

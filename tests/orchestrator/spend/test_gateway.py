@@ -4,6 +4,7 @@ whole, over one kept-alive connection; a refusal reaches the client as an error 
 
 import functools
 import json
+import ssl
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ import trio
 
 from orchestrator.spend._gateway import Gateway
 from orchestrator.spend._metering import Metered
+from tests.fakes._tls import TestCA
 from tests.fakes.model_server import ModelServer
 
 USAGE = {"input_tokens": 11, "output_tokens": 3, "cache_read_tokens": 2}
@@ -23,6 +25,19 @@ async def _serve(gateway: Gateway, nursery: trio.Nursery) -> int:
     listeners = await nursery.start(serve)
     port: int = listeners[0].socket.getsockname()[1]
     return port
+
+
+async def _raw_post(port: int, target: str, body: dict[str, object]) -> bytes:
+    """POST *body* to *target* as written (an absolute form too); the whole answer."""
+    data = json.dumps(body).encode()
+    head = f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(head.encode() + b"Connection: close\r\n\r\n" + data)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return answer
 
 
 def _body(api: str, *, stream: bool) -> dict[str, object]:
@@ -90,3 +105,95 @@ async def test_a_refused_request_never_leaves_and_the_client_sees_why() -> None:
     assert response.status_code == 403
     assert response.json()["error"]["message"] == "budget spent: 120 of 100 tokens"
     assert refused == [("/c/c1/v1/chat/completions", "budget spent: 120 of 100 tokens")]
+
+
+async def test_an_https_provider_is_reached_over_the_gateways_own_tls(tmp_path, monkeypatch):
+    # The child speaks plain HTTP to the gateway; the gateway verifies the provider's
+    # certificate against the trust store (here a test CA, as a corporate one would be).
+    ca = TestCA()
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.write(tmp_path / "ca.pem")))
+    billed: list[Metered] = []
+    async with ModelServer(tls=ca) as srv:
+        srv.script("c1", [{"text": "over tls", "usage": USAGE}] * 2)
+        gateway = Gateway(
+            upstream=f"https://127.0.0.1:{srv.port}",
+            on_usage=billed.append,
+            credentials={"authorization": "Bearer sk-real"},
+        )
+        async with trio.open_nursery() as nursery:
+            port = await _serve(gateway, nursery)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                whole = await client.post(
+                    "/c/c1/v1/chat/completions",
+                    json=_body("chat", stream=False),
+                    headers={"authorization": "Bearer fleet-placeholder"},
+                )
+            # A proxy-style absolute-form target reaches the same path.
+            absolute = await _raw_post(
+                port,
+                "http://api.example.test:443/c/c1/v1/chat/completions?x=1",
+                _body("chat", stream=True),
+            )
+            nursery.cancel_scope.cancel()
+        requests = srv.requests("c1")
+    assert whole.status_code == 200
+    assert "over tls" in whole.text
+    assert absolute.startswith(b"HTTP/1.1 200")
+    assert b"[DONE]" in absolute
+    assert [r.headers.get("authorization") for r in requests] == ["Bearer sk-real"] * 2
+    assert [(r.path, r.query) for r in requests] == [
+        ("/v1/chat/completions", ""),
+        ("/v1/chat/completions", "x=1"),
+    ]
+    assert len(billed) == 2
+
+
+async def test_a_provider_whose_certificate_is_not_trusted_is_a_502_not_a_leak(tmp_path):
+    # No SSL_CERT_FILE: the test CA is not trusted, so the real key never goes out to it.
+    async with ModelServer(tls=TestCA()) as srv:
+        srv.script("c1", [{"text": "never"}])
+        refused: list[tuple[str, str]] = []
+        gateway = Gateway(
+            upstream=f"https://127.0.0.1:{srv.port}",
+            on_usage=lambda _usage: pytest.fail("nothing to meter"),
+            credentials={"authorization": "Bearer sk-real"},
+            on_refused=lambda what, why: refused.append((what, why)),
+        )
+        async with trio.open_nursery() as nursery:
+            port = await _serve(gateway, nursery)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                response = await client.post(
+                    "/c/c1/v1/chat/completions", json=_body("chat", stream=False)
+                )
+            nursery.cancel_scope.cancel()
+        assert srv.requests("c1") == []
+    assert response.status_code == 502
+    assert "CERTIFICATE_VERIFY_FAILED" in response.json()["error"]["message"]
+    assert [what for what, _ in refused] == ["/c/c1/v1/chat/completions"]
+
+
+async def test_a_tls_handshake_from_the_child_is_refused_and_logged(tmp_path, monkeypatch):
+    # A hostile child dials the provider itself (TLS through its tunnel, to use a key it
+    # found): the gateway serves plain HTTP only, so nothing reaches the provider.
+    ca = TestCA()
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.write(tmp_path / "ca.pem")))
+    async with ModelServer(tls=ca) as srv:
+        srv.script("c1", [{"text": "never"}])
+        refused: list[tuple[str, str]] = []
+        gateway = Gateway(
+            upstream=f"https://127.0.0.1:{srv.port}",
+            on_usage=lambda _usage: pytest.fail("nothing to meter"),
+            on_refused=lambda what, why: refused.append((what, why)),
+        )
+        async with trio.open_nursery() as nursery:
+            port = await _serve(gateway, nursery)
+            context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+            async with httpx.AsyncClient(
+                base_url=f"https://127.0.0.1:{port}", verify=context
+            ) as client:
+                with pytest.raises(httpx.HTTPError):
+                    await client.post("/c/c1/v1/chat/completions", json=_body("chat", stream=False))
+            nursery.cancel_scope.cancel()
+        assert srv.requests("c1") == []
+    assert refused == [(f"https://127.0.0.1:{srv.port}", refused[0][1])]
+    assert "TLS connection straight to the model endpoint" in refused[0][1]
