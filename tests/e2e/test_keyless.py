@@ -137,6 +137,16 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
         found["regions"] += 1
         found["mem_real"] += len(real.findall(chunk))
         found["mem_held"] += len(held.findall(chunk))
+# Then the provider itself, with TLS, the way a child holding a found key would dial it.
+import socket, ssl, sys
+context = ssl.create_default_context()
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+try:
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as raw:
+        with context.wrap_socket(raw) as tls:
+            found["direct"] = "connected " + tls.version()
+except (OSError, ssl.SSLError) as exc:
+    found["direct"] = "refused " + type(exc).__name__
 print("PROBE " + json.dumps(found))
 """
 
@@ -147,8 +157,8 @@ async def test_a_hostile_worker_finds_no_real_key_in_any_environment_or_memory(
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     (repo / "probe.py").write_text(PROBE)  # where the sandboxed worker can read it
-    command = "python3 probe.py"
     async with ModelServer(tls=ca) as srv:
+        command = f"python3 probe.py {srv.port}"
         srv.script(
             CHILD,
             [
@@ -164,16 +174,19 @@ async def test_a_hostile_worker_finds_no_real_key_in_any_environment_or_memory(
             with trio.fail_after(120):
                 [note] = await sup.wait([record.key])
             await sup.stop([record.key])
+        log = (sup.paths.logs / f"{record.key}.log").read_text()
         calls = [r for r in srv.requests(CHILD) if r.api is not None]
     assert note["report"] == "looked", note
     output = "".join(calls[1].tool_results())
     line = next(x for x in output.splitlines() if x.startswith("PROBE "))
     found = json.loads(line.removeprefix("PROBE "))
-    print(found)
     # The search works: it read memory and found the placeholder the child holds.
     assert found["regions"] > 0, found
     assert found["env_held"] + found["mem_held"] > 0, found
     # And the real keys (the model's, the other provider's, an AWS secret) are nowhere.
     assert (found["env_real"], found["mem_real"]) == (0, 0), found
     assert OPENAI_KEY not in output
+    # Its own TLS to the provider ends at the gateway, which logs it.
+    assert found["direct"].startswith("refused"), found
+    assert "a TLS connection straight to the model endpoint" in log
     assert [_sent_key("openai", r) for r in calls] == [OPENAI_KEY, OPENAI_KEY]
