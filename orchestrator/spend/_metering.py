@@ -20,6 +20,7 @@ unread (and the response counts what was read).
 """
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,6 +30,7 @@ __all__ = ["MAX_HELD", "Meter", "Metered"]
 
 #: The largest JSON body or single SSE event the meter holds to read.
 MAX_HELD: Final = 4 << 20
+_NO_USAGE: Final = re.compile(rb'"usage"\s*:\s*null')
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +126,13 @@ class Meter:
             self._event(block)
 
     def _event(self, block: bytes) -> None:
+        # Only an event that carries usage (or names the model) is worth reading: a text
+        # delta is skipped on two substring searches, before any copy.
+        if b'"usage"' not in block:
+            if self._model or b'"model"' not in block[:300]:
+                return
+        elif self._model and block.count(b'"usage"') == 1 and _NO_USAGE.search(block):
+            return  # OpenAI's chunks say ``"usage": null`` until the last one
         lines = block.replace(b"\r\n", b"\n").split(b"\n")
         data = b"\n".join(line[5:].lstrip(b" ") for line in lines if line.startswith(b"data:"))
         # Only an event that carries usage (or names the model) is worth parsing: a text
