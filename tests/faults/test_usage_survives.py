@@ -42,6 +42,8 @@ def _state(faults) -> str:
 def _usage(faults) -> tuple[int, int, int]:
     report = _json(faults, "usage")
     [child] = [a for a in report["agents"] if a["key"] == "a1"]
+    # What the gateway metered (the ledger's source of truth) agrees, life after life.
+    assert child["metered_tokens"] == child["tokens"], child
     return child["tokens"], child["input_tokens"], report["session"]["tokens"]
 
 
