@@ -49,8 +49,6 @@ SECURITY_HEADERS: Final = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
-#: The most samples of the session's tokens kept for the usage chart.
-SPEND_SAMPLES: Final = 2000
 #: The most democracy rounds the paper page shows.
 MAX_ROUNDS: Final = 50
 STATIC: Final = {"app.js": "text/javascript", "style.css": "text/css"}
@@ -89,8 +87,6 @@ class WebApp:
     client: Client
     session_name: str
     timelines: Timelines = attrs.Factory(Timelines)
-    #: The session's tokens each time the fleet was read and they had changed (for the chart).
-    spend: list[tuple[float, float]] = attrs.Factory(list)
     env: jinja2.Environment = attrs.Factory(_environment)
     _reading: trio.Lock = attrs.Factory(trio.Lock)
     _peeked: tuple[float, dict[str, Any]] | None = None
@@ -136,7 +132,6 @@ class WebApp:
             if self._peeked is not None and trio.current_time() - self._peeked[0] < FRESH:
                 return self._peeked[1]
             peek = await self.client.call("peek", {})
-            self._sample(float((peek.get("usage") or {}).get("tokens") or 0))
             self.timelines.observe(peek.get("agents", []))
             try:
                 await self.timelines.refresh(self.client.call)
@@ -144,15 +139,6 @@ class WebApp:
                 log.debug("no journal: %s", exc)
             self._peeked = (trio.current_time(), peek)
             return peek
-
-    def _sample(self, tokens: float) -> None:
-        now = time.time()
-        flat = len(self.spend) > 1 and self.spend[-1][1] == self.spend[-2][1] == tokens
-        if flat:
-            self.spend[-1] = (now, tokens)  # a flat stretch: move its end
-            return
-        self.spend.append((now, tokens))
-        del self.spend[:-SPEND_SAMPLES]
 
     def _fleet_context(self, peek: Mapping[str, Any]) -> dict[str, Any]:
         agents = _render.fleet_order(peek.get("agents", []))
@@ -289,7 +275,10 @@ class WebApp:
             return self._page(request, "error.html", 503, error=str(exc))
         children = [(f"{a['key']} {a.get('agent', '')}", a) for a in usage.get("agents", [])]
         tokens = float(usage.get("session", {}).get("tokens") or 0)
-        self._sample(tokens)
+        try:
+            await self.timelines.refresh(self.client.call)
+        except FleetError as exc:  # a supervisor without a journal still has a ledger
+            log.debug("no journal: %s", exc)
         definitions = list(usage.get("definitions", {}).items())
         return self._page(
             request,
@@ -297,7 +286,7 @@ class WebApp:
             usage=usage,
             by_child=_render.bar_chart(_render.usage_rows(children)),
             by_definition=_render.bar_chart(_render.usage_rows(definitions)),
-            over_time=_render.line_chart([*self.spend, (time.time(), tokens)]),
+            over_time=_render.line_chart([*self.timelines.spending(), (time.time(), tokens)]),
         )
 
     async def act(self, request: Request) -> Response:

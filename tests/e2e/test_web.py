@@ -130,6 +130,8 @@ def test_the_page_follows_a_child_and_answers_its_question(web):
     for name in ("paper", "usage"):
         page.goto(f"{origin}/{name}")
         expect(page.locator("h1").first).to_be_visible()
+        if name == "usage":  # drawn from the journal's spend records, not the page's samples
+            expect(page.locator("svg.chart.line polyline")).to_be_visible()
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
 
