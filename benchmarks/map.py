@@ -1,9 +1,13 @@
 """``fleet map`` over 200 scripted rows: wall against the ideal schedule, and supervisor memory.
 
-Each row's child is a fresh scout on the builtin agent whose scripted model replies at once
-with its task, so a row's time is the fleet's own cost: spawn (sandboxed by default), hello,
-one turn, the settle, the ledger's fsync and the out file, the discard. The script measures,
-in one run on an embedded supervisor over a real git repository:
+Each row's child is a fresh scout on the builtin agent whose scripted model thinks
+``--think`` seconds (0.5 by default: a row waits on its model, as a real one does for seconds)
+and replies with its task; the rest of a row's time is the fleet's own cost: spawn (sandboxed
+by default), hello, one turn, the settle, the ledger's fsync and the out file, the discard.
+With ``--think 0`` a row is nothing but that cost, which is CPU: W rows at a time then cannot
+beat the machine's cores, and the ratio says as much about the cores as about the fleet (the
+JSON gives ``cores``). The script measures, in one run on an embedded supervisor over a real
+git repository:
 
 * one row's time: a 1-row map, ``--single`` times (median);
 * a ``--rows``-row map at the lane's width ``W = min(lane, max_subagents)``;
@@ -43,7 +47,7 @@ from orchestrator.core._supervisor import open_supervisor
 
 MB = 1024 * 1024
 TARGET = 1.2
-SCRIPT = 'turns:\n  - steps:\n      - reply: "{{task}}"\n'
+SCRIPT = 'turns:\n  - steps:\n      - wait: {think}\n      - reply: "{{{{task}}}}"\n'
 GIT_ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.invalid"}
 GIT_ENV |= {"GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@example.invalid"}
 
@@ -56,11 +60,13 @@ def make_repo(path: Path) -> None:
         subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
 
 
-async def bench(rows: int, singles: int, lane: int, *, sandboxed: bool) -> dict[str, Any]:
+async def bench(
+    rows: int, singles: int, lane: int, *, sandboxed: bool, think: float
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fmb-", dir="/tmp") as tmp:
         root = Path(tmp)
         make_repo(root / "repo")
-        (root / "row.yaml").write_text(SCRIPT)
+        (root / "row.yaml").write_text(SCRIPT.format(think=think))
         config = Config(
             home=root / "home",
             session="b",
@@ -101,6 +107,8 @@ async def bench(rows: int, singles: int, lane: int, *, sandboxed: bool) -> dict[
         "failed": status["failed"],
         "written": written,
         "width": width,
+        "cores": os.cpu_count(),
+        "think_s": think,
         "sandboxed": sandboxed,
         "one_row_s": round(one, 3),
         "single_min_s": round(min(single), 3),
@@ -121,10 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--single", type=int, default=5, help="1-row maps timed for the ideal")
     parser.add_argument("--lane", type=int, default=4)
     parser.add_argument("--unsandboxed", action="store_true")
+    parser.add_argument("--think", type=float, default=0.5, help="each row's model time, s")
     parser.add_argument("--smoke", action="store_true", help="12 rows, 1 single")
     args = parser.parse_args(argv)
     rows, single = (12, 1) if args.smoke else (args.rows, args.single)
-    result = trio.run(lambda: bench(rows, single, args.lane, sandboxed=not args.unsandboxed))
+    sandboxed = not args.unsandboxed
+    result = trio.run(lambda: bench(rows, single, args.lane, sandboxed=sandboxed, think=args.think))
     print(json.dumps(result))
     return 0 if result["done"] == rows else 1
 
