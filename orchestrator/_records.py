@@ -4,6 +4,7 @@ A :class:`ChildRecord` is what ``peek`` shows and a handoff returns; the registr
 records lives in :mod:`orchestrator.core._registry`.
 """
 
+import collections
 import enum
 import time
 from collections.abc import Mapping
@@ -15,6 +16,8 @@ from orchestrator._errors import UsageError
 
 RETAINED_REPORTS: Final = 8
 REPORT_CLIP: Final = 1200
+#: The most recent activities (tool calls, messages) a child's record keeps, with their times.
+RECENT_ACTIVITIES: Final = 200
 
 
 class State(enum.StrEnum):
@@ -68,6 +71,10 @@ class ChildRecord:
         lambda: {"done": 0, "total": 0, "current": None, "next": []}
     )
     activity: str = "starting"
+    #: Each change of :attr:`activity` that says more than the state: (wall time, activity).
+    recent: collections.deque[tuple[float, str]] = attrs.Factory(
+        lambda: collections.deque(maxlen=RECENT_ACTIVITIES)
+    )
     last_event_at: float = attrs.Factory(time.monotonic)
     started_at: float = attrs.Factory(time.monotonic)
     tokens: int = 0
@@ -108,7 +115,13 @@ class ChildRecord:
     def touch(self, activity: str | None = None) -> None:
         self.last_event_at = time.monotonic()
         if activity is not None:
+            if activity and activity != self.activity and activity != str(self.state):
+                self.recent.append((round(time.time(), 3), activity))
             self.activity = activity
+
+    def recent_activities(self) -> list[dict[str, Any]]:
+        """Its recent activities, oldest first (a page's timeline between journal records)."""
+        return [{"at": at, "activity": activity} for at, activity in self.recent]
 
     def peek(self) -> dict[str, Any]:
         """The ``peek`` entry (CLI.md's shape)."""

@@ -91,7 +91,13 @@ def _bad_entry() -> SpawnRequest:
 
 
 async def _peek(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:
-    return sup.peek(strs_arg(args, "agents")) | {"queue": sup.queue.show()}
+    """The fleet; with ``recent`` (and named agents), each one's recent activities too."""
+    refs = strs_arg(args, "agents")
+    seen = sup.peek(refs) | {"queue": sup.queue.show()}
+    if args.get("recent") is True and refs:
+        records = [sup.registry.find(ref) for ref in refs]
+        seen["recent"] = {r.key: r.recent_activities() for r in records}
+    return seen
 
 
 async def _usage(sup: Supervisor, args: Mapping[str, Any]) -> dict[str, Any]:

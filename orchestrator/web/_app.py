@@ -132,7 +132,6 @@ class WebApp:
             if self._peeked is not None and trio.current_time() - self._peeked[0] < FRESH:
                 return self._peeked[1]
             peek = await self.client.call("peek", {})
-            self.timelines.observe(peek.get("agents", []))
             try:
                 await self.timelines.refresh(self.client.call)
             except FleetError as exc:  # a supervisor without a journal still has a fleet
@@ -180,13 +179,17 @@ class WebApp:
         return self._page(request, "fleet.html", **self._fleet_context(peek))
 
     async def _child(self, key: str) -> dict[str, Any]:
-        peek = await self.client.call("peek", {"agents": [key]})
-        self.timelines.observe(peek.get("agents", []))
+        peek = await self.client.call("peek", {"agents": [key], "recent": True})
         await self.timelines.refresh(self.client.call)
         agents: list[dict[str, Any]] = peek["agents"]
         asked = {q["id"]: q["text"] for q in peek.get("questions", [])}
         question = agents[0].get("question")
-        return {**agents[0], "asks": asked.get(question, question) if question else None}
+        recent = (peek.get("recent") or {}).get(agents[0]["key"], [])
+        return {
+            **agents[0],
+            "asks": asked.get(question, question) if question else None,
+            "recent": recent if isinstance(recent, list) else [],
+        }
 
     async def child_page(self, request: Request) -> Response:
         key = request.path_params["key"]
@@ -219,7 +222,7 @@ class WebApp:
             agent=agent,
             spawned=self.timelines.spawned.get(key, {}),
             model=_render.model_of(agent, self.timelines.spawned.get(key)),
-            timeline=self.timelines.of(key),
+            timeline=self.timelines.of(key, agent["recent"]),
             reports=self.timelines.reports(key),
             files=files,
             logs=logs,
@@ -349,7 +352,7 @@ class WebApp:
             return template.render(
                 agent=agent,
                 model=_render.model_of(agent, self.timelines.spawned.get(agent["key"])),
-                timeline=self.timelines.of(agent["key"]),
+                timeline=self.timelines.of(agent["key"], agent["recent"]),
                 reports=self.timelines.reports(agent["key"]),
             )
 

@@ -3,13 +3,12 @@
 The journal holds what the supervisor recorded of a child: its spawn (task, model, budget),
 state changes, questions and answers, settled turns with their (clipped) reports, resume ids,
 its spend as it grew and its handoff. :class:`Timelines` keeps them per child, asking only for
-records after the last one it has, with the activities (tool calls, messages) ``peek`` showed
-while a page looked, in the order seen; and the session's tokens over time, summed from each
+records after the last one it has, merged with the recent activities (tool calls, messages)
+the supervisor keeps for a live child; and the session's tokens over time, summed from each
 child's journaled spend (so the chart covers the whole session, not only while a page was
 open, and a restarted server draws it again).
 """
 
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -47,7 +46,6 @@ class Timelines:
     seq: int = 0
     spawned: dict[str, dict[str, Any]] = attrs.Factory(dict)
     records: dict[str, list[dict[str, Any]]] = attrs.Factory(dict)
-    _activity: dict[str, str] = attrs.Factory(dict)
     #: Each journaled spend: (when, child, its tokens so far), in journal order.
     _spent: list[tuple[float, str, float]] = attrs.Factory(list)
 
@@ -102,24 +100,16 @@ class Timelines:
         if len(kept) > KEEP:
             del kept[1 : len(kept) - KEEP + 1]
 
-    def observe(self, agents: Iterable[Mapping[str, Any]]) -> None:
-        """Note each child's activity when it changed since the last look (a tool call, a
-        message): the journal does not keep them, ``peek`` shows only the current one."""
-        now = time.time()
-        for agent in agents:
-            key, activity = agent.get("key"), agent.get("activity")
-            if not isinstance(key, str) or not isinstance(activity, str) or not activity:
-                continue
-            if self._activity.get(key) == activity:
-                continue
-            self._activity[key] = activity
-            if activity == agent.get("state"):
-                continue  # "working", "idle": the state records say it
-            self._keep(key, {"kind": "activity", "key": key, "at": now, "activity": activity})
-
-    def of(self, key: str) -> list[dict[str, Any]]:
-        """The child's records, oldest first (journal records and seen activities by time)."""
-        return sorted(self.records.get(key, []), key=lambda r: float(r.get("at") or 0))
+    def of(self, key: str, recent: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+        """The child's records, oldest first: journal records, and the *recent* activities
+        (tool calls, messages) its supervisor keeps, which the journal does not."""
+        activities = [
+            {"kind": "activity", "key": key, "at": a.get("at"), "activity": a.get("activity")}
+            for a in recent
+            if isinstance(a.get("at"), int | float) and isinstance(a.get("activity"), str)
+        ]
+        merged = [*self.records.get(key, []), *activities]
+        return sorted(merged, key=lambda r: float(r.get("at") or 0))
 
     def reports(self, key: str) -> list[dict[str, Any]]:
         """Each settled turn's report, oldest first."""

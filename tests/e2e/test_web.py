@@ -144,6 +144,10 @@ def test_the_page_stops_a_worker_and_reviews_its_diff_file_by_file(web):
     [note] = fleet.json("wait", "a1", "--timeout", "30")["settled"]
     assert note["error"] == ""
     page.goto(page.url.rstrip("/") + "/child/a1")
+    # Its tool calls are in its timeline, though no page looked while it made them.
+    activities = page.locator("ol.timeline li.kind-activity")
+    expect(activities.filter(has_text="edit")).to_have_count(1)
+    expect(activities.filter(has_text="write")).to_have_count(1)
     page.locator("form.act", has=page.locator('button[value="stop"]')).locator("button").click()
     expect(page.locator(".flash.ok")).to_contain_text("a1 stopped", timeout=60_000)
     app = fleet.repo / "src" / "app.py"

@@ -98,13 +98,20 @@ def test_the_session_over_time_is_a_line_through_each_sample():
     assert "100 tokens" in svg
 
 
-def test_activities_seen_between_journal_records_join_the_timeline():
+def test_the_supervisors_recent_activities_join_the_journal_in_the_timeline():
     timelines = Timelines()
     timelines.add({"seq": 1, "kind": "spawn", "key": "a1", "at": 1.0})
-    for activity in ("working", "read README.md", "read README.md", "grep TODO", "idle"):
-        timelines.observe([{"key": "a1", "state": "working", "activity": activity}])
-    timelines.observe([{"key": "a2", "state": "idle", "activity": "idle"}])
-    seen = [r["activity"] for r in timelines.of("a1") if r["kind"] == "activity"]
-    assert seen == ["read README.md", "grep TODO", "idle"]  # each change once, not the state
+    timelines.add({"seq": 2, "kind": "settled", "key": "a1", "at": 4.0, "turn": 1})
+    recent: list[dict[str, object]] = [
+        {"at": 2.0, "activity": "read README.md"},
+        {"at": 3.0, "activity": "grep TODO"},
+        {"at": "x", "activity": "not a time"},
+    ]
+    timeline = timelines.of("a1", recent)
+    assert [(r["kind"], r.get("activity")) for r in timeline] == [
+        ("spawn", None),
+        ("activity", "read README.md"),
+        ("activity", "grep TODO"),
+        ("settled", None),
+    ]
     assert timelines.of("a2") == []
-    assert timelines.of("a1")[0]["kind"] == "spawn"

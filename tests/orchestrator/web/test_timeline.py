@@ -1,5 +1,8 @@
 """The web view's timelines and the session's spend over time, read from journal records."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import trio
 
 from orchestrator.web._timeline import Timelines
@@ -27,12 +30,12 @@ def test_the_sessions_tokens_over_time_sum_each_childs_latest_spend():
 
 
 def test_a_server_started_late_draws_the_whole_session_from_the_journal():
-    journal = [_usage(n, float(n), f"a{n % 3}", 10 * n) for n in range(1, 31)]
+    journal = [(n, _usage(n, float(n), f"a{n % 3}", 10 * n)) for n in range(1, 31)]
 
-    async def call(op: str, args: dict[str, object]) -> dict[str, object]:
+    async def call(op: str, args: Mapping[str, Any]) -> dict[str, Any]:
         assert op == "events"
-        since = int(args["since"])  # type: ignore[call-overload]
-        page = [r for r in journal if int(r["seq"]) > since][:7]  # type: ignore[call-overload]
+        since = int(args["since"])
+        page = [record for seq, record in journal if seq > since][:7]
         return {"events": page, "seq": 30}
 
     timelines = Timelines()
