@@ -51,6 +51,7 @@ from ipc._loadout import (
 from ipc._messages import decode_envelope, encode_envelope
 from ipc._prepare import prepare_codecs
 from ipc._requests import DEFAULT_TIMEOUT, check_timeout
+from ipc._tlsstream import SocketTLSStream, tls_over
 from ipc._types import (
     MESSAGE_TYPES,
     NO_DEADLINE_TYPES,
@@ -119,6 +120,7 @@ __all__ = [
     "SchemaError",
     "Settled",
     "Shutdown",
+    "SocketTLSStream",
     "Spawn",
     "Steer",
     "Usage",
@@ -138,6 +140,7 @@ __all__ = [
     "prepare_codecs",
     "sealed_loadout",
     "tls_address",
+    "tls_over",
     "tokens_match",
     "valid_identifier",
     "write_loadout",

@@ -18,6 +18,7 @@ from ipc._errors import ChannelClosed, FrameError, HandshakeError, SchemaError
 from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._messages import decode_envelope
 from ipc._requests import DEFAULT_TIMEOUT
+from ipc._tlsstream import tls_over
 from ipc._types import Envelope, Hello, Reply
 
 TLS_SCHEME = "tls://"
@@ -150,8 +151,12 @@ async def open_tls_client(
     try:
         with trio.fail_after(request_timeout):
             tcp = await trio.open_tcp_stream(host, port)
-            stream = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=False)
-            await stream.do_handshake()
+            stream = tls_over(tcp, context, server_hostname=host)
+            try:
+                await stream.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise HandshakeError(f"TLS connection to {address} failed: {exc!r}", reason="tls") from None
     return await hello_on(

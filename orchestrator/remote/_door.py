@@ -97,7 +97,7 @@ class TlsDoor:
         if self._context is None:  # pragma: no cover - set before the listener opens
             await tcp.aclose()
             return
-        stream = trio.SSLStream(tcp, self._context, server_side=True)
+        stream = ipc.tls_over(tcp, self._context, server_side=True)
         certified = await self._certified_owner(stream)
         if certified is None:
             return
@@ -119,9 +119,7 @@ class TlsDoor:
             return
         await self.attach(channel, hello, seconds)
 
-    async def _certified_owner(
-        self, stream: trio.SSLStream[trio.SocketStream]
-    ) -> tuple[str, float] | None:
+    async def _certified_owner(self, stream: ipc.SocketTLSStream) -> tuple[str, float] | None:
         """The owner the peer's verified certificate names and the seconds it has left, after
         the TLS handshake."""
         reason = "tls"
@@ -131,7 +129,7 @@ class TlsDoor:
             except trio.BrokenResourceError as exc:
                 reason = "certificate" if _no_valid_certificate(exc.__cause__) else "tls"
             else:
-                der = stream.getpeercert(binary_form=True)
+                der = stream.peer_certificate()
                 cert = x509.load_der_x509_certificate(der) if der else None
                 bound = owner_of(cert, self.ca.session) if cert is not None else None
                 if cert is not None and bound:

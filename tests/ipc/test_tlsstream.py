@@ -1,0 +1,103 @@
+"""TLS on the socket itself (``ipc._tlsstream``): what a trio stream must do, over real TLS."""
+
+import ssl
+from pathlib import Path
+
+import pytest
+import trio
+
+from ipc import SocketTLSStream, tls_over
+from tests.fakes._tls import TestCA
+
+
+async def _pair(tmp_path: Path, nursery: trio.Nursery) -> tuple[SocketTLSStream, SocketTLSStream]:
+    """A connected client and server over loopback TCP, handshakes done."""
+    ca = TestCA()
+    server_context = ca.server_context()
+    client_context = ssl.create_default_context(cafile=str(ca.write(tmp_path / "ca.pem")))
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    accepted: list[SocketTLSStream] = []
+    ready = trio.Event()
+
+    async def accept() -> None:
+        tcp = await listener.accept()
+        server = tls_over(tcp, server_context, server_side=True)
+        await server.do_handshake()
+        accepted.append(server)
+        ready.set()
+
+    nursery.start_soon(accept)
+    client = tls_over(
+        await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1"
+    )
+    await client.do_handshake()
+    await ready.wait()
+    await listener.aclose()
+    return client, accepted[0]
+
+
+async def test_a_large_message_crosses_while_the_other_way_is_busy_too(tmp_path):
+    payload = bytes(range(256)) * 8192  # 2 MiB: many records each way
+    async with trio.open_nursery() as nursery:
+        client, server = await _pair(tmp_path, nursery)
+        got: dict[str, bytes] = {"client": b"", "server": b""}
+
+        async def read(name: str, stream: SocketTLSStream) -> None:
+            while len(got[name]) < len(payload):
+                chunk = await stream.receive_some(65536)
+                assert chunk, "closed early"
+                got[name] += chunk
+
+        async with trio.open_nursery() as both:  # send and receive at once, on both ends
+            both.start_soon(client.send_all, payload)
+            both.start_soon(server.send_all, payload[::-1])
+            both.start_soon(read, "server", server)
+            both.start_soon(read, "client", client)
+        assert got == {"server": payload, "client": payload[::-1]}
+        assert client.peer_certificate()  # the server's, in DER
+        await client.aclose()
+        assert await server.receive_some(10) == b""  # the peer's close is an end of stream
+        await server.aclose()
+
+
+async def test_a_closed_stream_refuses_use_and_a_second_sender_is_busy(tmp_path):
+    async with trio.open_nursery() as nursery:
+        client, server = await _pair(tmp_path, nursery)
+        broken = trio.Event()
+
+        async def hog() -> None:
+            with pytest.raises(trio.BrokenResourceError):
+                await client.send_all(b"x" * (64 << 20))  # blocks: nobody reads, then reset
+            broken.set()
+
+        nursery.start_soon(hog)
+        await trio.sleep(0.2)
+        with pytest.raises(trio.BusyResourceError):
+            await client.send_all(b"y")
+        await server.aclose()  # the peer goes away mid-send: the sender learns it
+        with pytest.raises(trio.ClosedResourceError):
+            await server.receive_some(1)
+        with trio.fail_after(10):
+            await broken.wait()
+    await client.aclose()
+
+
+async def test_a_peer_that_is_not_tls_breaks_the_handshake(tmp_path):
+    ca = TestCA()
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+
+        async def plain() -> None:
+            tcp = await trio.open_tcp_stream("127.0.0.1", port)
+            await tcp.send_all(b"GET / HTTP/1.0\r\n\r\n")
+            assert await tcp.receive_some(100) == b""  # closed, not reset
+            await tcp.aclose()
+
+        nursery.start_soon(plain)
+        server = tls_over(await listener.accept(), ca.server_context(), server_side=True)
+        with pytest.raises(trio.BrokenResourceError):
+            await server.do_handshake()
+        await server.aclose()
+    await listener.aclose()
