@@ -11,8 +11,10 @@ placeholder key (:mod:`._keyless`). Each request is
   error body both OpenAI and Anthropic clients show (``error.message``), never retried;
 - otherwise relayed upstream with ``httpx`` (TLS when the upstream is ``https``): every
   credential header the child sent (``authorization``, ``x-api-key``, ``api-key``) is dropped
-  and the real one the supervisor holds (:attr:`Gateway.credentials`) is set, so a child needs
-  only a placeholder; ``accept-encoding: identity`` so what passes can be read;
+  and, on a model call (:func:`is_model_call`: a ``POST`` to a model API, a ``GET`` of the
+  model list), the real one the supervisor holds (:attr:`Gateway.credentials`) is set, so a
+  child needs only a placeholder and cannot spend the key on the provider's other APIs;
+  ``accept-encoding: identity`` so what passes can be read;
 - streamed back as it arrives (SSE or whole), each byte fed to a :class:`Meter`; when the
   response ends its bill goes to :attr:`Gateway.on_usage` — the ledger's own count.
 
@@ -38,7 +40,16 @@ import ipc
 from orchestrator.spend._metering import Meter, Metered
 from orchestrator.spend._pacing import Pacing, retry_after
 
-__all__ = ["ANTHROPIC_URL", "MAX_BODY", "MAX_RETRIES", "Gateway", "gateway_url", "model_gateway"]
+__all__ = [
+    "ANTHROPIC_URL",
+    "MAX_BODY",
+    "MAX_RETRIES",
+    "MODEL_PATHS",
+    "Gateway",
+    "gateway_url",
+    "is_model_call",
+    "model_gateway",
+]
 
 MAX_BODY: Final = 32 << 20
 #: How often one request is retried after a 429/529 cooldown before the child gets the answer.
@@ -101,6 +112,27 @@ def _model_of(body: bytes | bytearray) -> str:
     except (ValueError, AttributeError):
         return ""
     return value[:200] if isinstance(value, str) else ""
+
+
+#: The paths (their ends: the base URL's own path comes first) of the model APIs the gateway
+#: keys: OpenAI Chat Completions, Completions and Responses, Anthropic Messages (and its
+#: token count).
+MODEL_PATHS: Final = (
+    "/chat/completions",
+    "/completions",
+    "/responses",
+    "/messages",
+    "/messages/count_tokens",
+)
+
+
+def is_model_call(method: str, target: str) -> bool:
+    """Whether a request is a model call the real key may go on: a ``POST`` to a model API
+    (a token count too), or a ``GET`` of the model list."""
+    path = target.split("?", 1)[0].rstrip("/")
+    if method == "POST":
+        return path.endswith(MODEL_PATHS)
+    return method == "GET" and (path.endswith("/models") or "/models/" in path)
 
 
 def _describe(exc: BaseException) -> str:
@@ -201,15 +233,23 @@ class Gateway:
             if name.lower().decode("latin-1") not in _HOP
             and (not self.credentials or name.lower().decode("latin-1") not in _CREDENTIALS)
         ]
-        headers += [*self.credentials.items(), ("accept-encoding", "identity")]
-        gate = None if self.pacing is None else self.pacing.gate(self.upstream, _model_of(body))
+        method = request.method.decode("ascii", "replace")
+        model_call = is_model_call(method, target)
+        # The real key goes only on a model request: a child cannot spend it on the provider's
+        # other APIs (files, fine-tunes, an organisation's settings) through us.
+        headers += [
+            *(self.credentials.items() if model_call else ()),
+            ("accept-encoding", "identity"),
+        ]
+        paced = self.pacing is not None and model_call
+        gate = self.pacing.gate(self.upstream, _model_of(body)) if paced and self.pacing else None
         for attempt in range(MAX_RETRIES + 1):
             if gate is not None:
                 if gate.cooling:
                     self.on_wait(f"waiting on {gate.key} ({gate.cooling:.0f} s cooldown)")
                 await gate.turn()
             outgoing = client.build_request(
-                request.method.decode("ascii", "replace"),
+                method,
                 self.upstream.rstrip("/") + target,
                 headers=headers,
                 content=bytes(body),

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from orchestrator.spend._gateway import Gateway
+from orchestrator.spend._gateway import Gateway, is_model_call
 from orchestrator.spend._metering import Metered
 from tests.fakes._tls import TestCA
 from tests.fakes.model_server import ModelServer
@@ -197,3 +197,62 @@ async def test_a_tls_handshake_from_the_child_is_refused_and_logged(tmp_path, mo
         assert srv.requests("c1") == []
     assert refused == [(f"https://127.0.0.1:{srv.port}", refused[0][1])]
     assert "TLS connection straight to the model endpoint" in refused[0][1]
+
+
+async def test_the_real_key_goes_only_on_a_model_call():
+    # A hostile child with the gateway's key injected would otherwise reach the provider's
+    # other APIs (files, fine-tunes, settings) as the user.
+    async with ModelServer() as srv:
+        srv.script("c1", [{"text": "ok"}])
+        gateway = Gateway(
+            upstream=f"http://127.0.0.1:{srv.port}",
+            on_usage=lambda _usage: None,
+            credentials={"authorization": "Bearer sk-real"},
+        )
+        async with trio.open_nursery() as nursery:
+            port = await _serve(gateway, nursery)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                placeholder = {"authorization": "Bearer fleet-placeholder"}
+                await client.post("/c/c1/v1/files", json={}, headers=placeholder)
+                await client.delete("/c/c1/v1/models/ft-1", headers=placeholder)
+                await client.head("/c/c1/", headers=placeholder)
+                await client.get("/c/c1/v1/models", headers=placeholder)
+                model = await client.post(
+                    "/c/c1/v1/chat/completions?x=1",
+                    json=_body("chat", stream=False),
+                    headers=placeholder,
+                )
+            nursery.cancel_scope.cancel()
+        sent = [(r.method, r.path, r.headers.get("authorization")) for r in srv.requests("c1")]
+    assert model.status_code == 200
+    assert sent == [
+        ("POST", "/v1/files", None),
+        ("DELETE", "/v1/models/ft-1", None),
+        ("HEAD", "/", None),
+        ("GET", "/v1/models", "Bearer sk-real"),
+        ("POST", "/v1/chat/completions", "Bearer sk-real"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "keyed"),
+    [
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/openai/v1/chat/completions?api-version=1", True),
+        ("POST", "/v1/responses", True),
+        ("POST", "/v1/messages?beta=true", True),
+        ("POST", "/v1/messages/count_tokens", True),
+        ("POST", "/v1/completions", True),
+        ("GET", "/v1/models", True),
+        ("GET", "/v1/models/gpt-x", True),
+        ("GET", "/v1/responses/resp_1", False),
+        ("DELETE", "/v1/responses/resp_1", False),
+        ("POST", "/v1/files", False),
+        ("POST", "/v1/fine_tuning/jobs", False),
+        ("POST", "/v1/organization/admin_api_keys", False),
+        ("POST", "/v1/messages/batches", False),
+        ("PUT", "/v1/messages", False),
+    ],
+)
+def test_which_requests_are_model_calls(method, target, keyed):
+    assert is_model_call(method, target) is keyed
