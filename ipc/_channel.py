@@ -37,7 +37,7 @@ from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
-from ipc._transport import SocketIO, StreamIO, transport_for
+from ipc._transport import TLSIO, SocketIO, StreamIO, transport_for
 from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message
 
 __all__ = [
@@ -84,7 +84,7 @@ class Channel:
     close_reason: str = attrs.field(default="", init=False)
     _writer: FrameWriter = attrs.field(init=False)
     _token_bytes: bytes = attrs.field(init=False)
-    _io: StreamIO | SocketIO = attrs.field(init=False)
+    _io: StreamIO | SocketIO | TLSIO = attrs.field(init=False)
     # A writer holds the turn while _sending; the _queued others park in the queue, in order.
     _sending: bool = attrs.field(default=False, init=False)
     _queued: int = attrs.field(default=0, init=False)
@@ -108,7 +108,7 @@ class Channel:
         return token_bytes(self.token)
 
     @_io.default
-    def _make_io(self) -> StreamIO | SocketIO:
+    def _make_io(self) -> StreamIO | SocketIO | TLSIO:
         return transport_for(self.stream)
 
     @_lending.default

@@ -27,7 +27,7 @@ import trio
 from ipc._errors import FrameError
 from ipc._framing import FrameDecoder
 from ipc._handoff import Pending
-from ipc._transport import SocketIO, StreamIO
+from ipc._transport import TLSIO, SocketIO, StreamIO
 
 Route = Callable[[bytes], Awaitable[object] | None]
 Settle = Callable[[Awaitable[object]], Awaitable[None]]
@@ -48,7 +48,7 @@ class Reading(Protocol):
 class Lending:
     """One channel's lending state, for one run of its reader at a time."""
 
-    io: StreamIO | SocketIO
+    io: StreamIO | SocketIO | TLSIO
     log: Any
     # Set while the channel serves: the reader's decoder and routing.
     decoder: FrameDecoder | None = None

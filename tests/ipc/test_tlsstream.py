@@ -7,6 +7,7 @@ import pytest
 import trio
 
 from ipc import SocketTLSStream, tls_over
+from ipc._transport import TLSIO, transport_for
 from tests.fakes._tls import TestCA
 
 
@@ -101,3 +102,47 @@ async def test_a_peer_that_is_not_tls_breaks_the_handshake(tmp_path):
             await server.do_handshake()
         await server.aclose()
     await listener.aclose()
+
+
+async def test_the_channels_tls_transport_moves_large_frames_both_ways_at_once(tmp_path):
+    # What the channel does over the door: whole-frame writes (try now, then the rest,
+    # retried with the same bytes as OpenSSL requires) while the other side reads.
+    payload = bytes(range(256)) * 32768  # 8 MiB: the socket buffers fill, writes must wait
+    async with trio.open_nursery() as nursery:
+        client, server = await _pair(tmp_path, nursery)
+        ends = {"client": transport_for(client), "server": transport_for(server)}
+        assert all(isinstance(io, TLSIO) for io in ends.values())
+        got = {"client": bytearray(), "server": bytearray()}
+
+        async def write(name: str, data: bytes) -> None:
+            io = ends[name]
+            for start in range(0, len(data), 1 << 20):  # 1 MiB frames
+                frame = data[start : start + (1 << 20)]
+                sent = io.try_send(frame)
+                if sent != len(frame):
+                    await io.send_rest(frame, sent)
+
+        async def read(name: str, size: int) -> None:
+            io = ends[name]
+            while len(got[name]) < size:
+                await io.wait()
+                data = io.read()
+                if data is None:
+                    continue
+                assert data, "closed early"
+                got[name] += data
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as both:
+                both.start_soon(write, "client", payload)
+                both.start_soon(write, "server", payload[::-1])
+                both.start_soon(read, "server", len(payload))
+                both.start_soon(read, "client", len(payload))
+        assert bytes(got["server"]) == payload
+        assert bytes(got["client"]) == payload[::-1]
+        await ends["client"].aclose()
+        await ends["server"].wait()
+        assert ends["server"].read() == b""
+        await ends["server"].aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            ends["server"].read()
