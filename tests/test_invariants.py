@@ -198,9 +198,12 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.workspace",
         "sandbox",
     },
+    # Agent definitions: a definition's schema check and limits, nothing of a run.
+    "orchestrator.definitions": {FOUNDATION, "orchestrator.governance", "orchestrator.spend"},
     "orchestrator.core": {
         FOUNDATION,
         "orchestrator.batch",
+        "orchestrator.definitions",
         "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.spend",

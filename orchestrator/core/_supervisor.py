@@ -35,7 +35,6 @@ from orchestrator.batch import IntegrationQueue, Map, Maps, MapSpec
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
-from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
@@ -49,6 +48,7 @@ from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning
 from orchestrator.core._views import FleetViews
+from orchestrator.definitions import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
