@@ -1,4 +1,4 @@
-"""Package boundaries (DESIGN §1) and whole classes (no mixins), checked in fresh interpreters.
+"""Package boundaries (DESIGN §1), checked in fresh interpreters, and whole classes (no mixins).
 
 Each package is imported with every submodule found by ``pkgutil.walk_packages`` in a new
 ``python -c`` process, so modules added later are covered without editing this file; what the
