@@ -1,4 +1,4 @@
-"""Package boundaries (DESIGN §1), checked in fresh interpreters.
+"""Package boundaries (DESIGN §1), checked in fresh interpreters, and whole classes (no mixins).
 
 Each package is imported with every submodule found by ``pkgutil.walk_packages`` in a new
 ``python -c`` process, so modules added later are covered without editing this file; what the
@@ -7,6 +7,8 @@ entry points (importing one would run it), so their own imports are read with ``
 """
 
 import ast
+import builtins
+import functools
 import json
 import os
 import shutil
@@ -198,9 +200,12 @@ ROOMS: dict[str, set[str]] = {
         "orchestrator.workspace",
         "sandbox",
     },
+    # Agent definitions: a definition's schema check and limits, nothing of a run.
+    "orchestrator.definitions": {FOUNDATION, "orchestrator.governance", "orchestrator.spend"},
     "orchestrator.core": {
         FOUNDATION,
         "orchestrator.batch",
+        "orchestrator.definitions",
         "orchestrator.remote",
         "orchestrator.governance",
         "orchestrator.spend",
@@ -420,5 +425,172 @@ def layering_violations_at(root: Path, modules: dict[str, Path]) -> list[str]:
     saved, ROOT = ROOT, root
     try:
         return layering_violations(modules)
+    finally:
+        ROOT = saved
+
+
+# -- whole classes: no mixins in orchestrator/ (issue 35) -----------------------------------------
+#
+# A class of ours may extend another class of ours only when that base is an exception, a Protocol
+# or an Enum. Anything else is a mixin (``ChildRun(ParentCommands, Ending)`` was one: three files
+# for one object, its parts declaring the host's attributes they borrow): one concept is one class
+# in one module, or a composition of named parts. Bases are resolved through each module's imports
+# (re-exports included), so a base of ours is found whatever name it is imported under.
+
+#: Library bases that make a class of ours a legitimate base for another one.
+KIND_BASES = {"Protocol", "Enum", "StrEnum", "IntEnum", "Flag", "IntFlag"}
+KIND_BASES |= {
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+}
+
+
+def _base_name(node: ast.expr) -> str:
+    """``Name``, ``Name[T]`` or ``module.Name`` -> the dotted name of the base."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return ast.unparse(node)
+
+
+Classes = dict[str, dict[str, ast.ClassDef]]
+Imported = dict[str, dict[str, tuple[str, str]]]
+
+
+def class_table(modules: dict[str, Path]) -> tuple[Classes, Imported]:
+    """(module -> {class name: its ClassDef}, module -> {local name: (module, name) imported})."""
+    classes: Classes = {}
+    imported: Imported = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        classes[name] = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        names: dict[str, tuple[str, str]] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _target(name, path.name == "__init__.py", node)
+                for alias in node.names:
+                    names[alias.asname or alias.name] = (base, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    names[alias.asname or alias.name.split(".")[0]] = (alias.name, "")
+        imported[name] = names
+    return classes, imported
+
+
+def _resolve(
+    module: str, dotted: str, classes: Classes, imported: Imported, depth: int = 0
+) -> tuple[str, str] | None:
+    """The (module, class) of ours that *dotted* names in *module*, or None for a library's."""
+    if depth > 8 or module not in classes:
+        return None
+    head, _, rest = dotted.partition(".")
+    if not rest and head in classes[module]:
+        return module, head
+    if head not in imported[module]:
+        return None
+    source, name = imported[module][head]
+    if rest:  # module.Name: `import x.y as m` or `from x import y` (a module) then m.Name
+        target = f"{source}.{name}" if name else source
+        if target in classes:
+            return _resolve(target, rest, classes, imported, depth + 1)
+        return None
+    if f"{source}.{name}" in classes:
+        return None  # a module, not a class
+    return _resolve(source, name, classes, imported, depth + 1)
+
+
+def mixin_inheritance(modules: dict[str, Path]) -> list[str]:
+    """Every class under orchestrator/ extending a class of ours that is not an exception, a
+    Protocol or an Enum (a mixin), as ``path:line: Class extends module.Base``."""
+    classes, imported = class_table(modules)
+
+    def legitimate(
+        module: str, node: ast.ClassDef, seen: frozenset[tuple[str, str]] = frozenset()
+    ) -> bool:
+        for base in node.bases:
+            dotted = _base_name(base)
+            found = _resolve(module, dotted, classes, imported)
+            if found is None:
+                if dotted.rpartition(".")[2] in KIND_BASES:
+                    return True
+            elif found not in seen and legitimate(
+                found[0], classes[found[0]][found[1]], seen | {found}
+            ):
+                return True
+        return False
+
+    problems = []
+    for module, table in sorted(classes.items()):
+        if module.split(".")[0] != "orchestrator":
+            continue
+        for node in table.values():
+            for base in node.bases:
+                found = _resolve(module, _base_name(base), classes, imported)
+                if found is not None and not legitimate(found[0], classes[found[0]][found[1]]):
+                    where = f"{modules[module].relative_to(ROOT)}:{node.lineno}"
+                    problems.append(f"{where}: {node.name} extends {found[0]}.{found[1]}")
+    return problems
+
+
+def test_no_class_in_orchestrator_is_mixed_in():
+    modules = product_modules()
+    classes, imported = class_table(modules)
+    # The walk sees the classes and resolves our bases through imports (not vacuous).
+    assert "ChildRun" in classes["orchestrator.core._run"]
+    assert "Supervisor" in classes["orchestrator.core._supervisor"]
+    resolve = functools.partial(_resolve, classes=classes, imported=imported)
+    assert resolve("orchestrator.definitions._format", "UsageError") == (
+        "orchestrator._errors",
+        "UsageError",
+    )
+    assert resolve("orchestrator.core._host", "RunHost") == ("orchestrator.core._host", "RunHost")
+    problems = mixin_inheritance(modules)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_mixin_check_names_a_mixed_in_class(tmp_path):
+    # The old shape, planted again: ChildRun(ParentCommands) with the commands in a module of
+    # their own, and Supervisor(FleetViews) through a re-export. Both are named; the exception
+    # and Protocol hierarchies (UsageError(FleetError), SpawnHost(RunHost)) are not.
+    shutil.copytree(ROOT / "orchestrator", tmp_path / "orchestrator")
+    for package in ("child", "ipc", "sandbox"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    core = tmp_path / "orchestrator" / "core"
+    (core / "_commands.py").write_text(
+        "class ParentCommands:\n    key: str\n\n    async def steer(self, text: str) -> None:\n"
+        "        pass\n"
+    )
+    (core / "_views.py").write_text("class FleetViews:\n    def peek(self):\n        return {}\n")
+    (core / "__init__.py").write_text(
+        (core / "__init__.py").read_text() + "\nfrom orchestrator.core._views import FleetViews\n"
+    )
+    run = core / "_run.py"
+    run.write_text(
+        "from orchestrator.core._commands import ParentCommands\n"
+        + run.read_text().replace("class ChildRun:", "class ChildRun(ParentCommands):", 1)
+    )
+    sup = core / "_supervisor.py"
+    sup.write_text(
+        "from orchestrator import core as views\n"
+        + sup.read_text().replace("class Supervisor:", "class Supervisor(views.FleetViews):", 1)
+    )
+    problems = mixin_inheritance_at(tmp_path, product_modules(tmp_path))
+    assert any(
+        p.startswith("orchestrator/core/_run.py:")
+        and p.endswith("ChildRun extends orchestrator.core._commands.ParentCommands")
+        for p in problems
+    ), problems
+    assert any(
+        p.endswith("Supervisor extends orchestrator.core._views.FleetViews") for p in problems
+    ), problems
+    assert len(problems) == 2, problems
+
+
+def mixin_inheritance_at(root: Path, modules: dict[str, Path]) -> list[str]:
+    global ROOT  # noqa: PLW0603 - the check names paths relative to the tree it reads
+    saved, ROOT = ROOT, root
+    try:
+        return mixin_inheritance(modules)
     finally:
         ROOT = saved

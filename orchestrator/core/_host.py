@@ -12,13 +12,13 @@ import trio
 import ipc
 from orchestrator._config import Config
 from orchestrator._records import ChildRecord, SpawnRequest
-from orchestrator.core._agents import AgentDefinition
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._isolation import Worktrees
 from orchestrator.core._journaling import Journal
 from orchestrator.core._notes import Notes
 from orchestrator.core._registry import Registry
 from orchestrator.core._requests import Question
+from orchestrator.definitions import AgentDefinition
 from orchestrator.governance._diagnostics import RejectKind
 from orchestrator.governance._redaction import SecretSet
 from orchestrator.governance._watchdog import BudgetPolicy

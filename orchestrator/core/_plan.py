@@ -16,7 +16,7 @@ import ipc
 from orchestrator._config import Config
 from orchestrator._errors import NotFound, PolicyError, UsageError
 from orchestrator._records import SpawnRequest
-from orchestrator.core._agents import AgentDefinition
+from orchestrator.definitions import AgentDefinition
 from orchestrator.governance._checked import check_schema
 from orchestrator.governance._policy import MUTATING_TOOLS, WORKTREE_TOOLS, validate_toolset
 from orchestrator.launch._sandboxing import egress_allowlist, policy_for

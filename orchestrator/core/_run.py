@@ -1,15 +1,18 @@
-"""One child's life, as the supervisor runs it: launch, hello, turns, and one terminal state.
+"""One child's life, as the supervisor runs it: launch, hello, turns, the parent's commands, and
+one terminal state.
 
-A :class:`ChildRun` owns its process, its IPC channel, its watchdog and its run log. Every way
-a child can end — stop, watchdog, crash, disconnect, handshake timeout, supervisor close —
-goes through :meth:`ChildRun.finish`, which runs exactly once (:mod:`._ending`); the parent's
-commands to a running child (steer, pause, ask) are :mod:`._commands`.
+A :class:`ChildRun` owns its process, its IPC channel, its watchdog and its run log. The parent's
+commands to a running child (steer, pause, ask) are refused in one line when the child's state
+does not allow them. Every way a child can end — stop, watchdog, crash, disconnect, handshake
+timeout, supervisor close — goes through :meth:`ChildRun.finish`, which runs exactly once: it
+kills the tree, drains stdio, releases the slot, the lane and the locks, settles the worktree,
+records the failure and retires the record.
 """
 
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -19,14 +22,13 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
-from orchestrator.core._commands import ParentCommands
-from orchestrator.core._ending import Ending
+from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
 from orchestrator.core._terms import RemoteTerms
 from orchestrator.governance._checked import CheckedResult, Verdict
 from orchestrator.governance._checkproc import validate_safely
-from orchestrator.governance._diagnostics import RunLog
+from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
@@ -39,7 +41,7 @@ __all__ = ["ChildRun", "Question", "Turn"]
 
 
 @attrs.define(eq=False)
-class ChildRun(ParentCommands, Ending):
+class ChildRun:
     """The supervisor's side of one child."""
 
     host: "RunHost[ChildRun]"
@@ -270,6 +272,79 @@ class ChildRun(ParentCommands, Ending):
                         State.FAILED, kind="protocol", error="child closed its connection"
                     )
 
+    # -- the parent's commands: each refused in one line when the state does not allow it ---
+
+    async def steer(self, text: str) -> None:
+        """Redirect the working turn; a turn still queued gets the steer as soon as it starts."""
+        if self.turn is None and (self._prompts or self.record.queued):
+            self._early_steers.append(text)
+            self.record.touch("steer queued")
+            return
+        if self.record.state not in {State.WORKING, State.WAITING} or self.turn is None:
+            raise UsageError(
+                f"steer: {self.key} is {self.record.state}, not working (use resume for idle "
+                "or paused children)"
+            )
+        await self._request(ipc.Steer(text=text))
+        self.record.touch("steered")
+
+    async def pause(self) -> bool:
+        """Clear queued prompts and abort; ``False`` when not settled within the pause timeout."""
+        self._prompts.clear()
+        self._early_steers.clear()
+        if self._queued_scope is not None:
+            self._queued_scope.cancel()
+        turn = self.turn
+        if turn is None:
+            # Still starting, idle, or queued for a lane slot: nothing to abort. A child paused
+            # before its hello stays paused after it (its task was the prompt just dropped).
+            if self.record.state in {State.STARTING, State.IDLE, State.WORKING}:
+                self.record.state = State.PAUSED
+                self.record.queued = False
+                self.record.touch("paused")
+            return True
+        self.pausing = True
+        await self._request(ipc.Abort())
+        with trio.move_on_after(self.host.config.pause_timeout):
+            await turn.settled.wait()
+            # _settled runs in the turn task right after the event; let it.
+            await trio.lowlevel.checkpoint()
+            return True
+        return False
+
+    async def ask(self, text: str) -> str:
+        """A side question: pause if working, ask, then restore the prior state and task."""
+        await self._wait_connected()
+        prior = self.record.state
+        if prior in TERMINAL:
+            raise UsageError(f"ask: {self.key} is {prior}")
+        resume = prior in {State.WORKING, State.WAITING} or self.record.queued
+        if resume and not await self.pause():
+            raise OperationFailed(f"ask: {self.key} did not settle within the pause timeout")
+        async with self._turn_lock:
+            self._turns += 1
+            side = Turn(number=self._turns, side=True)
+            self.side_turn = side
+            self.record.touch("answering a side question")
+            self.watchdog.start_active()
+            try:
+                await self._request(ipc.Ask(text=text, turn=side.number))
+                await side.settled.wait()
+            finally:
+                self.watchdog.stop_active()
+                self.side_turn = None
+        result = side.result
+        answer = "" if result is None else (result.text or result.error)
+        if resume:
+            self.queue_prompt(
+                "Continue the task you were working on before the side question: "
+                f"{self.record.task}"
+            )
+        else:
+            self.record.state = prior
+            self.record.touch(str(prior))
+        return answer
+
     # -- turns ------------------------------------------------------------------------------
 
     def queue_prompt(self, text: str) -> None:
@@ -469,6 +544,96 @@ class ChildRun(ParentCommands, Ending):
             return await self.channel.request(message)
         except ipc.RequestError as exc:
             raise OperationFailed(f"{self.key}: {exc}") from None
+
+    # -- the end: every way a child ends goes through finish, once ------------------------
+
+    async def stop(self) -> dict[str, Any]:
+        """Final: abort if needed, close the child, reap it, release everything."""
+        if not self.finishing:
+            self.stopping = True
+            self._prompts.clear()
+            if self.channel is not None and not self.channel.closed:
+                if self.turn is not None or self.side_turn is not None:
+                    with trio.move_on_after(self.host.config.pause_timeout):
+                        await self._quiet_request(ipc.Abort())
+                        turn = self.turn or self.side_turn
+                        if turn is not None:
+                            await turn.settled.wait()
+                with trio.move_on_after(1.0):
+                    await self._quiet_request(ipc.Shutdown())
+            await self.finish(State.STOPPED, kind="", error="")
+        await self.done.wait()
+        return self.record.handoff()
+
+    def _certificate_expired(self) -> None:
+        """The channel's certificate ran out unrenewed: the child is cut off."""
+        if self._nursery is not None and not self.finishing:
+            error = "its certificate expired without renewal; the channel was closed"
+            self._nursery.start_soon(self.finish, State.FAILED, "protocol", error)
+
+    async def stop_incomplete(self, reason: str) -> None:
+        """Stop the child before it finished: the turn is aborted, copy-back runs as for any
+        stop, and the handoff's ``incomplete`` says *reason* (one line)."""
+        if self.finishing or self.stopping:
+            return
+        self.record.incomplete = reason
+        self.record.touch(f"incomplete: {reason}")
+        self.log.write(f"fleet: stopped incomplete: {reason}")
+        await self.stop()  # its note is sent as it ends (finish), before a waiter can see it
+
+    async def _quiet_request(self, message: ipc.Message) -> None:
+        if self.channel is not None:
+            with contextlib.suppress(ipc.RequestError):
+                await self.channel.request(message)
+
+    async def finish(self, state: State, kind: FailureKind | str, error: str) -> None:
+        """Reach the terminal *state* exactly once; later callers wait for the first."""
+        if self.finishing:
+            await self.done.wait()
+            return
+        self.finishing = True
+        record = self.record
+        with trio.CancelScope(shield=True):
+            if self.channel is not None:
+                self.channel.close("stopped" if state is State.STOPPED else kind)
+            for turn in (self.turn, self.side_turn):
+                if turn is not None and not turn.settled.is_set():
+                    turn.settled.set()
+            if self.launched is not None:
+                await self.launched.terminate(self.host.config.kill_grace)
+                await self.launched.drain(self.host.config.drain_timeout)
+            self.host.cancel_questions(self.key)
+            self._slot.give_back()
+            if record.mode == "worktree":
+                await settle_worktree(
+                    self.host.worktrees,
+                    record,
+                    self.log,
+                    copy_back=state is State.STOPPED,
+                    launched=self.launched,
+                )
+            record.state = state
+            record.queued = False
+            if state is State.FAILED:
+                error = self.log.secrets.scrub(error)
+                record.error = error
+                record.failure = self.log.fail(cast("FailureKind", kind), error).as_json()
+                record.touch(f"failed: {kind}")
+            else:
+                self.log.flush()
+                record.touch("stopped")
+            if self.terms is not None:
+                await self.terms.outwait(bool(getattr(self.launched, "confirmed_exit", True)))
+            await self.host.release(self)
+            if state is State.FAILED:
+                self.host.notify(record, report=record.report, error=error, failure=True)
+            elif record.incomplete:
+                error = f"incomplete: {record.incomplete}"
+                self.host.notify(record, report=record.report, error=error)
+            # Its backend's session store goes last: a thread hop before the failure note
+            # would let a waiter see the child ended with no note of why.
+            await self.host.drop_scratch(self.key)
+        self.done.set()
 
 
 def _cancel_called(scope: trio.CancelScope) -> bool:

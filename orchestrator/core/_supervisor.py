@@ -1,8 +1,9 @@
 """The supervisor: the composition root that wires the parts and exposes the fleet API.
 
 It holds no low-level logic of its own: the registry, capacity and lane, policy, ownership,
-watchdogs, diagnostics, launchers, worktrees and the paper each live in their own module.
-Use it embedded::
+watchdogs, diagnostics, launchers, worktrees and the paper each live in their own module. Its
+read side (``peek``, ``wait``, the notification stream, a child's log, the moderator brief,
+``holds_nothing``) reads those parts; its commands delegate to them. Use it embedded::
 
     async with open_supervisor(config) as sup:
         [a1] = await sup.spawn([SpawnRequest(task="find the config loader")])
@@ -26,16 +27,17 @@ from orchestrator._errors import (
     NotFound,
     PolicyError,
     Refused,
+    TimedOut,
     UsageError,
 )
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._runtime import ensure_session_runtime, register_home, remove_session_runtime
 from orchestrator._trees import remove_tree
 from orchestrator.batch import IntegrationQueue, Map, Maps, MapSpec
+from orchestrator.coordination._brief import Facts, paper_line, render, voting_line
 from orchestrator.coordination._democracy import Democracy
 from orchestrator.coordination._paper import PARENT, Paper
 from orchestrator.core._admission import ListenerDoor, Refusals, unlink_quietly
-from orchestrator.core._agents import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.core._capacity import Capacity, Lane
 from orchestrator.core._hibernation import Hibernation
 from orchestrator.core._isolation import Worktrees, apply_settlement
@@ -48,7 +50,7 @@ from orchestrator.core._remote import Remote
 from orchestrator.core._run import ChildRun, Question
 from orchestrator.core._services import Services
 from orchestrator.core._spawning import Spawning
-from orchestrator.core._views import FleetViews
+from orchestrator.definitions import AgentDefinition, expand_agent_dirs, load_agents
 from orchestrator.governance._diagnostics import RejectKind, RejectLog
 from orchestrator.governance._ownership import LockTable
 from orchestrator.governance._policy import check_mode
@@ -69,7 +71,7 @@ __all__ = ["PARENT", "SpawnRequest", "Supervisor", "open_supervisor"]
 
 
 @attrs.define(eq=False)
-class Supervisor(FleetViews):
+class Supervisor:
     """The fleet API. Create it with :func:`open_supervisor`."""
 
     config: Config
@@ -223,6 +225,99 @@ class Supervisor(FleetViews):
     @property
     def paths(self) -> Any:
         return self.config.paths
+
+    # -- what it shows: peek, wait, the notification stream, a child's log, the brief ------
+
+    def all_records(self) -> dict[str, ChildRecord]:
+        merged = dict(self.registry.retired)
+        merged.update(self.registry.records)
+        return merged
+
+    def peek(self, refs: Sequence[str] = ()) -> dict[str, Any]:
+        records = [self.registry.find(ref) for ref in refs] if refs else list(self.registry.live())
+        return {
+            # Oldest first, and first: a child blocked on its parent is what needs it most.
+            "questions": [
+                {"id": q.id, "key": q.key, "text": q.text} for q in self.questions.values()
+            ],
+            "session": self.config.session,
+            "mode": self.mode,
+            "cap": self.capacity.cap,
+            "lane": self.lane.statistics(),
+            "agents": [r.peek() for r in records],
+            "locks": {k: list(v) for k, v in self.locks.snapshot().items()},
+            "stale": self.stale,
+            "notify": self.notifier.counts(),
+            "usage": self.spend.report()["session"],
+        }
+
+    async def wait(
+        self,
+        refs: Sequence[str] = (),
+        *,
+        every: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - fleet wait --timeout
+    ) -> list[dict[str, Any]]:
+        keys = [self.registry.find(ref).key for ref in refs]
+        result = await self.notes.wait(
+            self.all_records(),
+            keys,
+            every=every,
+            timeout=float("inf") if timeout is None else timeout,
+        )
+        if result is None:
+            raise TimedOut(f"wait: nothing settled within {timeout:g} s")
+        return result
+
+    async def notifications(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Coalesced settle notifications, forever."""
+        async for batch in self.notes.stream(self.all_records()):
+            yield batch
+
+    def logs(self, ref: str, tail: int = 8192) -> dict[str, Any]:
+        record = self.registry.find(ref)
+        path = self.paths.logs / f"{record.key}.log"
+        run = self.runs.get(record.key)
+        text = run.log.tail if run is not None else ""
+        if not text:
+            with contextlib.suppress(OSError):
+                text = path.read_text(encoding="utf-8", errors="replace")
+        return {"key": record.key, "path": str(path), "tail": text[-tail:]}
+
+    async def brief(self) -> str:
+        """The moderator brief for this fleet now (``fleet brief``)."""
+        lane = self.lane.statistics()
+        facts = Facts(
+            mode=self.mode,
+            used=self.capacity.used,
+            cap=self.capacity.cap,
+            working=lane["working"],
+            lane=lane["capacity"],
+            queued=lane["queued"],
+            workspace=str(self.config.workspace),
+            children=tuple(self.registry.live()),
+            questions=tuple((q.id, q.key, q.text) for q in self.questions.values()),
+            unread=tuple(dict.fromkeys(note["key"] for note in self.notes.pending)),
+            unresolved=tuple(
+                r for r in self.registry.retired.values() if r.conflicts or r.remaining
+            ),
+            paper=await paper_line(self.paper),
+            voting=voting_line(self.democracy.current),
+        )
+        return render(facts)
+
+    def holds_nothing(self) -> bool:
+        """Whether nothing would be lost if this supervisor ended now: no live or retained
+        child, no unread note, no open question, no unresolved worktree, no vote."""
+        return not (
+            self.registry.records
+            or self.runs
+            or self.notes.pending
+            or self.questions
+            or self.worktrees.unresolved()
+            or self.democracy.current is not None
+            or self.maps.running()
+        )
 
     # -- agents -------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from orchestrator._yamlfile import read_yaml_file
 
 ROLES_FILE: Final = "roles.yaml"
 MAX_HOPS: Final = 5
-#: The same words as ``orchestrator.core._agent_format.EFFORTS`` (a test keeps them equal).
+#: The same words as ``orchestrator.definitions.EFFORTS`` (a test keeps them equal).
 EFFORTS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")
 _ROLE_RE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 _PROVIDER_RE: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")

@@ -10,9 +10,9 @@ from orchestrator._config import Config
 from orchestrator._errors import UsageError
 from orchestrator._records import ChildRecord, SpawnRequest
 from orchestrator._schemafile import SCHEMA_CAP, read_schema_file
-from orchestrator.core._agents import AgentDefinitionError, parse_agent
 from orchestrator.core._notes import Notes
 from orchestrator.core._plan import plan_spawn
+from orchestrator.definitions import AgentDefinitionError, parse_agent
 
 SCHEMA = {"type": "object", "required": ["ok"]}
 

@@ -7,7 +7,7 @@ import pytest
 import child.tools
 from orchestrator._config import load_config
 from orchestrator._errors import UsageError
-from orchestrator.core._agents import (
+from orchestrator.definitions import (
     MUTATING_TOOLS,
     AgentDefinition,
     AgentDefinitionError,

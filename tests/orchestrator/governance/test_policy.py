@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import definitions
 from orchestrator._errors import PolicyError, UsageError
-from orchestrator.core import _agents
 from orchestrator.governance._policy import (
     MAX_DEPTH,
     MODES,
@@ -27,7 +27,7 @@ def test_the_modes_and_the_depth_are_the_design_ones() -> None:
 
 
 def test_the_mutating_tools_agree_with_the_agent_definitions() -> None:
-    assert MUTATING_TOOLS == _agents.MUTATING_TOOLS
+    assert MUTATING_TOOLS == definitions.MUTATING_TOOLS
     assert not READ_ONLY_TOOLS & MUTATING_TOOLS
 
 

@@ -8,8 +8,8 @@ import pytest
 from orchestrator._config import load_config
 from orchestrator._errors import UsageError
 from orchestrator._records import SpawnRequest
-from orchestrator.core._agent_format import AgentDefinitionError, parse_agent
 from orchestrator.core._plan import plan_spawn
+from orchestrator.definitions import AgentDefinitionError, parse_agent
 from orchestrator.spend._roles import _entries
 
 URL = "http://127.0.0.1:9/v1"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from orchestrator._errors import UsageError
-from orchestrator.core._agent_format import EFFORTS as AGENT_EFFORTS
+from orchestrator.definitions import EFFORTS as AGENT_EFFORTS
 from orchestrator.spend import _roles
 from orchestrator.spend._roles import Candidate, first_available, load_roles, resolve
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from orchestrator._errors import UsageError
-from orchestrator.core._agent_format import (
+from orchestrator.definitions._format import (
     MUTATING_TOOLS,
     AgentDefinition,
     AgentDefinitionError,
@@ -29,7 +29,7 @@ from orchestrator.core._agent_format import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# The definition and its parser live in _agent_format; _plan, _supervisor, the tests and
+# The definition and its parser live in _format; the package, _plan, _supervisor, the tests and
 # child.tools' MUTATING_TOOLS note import them from here.
 __all__ = [
     "MUTATING_TOOLS",
