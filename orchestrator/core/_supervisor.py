@@ -191,6 +191,7 @@ class Supervisor(FleetViews):
             notifier=self.notifier,
             session=self.config.session,
             scrub=self.secrets.scrub,
+            runs=self.runs,
         )
         if self.config.fork_server:
             self.fork_server = ForkServer(
@@ -286,7 +287,7 @@ class Supervisor(FleetViews):
         """Resume: a new prompt to the same child (its context is kept; a hibernated one
         wakes for it)."""
         record = self.registry.find(ref, include_retired=False)
-        self.spend.check_turn(f"prompt {record.key}")
+        self.spend.check_turn(f"prompt {record.key}", record.key)
         if self.hibernation.asleep(record.key):
             self.hibernation.prompt(record, text)
         else:
@@ -312,7 +313,8 @@ class Supervisor(FleetViews):
         return run.record, settled
 
     async def ask(self, ref: str, text: str) -> str:
-        self.spend.check_turn(f"ask {self.registry.find(ref, include_retired=False).key}")
+        key = self.registry.find(ref, include_retired=False).key
+        self.spend.check_turn(f"ask {key}", key)
         async with self.hibernation.awake(ref) as run:  # a hibernated child wakes first
             return await run.ask(text)
 

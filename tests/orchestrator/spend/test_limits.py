@@ -51,19 +51,28 @@ def test_parse_limit_accepts(value: object, expected: Limit) -> None:
     [
         (
             {"hard": 5},
-            "x: unknown key 'hard' (one of soft_tokens, hard_tokens, soft_usd, hard_usd)",
+            (
+                "x: unknown key 'hard' (one of soft_tokens, hard_tokens, soft_usd, hard_usd, "
+                "soft_spawns, hard_spawns, soft_turns, hard_turns)"
+            ),
         ),
         ({"hard_tokens": -1}, "x: hard_tokens -1 must be a finite number >= 0"),
         ({"hard_tokens": True}, "x: hard_tokens True must be a number"),
         ({"hard_usd": "2"}, "x: hard_usd '2' must be a number"),
-        ({"hard_tokens": 1.5}, "x: hard_tokens 1.5 must be a whole number of tokens"),
+        ({"hard_tokens": 1.5}, "x: hard_tokens 1.5 must be a whole number"),
         ({"hard_usd": float("inf")}, "x: hard_usd inf must be a finite number >= 0"),
         (
             {"soft_tokens": 100, "hard_tokens": 100},
             "x: soft_tokens 100 must be below hard_tokens 100",
         ),
         ({"soft_usd": 3, "hard_usd": 2}, "x: soft_usd 3 must be below hard_usd 2"),
-        ([1], "x must be a mapping of soft_tokens, hard_tokens, soft_usd, hard_usd"),
+        (
+            [1],
+            (
+                "x must be a mapping of soft_tokens, hard_tokens, soft_usd, hard_usd, soft_spawns, "
+                "hard_spawns, soft_turns, hard_turns"
+            ),
+        ),
     ],
 )
 def test_parse_limit_refuses_with_one_line(value: object, message: str) -> None:
@@ -173,7 +182,7 @@ def test_parse_policy_whole() -> None:
         (
             {"sesion": {}},
             None,
-            "subagents.budget: unknown key 'sesion' (one of session, child, agents)",
+            "subagents.budget: unknown key 'sesion' (one of session, tree, child, agents)",
         ),
         ({"session": {"soft_usd": 9, "hard_usd": 1}}, None, "subagents.budget.session: soft_usd 9"),
         ({"agents": ["worker"]}, None, "subagents.budget.agents must be a mapping"),
@@ -267,7 +276,7 @@ def test_ledger_session_and_report() -> None:
     assert refusal is not None
     assert refusal.startswith("session budget spent (210 of 200 tokens): no new turns")
     report = ledger.report()
-    assert set(report) == {"session", "agents", "definitions"}
+    assert set(report) == {"session", "trees", "agents", "definitions"}
     assert [a["key"] for a in report["agents"]] == ["a1", "a2"]
     assert report["agents"][1]["input_tokens"] == 60
     assert report["agents"][1]["agent"] == "worker"
