@@ -201,7 +201,8 @@ def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
         "subagents:\n"
         "  budget:\n"
         "    child: {hard_tokens: 10000}\n"
-        "    session: {soft_usd: 1, hard_usd: 2}\n"
+        "    session: {soft_usd: 1, hard_usd: 2, hard_spawns: 1}\n"
+        "    tree: {hard_tokens: 100000, hard_turns: 3}\n"
         "  prices:\n"
         "    scripted: {input: 1, output: 2}\n"
     )
@@ -215,17 +216,29 @@ def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
     done = faults.cli("usage", "--json")
     assert done.returncode == 0, done.stderr
     usage = json.loads(done.stdout)
-    assert set(usage) == {"session", "agents", "definitions"}
+    assert set(usage) == {"session", "trees", "agents", "definitions"}
     [child] = usage["agents"]
-    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached"}
+    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached", "turns"}
     assert child["budget"] == {"hard_tokens": 500}
     assert child["tokens"] > 0
-    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0}
+    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0, "hard_spawns": 1}
+    assert (usage["session"]["spawns"], usage["session"]["left"]["hard_spawns"]) == (1, 0)
+    [tree] = usage["trees"]
+    assert (tree["key"], tree["members"], tree["turns"]) == (child["key"], [child["key"]], 1)
+    assert tree["left"] == {"hard_tokens": 100000 - child["tokens"], "hard_turns": 2}
+    # The session's spawn cap binds: one line, exit 4 (refused), nothing spawned.
+    capped = faults.cli("spawn", "--model", model, "t")
+    assert capped.returncode == 4, capped.stderr
+    assert capped.stderr.strip().splitlines() == [
+        "fleet spawn: session cap reached (1 of 1 spawns): no new children"
+    ]
     assert usage["session"]["tokens"] == child["tokens"]
     assert usage["definitions"]["scout"]["children"] == 1
     human = faults.cli("usage")
     assert human.returncode == 0
     assert human.stdout.splitlines()[-1].startswith(f"session: {child['tokens']} tokens")
+    assert human.stdout.splitlines()[-1].endswith("· left 0 spawns")
+    assert f"tree {child['key']} (1 children): " in human.stdout
     peek = json.loads(faults.cli("peek", "--json", child["key"]).stdout)
     assert peek["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
     bad = faults.cli("usage", "--json", "nobody")
