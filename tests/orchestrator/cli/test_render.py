@@ -175,7 +175,7 @@ def test_usage_shows_each_trees_caps_and_what_is_left():
         "left": {"soft_tokens": 0, "hard_tokens": 0, "hard_spawns": 3},
         "reached": ["hard", "soft"],
     }
-    session = {
+    session: dict[str, Any] = {
         "tokens": 480,
         "cost_usd": None,
         "spawns": 2,
