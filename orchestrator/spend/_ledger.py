@@ -279,7 +279,7 @@ class Ledger:
         root = account.tree
         if "hard" in account.reached:
             return f"{key} budget spent: no new turns"
-        if "hard" in self.tree_reached.get(root, set()):
+        if self.tree_refusal(key) is not None:
             return f"tree {root} budget spent: no new turns"
         tree = self.tree(root)
         for where, limit, turns in (
@@ -493,11 +493,15 @@ class Ledger:
 
     def tree_refusal(self, key: str) -> str | None:
         """Why *key*'s tree may make no more model requests (its hard cap reached), or None."""
-        root = self.tree_of(key)
-        if "hard" not in self.tree_reached.get(root, set()):
+        if self.policy.tree.empty:
             return None
+        root = self.tree_of(key)
         tree = self.tree(root)
+        # From the totals too: a supervisor restored from the journal has not seen the
+        # crossing, and a spent tree must stay spent.
         what = self.policy.tree.reached("hard", tree["tokens"], tree["cost_usd"])
+        if not what and "hard" not in self.tree_reached.get(root, set()):
+            return None
         return f"tree {root} budget spent ({what or 'hard limit reached'})"
 
     def session_refusal(self) -> str | None:

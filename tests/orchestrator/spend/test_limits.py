@@ -344,3 +344,29 @@ def test_fleet_usage_says_what_is_left_of_each_limit() -> None:
     report = ledger.report()
     assert report["agents"][0]["left"] == {"soft_tokens": 0, "hard_tokens": 180}
     assert report["session"]["left"] == {"hard_tokens": 880, "hard_usd": 0.75}
+
+
+def test_a_trees_spend_turns_and_members_survive_a_restart() -> None:
+    budget = {"tree": {"hard_tokens": 100, "hard_turns": 5}}
+    ledger = _ledger(budget=budget)
+    ledger.open("a1", "lead", Limit())
+    ledger.open("a2", "helper", Limit(), parent="a1")
+    ledger.open("a3", "helper", Limit(), parent="a2")
+    for key in ("a1", "a2", "a3", "a1"):
+        ledger.count_turn(key)
+    [crossing] = ledger.record("a3", U(tokens=150))
+    assert (crossing.scope, crossing.level, crossing.tree) == ("tree", "hard", "a1")
+    again = _ledger(budget=budget)  # a new supervisor, from the journal's usage records
+    for key, account in ledger.accounts.items():
+        again.restore(key, ledger.spent(account), account.agent)
+    assert [again.tree_of(k) for k in ("a1", "a2", "a3")] == ["a1", "a1", "a1"]
+    assert again.tree("a1") | {"cost_usd": None} == ledger.tree("a1") | {"cost_usd": None}
+    assert again.tree("a1")["turns"] == 4
+    assert again.tree_refusal("a2") == "tree a1 budget spent (150 of 100 tokens)"
+    assert again.refuse_turn("a1") == "tree a1 budget spent: no new turns"
+    assert (
+        again.refuse_spawn("a3", 1) == "tree a1 budget spent (150 of 100 tokens): no new children"
+    )
+    again.open("b1", "lead", Limit())
+    assert again.tree_refusal("b1") is None
+    assert again.refuse_spawn("b1", 1) == ""
