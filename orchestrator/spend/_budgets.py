@@ -152,6 +152,11 @@ class Budgets:
             if run is not None:
                 self._act(run, run.record, crossing)
 
+    def turn_refused(self, key: str) -> bool:
+        """Whether *key* may start no turn of its own (a background shell's wake): the session
+        or its tree is spent, or a hard turn cap is reached. Nothing is counted."""
+        return self.ledger.session_refusal() is not None or bool(self.ledger.refuse_turn(key))
+
     def check_spawn(self, count: int, parent: str | None) -> None:
         """Refuse *count* new children under *parent* (None: the parent agent's own spawn)
         when a hard spawn or turn cap would be passed, or the parent's tree is spent."""
