@@ -108,6 +108,8 @@ class Budgets:
             self._act(None, record, crossing)
         if record.parent is not None:  # the parent's own soft spawn cap
             parent = self.runs.get(record.parent)
+            if parent is not None:
+                self._show(parent)  # its spawns, in peek
             for crossing in self.ledger.soft_counts(record.parent):
                 if parent is not None:
                     self._act(parent, parent.record, crossing)
@@ -175,7 +177,7 @@ class Budgets:
             run.flag_usage(problem)
         account = self.ledger.accounts.get(run.key)
         if account is not None:
-            run.record.usage = account.as_json()
+            run.record.usage = account.as_json(self.ledger.spawns_of(run.key))
             run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)
@@ -219,7 +221,7 @@ class Budgets:
     def _show(self, run: Budgeted) -> None:
         account = self.ledger.accounts.get(run.key)
         if account is not None:
-            run.record.usage = account.as_json()
+            run.record.usage = account.as_json(self.ledger.spawns_of(run.key))
             run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)

@@ -177,6 +177,7 @@ async def test_hard_spawn_and_turn_caps_refuse_in_one_line(nursery) -> None:
     _tree(budgets, runs, "a2", "a1")
     await trio.testing.wait_all_tasks_blocked()
     assert a1.steers == [SOFT_STEER]  # the tree's soft spawn cap
+    assert (a1.record.usage["spawns"], a1.record.usage["turns"]) == (1, 1)  # in peek
     assert [n["budget"]["line"] for n in notes.pending] == [
         "tree budget soft limit reached: 1 of 1 spawns"
     ]
