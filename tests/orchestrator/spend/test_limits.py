@@ -17,6 +17,7 @@ from orchestrator.spend._limits import (
     parse_policy,
     resolve_limit,
 )
+from orchestrator.spend._metering import Metered
 
 
 @attrs.frozen(kw_only=True)
@@ -370,3 +371,24 @@ def test_a_trees_spend_turns_and_members_survive_a_restart() -> None:
     again.open("b1", "lead", Limit())
     assert again.tree_refusal("b1") is None
     assert again.refuse_spawn("b1", 1) == ""
+
+
+def test_a_trees_dollar_cap_counts_cache_reads_and_writes_as_priced() -> None:
+    prices = {"m": {"input": 1, "output": 10, "cache_read": 0.1, "cache_write": 2}}
+    ledger = _ledger(budget={"tree": {"soft_usd": 0.001, "hard_usd": 0.002}}, prices=prices)
+    ledger.open("a1", "lead", Limit())
+    ledger.open("a2", "helper", Limit(), parent="a1")
+    ledger.open("b1", "lead", Limit())
+    # 10000 cache reads at $0.1/M: $0.001, the soft cap, though no "fresh" token was billed.
+    [soft] = ledger.meter("a2", Metered(cache_read_tokens=10_000, model="m"))
+    assert (soft.scope, soft.level, soft.tree, soft.what) == (
+        "tree",
+        "soft",
+        "a1",
+        "$0.0010 of $0.001",
+    )
+    [hard] = ledger.meter("a1", Metered(cache_write_tokens=600, model="m"))
+    assert (hard.level, hard.what) == ("hard", "$0.0022 of $0.002")
+    assert ledger.tree_refusal("a2") == "tree a1 budget spent ($0.0022 of $0.002)"
+    assert ledger.tree_refusal("b1") is None
+    assert ledger.meter("b1", Metered(cache_read_tokens=9_000, model="m")) == []
