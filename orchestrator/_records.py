@@ -269,8 +269,8 @@ class SpawnRequest:
 
 def budget_from_text(text: str) -> dict[str, float | int]:
     """``--budget``: a bare number of tokens (the hard limit), or ``KEY=NUMBER,...`` with the
-    keys ``soft_tokens``, ``hard_tokens``, ``soft_usd``, ``hard_usd`` (the supervisor checks
-    them)."""
+    keys ``soft_``/``hard_`` + ``tokens``, ``usd``, ``spawns``, ``turns`` (the supervisor
+    checks them)."""
     items = [part.strip() for part in text.split(",") if part.strip()]
     if len(items) == 1 and "=" not in items[0]:
         items = [f"hard_tokens={items[0]}"]
@@ -280,7 +280,7 @@ def budget_from_text(text: str) -> dict[str, float | int]:
         if not sep or not key or not raw:
             raise UsageError(
                 f"--budget {text!r}: {item!r} must be KEY=NUMBER "
-                "(soft_tokens, hard_tokens, soft_usd, hard_usd) or one number of tokens"
+                "(soft_/hard_ tokens, usd, spawns, turns) or one number of tokens"
             )
         try:
             budget[key] = int(raw) if raw.isdigit() else float(raw)

@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget",
         help="lower the child's usage budget: a number of tokens (hard), or "
-        "KEY=NUMBER,... of soft_tokens, hard_tokens, soft_usd, hard_usd",
+        "KEY=NUMBER,... of soft_/hard_ tokens, usd, spawns, turns",
     )
     p.add_argument("--batch", help="JSON file with a list of task objects")
     p.add_argument(

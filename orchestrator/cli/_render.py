@@ -111,15 +111,31 @@ def _money(cost: float | None) -> str:
 
 
 def _limit(budget: Mapping[str, Any]) -> str:
-    """``soft 800 tok, hard 1000 tok $2`` (``-``: no budget)."""
+    """``soft 800 tok, hard 1000 tok $2 3 spawns 20 turns`` (``-``: no budget)."""
     parts = []
     for level in ("soft", "hard"):
-        tokens, usd = budget.get(f"{level}_tokens"), budget.get(f"{level}_usd")
-        words = [f"{tokens} tok"] if tokens is not None else []
-        words += [f"${usd:g}"] if usd is not None else []
+        words = _amounts({k.partition("_")[2]: v for k, v in budget.items() if k.startswith(level)})
         if words:
-            parts.append(" ".join([level, *words]))
+            parts.append(f"{level} {words}")
     return ", ".join(parts) or "-"
+
+
+def _amounts(values: Mapping[str, Any]) -> str:
+    """``1000 tok $2 3 spawns 20 turns`` of a mapping of unit to amount."""
+    words = [f"{values['tokens']} tok"] if values.get("tokens") is not None else []
+    words += [f"${values['usd']:g}"] if values.get("usd") is not None else []
+    words += [f"{values[u]} {u}" for u in ("spawns", "turns") if values.get(u) is not None]
+    return " ".join(words)
+
+
+def _left(left: Mapping[str, Any]) -> str:
+    """`` · left 20 tok 1 spawns`` (the hard caps' remainder; "" with no hard cap)."""
+    words = _amounts({k.partition("_")[2]: v for k, v in left.items() if k.startswith("hard")})
+    return f" · left {words}" if words else ""
+
+
+def _reached(reached: Sequence[str]) -> str:
+    return f" (reached {'+'.join(reached)})" if reached else ""
 
 
 def usage_table(data: Mapping[str, Any]) -> str:
@@ -133,23 +149,32 @@ def usage_table(data: Mapping[str, Any]) -> str:
             str(a["output_tokens"]),
             f"{a['cache_read_tokens']}/{a['cache_write_tokens']}",
             _money(a["cost_usd"]),
-            _limit(a["budget"]) + (f" (reached {'+'.join(a['reached'])})" if a["reached"] else ""),
+            str(a.get("turns", 0)),
+            _limit(a["budget"]) + _reached(a["reached"]),
         ]
         for a in data["agents"]
     ]
-    headers = ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE R/W", "COST", "BUDGET"]
+    headers = ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE R/W", "COST", "TURNS", "BUDGET"]
     body = table(headers, rows) if rows else "no children yet"
     definitions = [
         f"{name}: {d['tokens']} tokens, {_money(d['cost_usd'])} over {d['children']} children"
         for name, d in data["definitions"].items()
     ]
+    trees = [
+        f"tree {t['key']} ({t['children']} children): {t['tokens']} tokens, "
+        f"{_money(t['cost_usd'])}, {t['spawns']} spawns, {t['turns']} turns, "
+        f"cap {_limit(t['budget'])}{_left(t['left'])}{_reached(t['reached'])}"
+        for t in data.get("trees", ())
+        if t["budget"] or t["children"] > 1
+    ]
     session = data["session"]
-    reached = f" (reached {'+'.join(session['reached'])})" if session["reached"] else ""
     line = (
         f"session: {session['tokens']} tokens, {_money(session['cost_usd'])}, "
-        f"budget {_limit(session['budget'])}{reached}"
+        f"{session.get('spawns', 0)} spawns, {session.get('turns', 0)} turns, "
+        f"budget {_limit(session['budget'])}{_left(session.get('left', {}))}"
+        f"{_reached(session['reached'])}"
     )
-    return "\n".join([body, *definitions, line])
+    return "\n".join([body, *definitions, *trees, line])
 
 
 def _age(seconds: float) -> str:

@@ -156,7 +156,7 @@ async def revive(
 ) -> ChildRecord:
     """Start *revival* again (see the module docstring), or raise in one line."""
     key = revival.key
-    sup.spend.check_turn(f"revive {key}")
+    sup.spend.check_turn(f"revive {key}", key)
     if key in sup.registry.records:
         raise UsageError(f"revive: {key}: it is live (see fleet peek)")
     reason = why_not(revival, sup.config.paths.scratch / key)

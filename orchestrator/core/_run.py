@@ -133,7 +133,7 @@ class ChildRun:
         self.host.reject("usage", self.key, {"flag": line})
 
     def session_spent(self) -> bool:
-        return self.host.spend.ledger.session_refusal() is not None
+        return self.host.spend.turn_refused(self.key)
 
     def resumable(self, resume_id: str) -> None:
         """The backend reported what a revive resumes it from: journaled at once."""

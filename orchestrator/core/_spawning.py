@@ -97,6 +97,7 @@ class Spawning:
                 )
                 for plan, request in zip(plans, requests, strict=True)
             ]
+            sup.spend.check_spawn(len(plans), None if parent is None else parent.key)
             for plan in plans:
                 check_available(sup.config, plan.agent, remote=plan.surface in REMOTE_SURFACES)
                 sup.launcher_for(plan.surface)  # refuses tmux:current outside tmux, up front

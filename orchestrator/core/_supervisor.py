@@ -194,6 +194,7 @@ class Supervisor:
             notifier=self.notifier,
             session=self.config.session,
             scrub=self.secrets.scrub,
+            runs=self.runs,
         )
         if self.config.fork_server:
             self.fork_server = ForkServer(
@@ -384,7 +385,7 @@ class Supervisor:
         """Resume: a new prompt to the same child (its context is kept; a hibernated one
         wakes for it)."""
         record = self.registry.find(ref, include_retired=False)
-        self.spend.check_turn(f"prompt {record.key}")
+        self.spend.check_turn(f"prompt {record.key}", record.key)
         if self.hibernation.asleep(record.key):
             self.hibernation.prompt(record, text)
         else:
@@ -410,7 +411,8 @@ class Supervisor:
         return run.record, settled
 
     async def ask(self, ref: str, text: str) -> str:
-        self.spend.check_turn(f"ask {self.registry.find(ref, include_retired=False).key}")
+        key = self.registry.find(ref, include_retired=False).key
+        self.spend.check_turn(f"ask {key}", key)
         async with self.hibernation.awake(ref) as run:  # a hibernated child wakes first
             return await run.ask(text)
 

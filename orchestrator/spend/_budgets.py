@@ -1,10 +1,15 @@
 """The supervisor's budgets: every child's usage into the ledger, and what a reached limit does.
 
 A child's soft limit steers it once with :data:`SOFT_STEER` and tells the parent (a note and a
-``budget`` event); its hard limit stops it with an ``incomplete`` handoff. The session's soft
-limit tells the parent once; its hard limit refuses every new turn (spawn, prompt, resume, ask)
-with one :class:`PolicyError` line. Limits come from the configuration, lowered (never raised)
-by a definition and a spawn; a nested child's is capped by its parent's.
+``budget`` event); its hard limit stops it with an ``incomplete`` handoff. A tree's (one
+top-level child and its descendants) soft cap steers every live child of that tree once and
+tells the parent; its hard cap makes the gateway refuse every further model request of the
+tree (:meth:`Budgets.refusal`) and stops each of its live children ``incomplete`` — other trees
+go on. The session's soft limit tells the parent once; its hard limit refuses every new turn
+(spawn, prompt, resume, ask) with one :class:`PolicyError` line. Hard spawn and turn caps (a
+child's, its tree's, the session's) refuse the spawn or turn that would pass them
+(:meth:`Budgets.check_spawn`, :meth:`Budgets.check_turn`). Limits come from the configuration,
+lowered (never raised) by a definition and a spawn; a nested child's is capped by its parent's.
 """
 
 import contextlib
@@ -66,6 +71,8 @@ class Budgets:
     scrub: Callable[[str], str] = str
     #: The session's provider gates (the model gateway paces every child's requests here).
     pacing: Pacing | None = None
+    #: The live runs by key (the supervisor's own table): a tree's cap acts on all of them.
+    runs: Mapping[str, Budgeted] = attrs.Factory(dict)
     ledger: Ledger = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -89,10 +96,23 @@ class Budgets:
         )
 
     def open(self, record: ChildRecord, limit: Limit, model: str = "") -> None:
-        """*record*'s account, its budget shown in ``peek`` from the start."""
-        account = self.ledger.open(record.key, record.agent, limit)
-        account.model = model
+        """*record*'s account in its parent's tree, its budget shown in ``peek`` from the
+        start; a new child's task is its first turn (a revived one's turn was counted by
+        :meth:`check_turn`)."""
+        fresh = record.key not in self.ledger.accounts
+        account = self.ledger.open(record.key, record.agent, limit, record.parent)
+        account.model = model or account.model
+        crossings = self.ledger.count_turn(record.key) if fresh else []
         record.usage = account.as_json()
+        for crossing in crossings:
+            self._act(None, record, crossing)
+        if record.parent is not None:  # the parent's own soft spawn cap
+            parent = self.runs.get(record.parent)
+            if parent is not None:
+                self._show(parent)  # its spawns, in peek
+            for crossing in self.ledger.soft_counts(record.parent):
+                if parent is not None:
+                    self._act(parent, parent.record, crossing)
 
     def revived(self, record: ChildRecord, journaled: Mapping[str, Any] | None) -> None:
         """A revived child's account: the budget it was spawned with, never more than the
@@ -117,11 +137,34 @@ class Budgets:
         account = self.ledger.accounts.get(key)
         return None if account is None else self.ledger.spent(account)
 
-    def check_turn(self, what: str) -> None:
-        """Refuse a new turn once the session's hard limit is reached."""
+    def check_turn(self, what: str, key: str | None = None) -> None:
+        """Refuse a new turn once the session's hard limit is reached; for *key*'s turn, also
+        once its own or its tree's hard limit is reached or a hard turn cap would be passed.
+        An admitted turn of *key* is counted."""
         refusal = self.ledger.session_refusal()
         if refusal is not None:
             raise PolicyError(f"{what}: {refusal}")
+        if key is None:
+            return
+        refused = self.ledger.refuse_turn(key)
+        if refused:
+            raise PolicyError(f"{what}: {refused}")
+        run = self.runs.get(key)
+        for crossing in self.ledger.count_turn(key):
+            if run is not None:
+                self._act(run, run.record, crossing)
+
+    def turn_refused(self, key: str) -> bool:
+        """Whether *key* may start no turn of its own (a background shell's wake): the session
+        or its tree is spent, or a hard turn cap is reached. Nothing is counted."""
+        return self.ledger.session_refusal() is not None or bool(self.ledger.refuse_turn(key))
+
+    def check_spawn(self, count: int, parent: str | None) -> None:
+        """Refuse *count* new children under *parent* (None: the parent agent's own spawn)
+        when a hard spawn or turn cap would be passed, or the parent's tree is spent."""
+        refused = self.ledger.refuse_spawn(parent, count)
+        if refused:
+            raise PolicyError(f"spawn: {refused}")
 
     # -- usage --------------------------------------------------------------------------
 
@@ -134,26 +177,30 @@ class Budgets:
             run.flag_usage(problem)
         account = self.ledger.accounts.get(run.key)
         if account is not None:
-            run.record.usage = account.as_json()
+            run.record.usage = account.as_json(self.ledger.spawns_of(run.key))
             run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)
         for crossing in crossings:
-            self._act(run, crossing)
+            self._act(run, run.record, crossing)
 
     def on_metered(self, run: Budgeted, metered: Metered) -> None:
         """One response's bill as the model gateway read it: the ledger's own count."""
         crossings = self.ledger.meter(run.key, metered)
         self._show(run)
         for crossing in crossings:
-            self._act(run, crossing)
+            self._act(run, run.record, crossing)
 
     def refusal(self, key: str) -> str | None:
-        """Why the gateway must refuse *key*'s next model request (a hard limit reached)."""
+        """Why the gateway must refuse *key*'s next model request: its own, its tree's or the
+        session's hard limit is reached."""
         account = self.ledger.accounts.get(key)
         if account is not None and "hard" in account.reached:
             what = account.limit.reached("hard", account.tokens, account.cost_usd)
             return f"fleet: budget spent ({what or 'hard limit reached'}): no more model requests"
+        tree = self.ledger.tree_refusal(key)
+        if tree is not None:
+            return f"fleet: {tree}: no more model requests"
         session = self.ledger.session_refusal()
         return None if session is None else f"fleet: {session}"
 
@@ -174,20 +221,42 @@ class Budgets:
     def _show(self, run: Budgeted) -> None:
         account = self.ledger.accounts.get(run.key)
         if account is not None:
-            run.record.usage = account.as_json()
+            run.record.usage = account.as_json(self.ledger.spawns_of(run.key))
             run.record.tokens = account.tokens
             if account.cost_usd is not None:
                 run.record.cost_usd = round(account.cost_usd, 6)
 
-    def _act(self, run: Budgeted, crossing: Crossing) -> None:
-        scope = "session budget" if crossing.scope == "session" else "budget"
-        if crossing.scope == "child" and crossing.level == "hard":
-            self.nursery.start_soon(run.stop_incomplete, f"budget spent: {crossing.what}")
-            return
+    def _act(self, run: Budgeted | None, record: ChildRecord, crossing: Crossing) -> None:
+        """What *crossing* (reached by *record*'s usage, spawn or turn) does."""
         if crossing.scope == "child":
-            self.nursery.start_soon(self._steer, run)
+            if run is None:
+                run = self.runs.get(record.key)
+            if crossing.level == "hard":
+                if run is not None:
+                    self.nursery.start_soon(run.stop_incomplete, f"budget spent: {crossing.what}")
+                return
+            if run is not None:
+                self.nursery.start_soon(self._steer, run)
+        elif crossing.scope == "tree":
+            self._act_on_tree(crossing)
+        scope = {"session": "session budget", "tree": "tree budget"}.get(crossing.scope, "budget")
         line = f"{scope} {crossing.level} limit reached: {crossing.what}"
-        self._tell(run.record, crossing, line)
+        self._tell(record, crossing, line)
+
+    def _act_on_tree(self, crossing: Crossing) -> None:
+        """A tree's soft cap steers each of its live children, its hard cap stops each
+        ``incomplete`` (the deepest first, so a nested child's caller hears why)."""
+        members = {a.key for a in self.ledger.members(crossing.tree)}
+        live = sorted(
+            (run for key, run in list(self.runs.items()) if key in members),
+            key=lambda run: -run.record.depth,
+        )
+        for run in live:
+            if crossing.level == "hard":
+                reason = f"tree budget spent: {crossing.what}"
+                self.nursery.start_soon(run.stop_incomplete, reason)
+            else:
+                self.nursery.start_soon(self._steer, run)
 
     async def _steer(self, run: Budgeted) -> None:
         with contextlib.suppress(FleetError):  # between turns or ending: nothing to steer
@@ -196,7 +265,9 @@ class Budgets:
     def _tell(self, record: ChildRecord, crossing: Crossing, line: str) -> None:
         """The parent agent's note (for the session, or a top-level child: a nested one's
         parent is a child, which its own budget governs) and the ``budget`` event."""
-        if record.parent is None or crossing.scope == "session":
+        root = self.runs.get(crossing.tree) if crossing.scope == "tree" else None
+        record = record if root is None else root.record  # a tree's note names its root
+        if record.parent is None or crossing.scope in ("session", "tree"):
             self.notes.pending.append(
                 {
                     "key": record.key,

@@ -1,7 +1,9 @@
-"""Usage budgets: limits, prices and how a spawn may change a limit (issue 18, item 1).
+"""Usage budgets: limits, prices and how a spawn may change a limit (issue 18, item 1; caps 37.3).
 
-A :class:`Limit` is a soft/hard pair in tokens and/or US dollars; any of the four may be
-absent (no limit). The configuration (``subagents.budget`` and ``subagents.prices``) is parsed
+A :class:`Limit` is a soft/hard pair in tokens, US dollars, spawns and/or turns; any of the
+eight may be absent (no limit). One limit type serves every scope: a child (``child``,
+``agents.NAME``), a tree (``tree``: one top-level child and all its descendants) and the
+session (``session``). The configuration (``subagents.budget`` and ``subagents.prices``) is parsed
 and validated as a whole by :func:`parse_policy`: every value a non-negative number, soft below
 hard, unknown keys refused — each problem one :class:`UsageError` line. A spawn (and a
 definition, and a nested spawn) may only *lower* the limit it would get: :func:`lower` refuses
@@ -20,9 +22,22 @@ import attrs
 from orchestrator._errors import PolicyError, UsageError
 
 Level = Literal["soft", "hard"]
-LIMIT_KEYS: Final = ("soft_tokens", "hard_tokens", "soft_usd", "hard_usd")
+Unit = Literal["tokens", "usd", "spawns", "turns"]
+UNITS: Final[tuple[Unit, ...]] = ("tokens", "usd", "spawns", "turns")
+#: The units counted in whole numbers (dollars are not).
+WHOLE: Final = ("tokens", "spawns", "turns")
+LIMIT_KEYS: Final = (
+    "soft_tokens",
+    "hard_tokens",
+    "soft_usd",
+    "hard_usd",
+    "soft_spawns",
+    "hard_spawns",
+    "soft_turns",
+    "hard_turns",
+)
 PRICE_KEYS: Final = ("input", "output", "cache_read", "cache_write")
-POLICY_KEYS: Final = ("session", "child", "agents")
+POLICY_KEYS: Final = ("session", "tree", "child", "agents")
 _PER_TOKEN: Final = 1e-6  # prices are US dollars per million tokens
 
 
@@ -33,7 +48,7 @@ def _amount(where: str, key: str, value: object, *, whole: bool) -> float | int:
         raise UsageError(f"{where}: {key} {value!r} must be a finite number >= 0")
     if whole:
         if value != int(value):
-            raise UsageError(f"{where}: {key} {value!r} must be a whole number of tokens")
+            raise UsageError(f"{where}: {key} {value!r} must be a whole number")
         return int(value)
     return float(value)
 
@@ -49,16 +64,23 @@ def _mapping(where: str, value: object, known: tuple[str, ...]) -> Mapping[str, 
 
 @attrs.frozen(kw_only=True)
 class Limit:
-    """A soft/hard pair in tokens and/or dollars; ``None``: no limit of that kind."""
+    """A soft/hard pair in tokens, dollars, spawns and turns; ``None``: no limit of that kind."""
 
     soft_tokens: int | None = None
     hard_tokens: int | None = None
     soft_usd: float | None = None
     hard_usd: float | None = None
+    #: Children spawned: by a child (its own nested spawns), in a tree (its nested children),
+    #: in the session (every child).
+    soft_spawns: int | None = None
+    hard_spawns: int | None = None
+    #: Turns the supervisor admitted: a spawn's task, each prompt, ask and revive.
+    soft_turns: int | None = None
+    hard_turns: int | None = None
 
     def check(self, where: str) -> Limit:
         """This limit, or one :class:`UsageError` line when a soft is not below its hard."""
-        for unit in ("tokens", "usd"):
+        for unit in UNITS:
             soft, hard = getattr(self, f"soft_{unit}"), getattr(self, f"hard_{unit}")
             if soft is not None and hard is not None and soft >= hard:
                 raise UsageError(
@@ -83,6 +105,13 @@ class Limit:
             return f"${cost:.4f} of ${limit_usd:g}"
         return ""
 
+    def allows(self, unit: Unit, count: int, more: int = 1) -> str:
+        """Why *more* of *unit* may not be added to *count* (``"3 of 3 spawns"``), or ""."""
+        hard = getattr(self, f"hard_{unit}")
+        if hard is not None and count + more > hard:
+            return f"{count} of {hard} {unit}" + (f" (+{more} asked)" if more > 1 else "")
+        return ""
+
 
 NO_LIMIT: Final = Limit()
 
@@ -93,7 +122,7 @@ def parse_limit(value: object, where: str) -> Limit:
         return (value or NO_LIMIT).check(where)
     data = _mapping(where, value, LIMIT_KEYS)
     fields = {
-        key: _amount(where, key, data[key], whole=key.endswith("tokens"))
+        key: _amount(where, key, data[key], whole=key.endswith(WHOLE))
         for key in LIMIT_KEYS
         if key in data and data[key] is not None
     }
@@ -107,7 +136,7 @@ def _min(a: float | None, b: float | None) -> float | None:
 def _consistent(merged: dict[str, float | None], explicit: Limit) -> Limit:
     """A merged limit whose soft fell to or above its lowered hard drops that soft (unless it
     was asked for explicitly, which :meth:`Limit.check` then refuses)."""
-    for unit in ("tokens", "usd"):
+    for unit in UNITS:
         soft, hard = merged[f"soft_{unit}"], merged[f"hard_{unit}"]
         inverted = soft is not None and hard is not None and soft >= hard
         if inverted and getattr(explicit, f"soft_{unit}") is None:
@@ -162,6 +191,8 @@ class SpendPolicy:
     """The configured budgets and the price table, validated as a whole."""
 
     session: Limit = NO_LIMIT
+    #: Every tree's cap: one top-level child and all its descendants together.
+    tree: Limit = NO_LIMIT
     child: Limit = NO_LIMIT
     agents: Mapping[str, Limit] = attrs.Factory(dict)
     prices: Mapping[str, Price] = attrs.Factory(dict)
@@ -204,6 +235,7 @@ def parse_policy(budget: object, prices: object = None) -> SpendPolicy:
     child = parse_limit(data.get("child"), "subagents.budget.child")
     return SpendPolicy(
         session=parse_limit(data.get("session"), "subagents.budget.session"),
+        tree=parse_limit(data.get("tree"), "subagents.budget.tree"),
         child=child,
         agents={
             str(name): parse_limit(entry, f"subagents.budget.agents.{name}")

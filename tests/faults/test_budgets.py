@@ -201,7 +201,8 @@ def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
         "subagents:\n"
         "  budget:\n"
         "    child: {hard_tokens: 10000}\n"
-        "    session: {soft_usd: 1, hard_usd: 2}\n"
+        "    session: {soft_usd: 1, hard_usd: 2, hard_spawns: 1}\n"
+        "    tree: {hard_tokens: 100000, hard_turns: 3}\n"
         "  prices:\n"
         "    scripted: {input: 1, output: 2}\n"
     )
@@ -215,17 +216,29 @@ def test_fleet_usage_json_and_spawn_budget_through_the_cli(faults) -> None:
     done = faults.cli("usage", "--json")
     assert done.returncode == 0, done.stderr
     usage = json.loads(done.stdout)
-    assert set(usage) == {"session", "agents", "definitions"}
+    assert set(usage) == {"session", "trees", "agents", "definitions"}
     [child] = usage["agents"]
-    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached"}
+    assert set(child) >= {"key", "agent", "tokens", "cost_usd", "budget", "reached", "turns"}
     assert child["budget"] == {"hard_tokens": 500}
     assert child["tokens"] > 0
-    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0}
+    assert usage["session"]["budget"] == {"soft_usd": 1.0, "hard_usd": 2.0, "hard_spawns": 1}
+    assert (usage["session"]["spawns"], usage["session"]["left"]["hard_spawns"]) == (1, 0)
+    [tree] = usage["trees"]
+    assert (tree["key"], tree["members"], tree["turns"]) == (child["key"], [child["key"]], 1)
+    assert tree["left"] == {"hard_tokens": 100000 - child["tokens"], "hard_turns": 2}
+    # The session's spawn cap binds: one line, exit 4 (refused), nothing spawned.
+    capped = faults.cli("spawn", "--model", model, "t")
+    assert capped.returncode == 4, capped.stderr
+    assert capped.stderr.strip().splitlines() == [
+        "fleet spawn: session cap reached (1 of 1 spawns): no new children"
+    ]
     assert usage["session"]["tokens"] == child["tokens"]
     assert usage["definitions"]["scout"]["children"] == 1
     human = faults.cli("usage")
     assert human.returncode == 0
     assert human.stdout.splitlines()[-1].startswith(f"session: {child['tokens']} tokens")
+    assert human.stdout.splitlines()[-1].endswith("· left 0 spawns")
+    assert f"tree {child['key']} (1 children): " in human.stdout
     peek = json.loads(faults.cli("peek", "--json", child["key"]).stdout)
     assert peek["agents"][0]["usage"]["budget"] == {"hard_tokens": 500}
     bad = faults.cli("usage", "--json", "nobody")
@@ -392,3 +405,49 @@ async def test_the_move_to_a_fallback_is_journaled_before_its_turn_settles(fault
     moved = recorder.facts.index(("models", both))
     assert moved < recorder.facts.index(("settled", "spare")), recorder.facts
     assert [m["content"] for m in messages if m["role"] == "user"] == ["go"]  # sent once
+
+
+TWICE = """
+turns:
+  - steps:
+      - tool: subagent
+        args: {agent: helper, task: "help"}
+      - tool: subagent
+        args: {agent: helper, task: "help again"}
+      - reply: "lead: {{last}}"
+  - steps:
+      - reply: "second turn"
+"""
+
+
+async def test_a_trees_spawn_and_turn_caps_refuse_a_nested_spawn_and_a_prompt(faults) -> None:
+    """#37 item 3: a tree may spawn one nested child and take three turns. The lead's second
+    ``subagent`` call is refused (its tool result says why, the helper never starts); the
+    lead's second turn is the tree's third (lead, helper, prompt); a fourth is refused."""
+    faults.agent("lead", tools=["read"], mode="fork", subagent_agents=["helper"])
+    faults.agent("helper", tools=["read"], mode="scout")
+    helper = faults.script("helper", 'turns:\n  - steps:\n      - reply: "helped"\n')
+    budget = {"tree": {"hard_spawns": 1, "hard_turns": 3}}
+    with trio.fail_after(CEILING):
+        async with open_supervisor(faults.config(model=helper, budget=budget)) as sup:
+            request = SpawnRequest(task="delegate", agent="lead", model=faults.script("l", TWICE))
+            [lead] = await sup.spawn([request])
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            first = lead.report
+            await sup.prompt(lead.key, "again")
+            await settled_state(sup, lead.key, frozenset({State.IDLE}))
+            with pytest.raises(PolicyError) as info:
+                await sup.prompt(lead.key, "and again")
+            report = sup.spend.report()
+            await sup.stop([lead.key])
+    assert first == (
+        f"lead: subagent refused: spawn: tree {lead.key} cap reached (1 of 1 spawns): "
+        "no new children"
+    )
+    assert lead.report == "second turn"
+    assert str(info.value) == (
+        f"prompt {lead.key}: tree {lead.key} turn cap reached (3 of 3 turns): no new turns"
+    )
+    [tree] = report["trees"]
+    assert (len(tree["members"]), tree["spawns"], tree["turns"]) == (2, 1, 3)
+    assert tree["left"] == {"hard_spawns": 0, "hard_turns": 0}

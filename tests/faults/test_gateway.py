@@ -8,6 +8,7 @@ gateway with the reason in the answer the child gets.
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -119,3 +120,75 @@ async def test_sixteen_children_wait_out_one_shared_cooldown_with_no_extra_429s(
     assert len(served) == children  # each child's one answer, after the cooldown
     assert [child for _, child in limited] == ["c0"]  # the first child's 429, and no other
     assert "waiting on http://127.0.0.1:" in waiting, waiting
+
+
+def _help(helper: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "subagent", "arguments": {"agent": helper, "task": "help"}}]}
+
+
+READ = {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]}
+
+
+async def test_a_tree_cap_stops_the_right_children_at_the_gateway(faults):
+    """#37 item 3: two trees run at once (a lead and the helper it spawned, each); every
+    response bills 120 tokens and a tree may spend 400. Tree A's helper goes on reading: the
+    bill that passes 400 makes the gateway refuse tree A's next model request and stops its
+    helper and its lead ``incomplete``; tree B (360 tokens in all) finishes its work."""
+    async with ModelServer() as srv:
+        srv.script("la", [_help("helpa"), {"text": "lead a done"}])
+        srv.script("ha", [READ, READ, READ, READ, READ, {"text": "never"}])
+        srv.script("lb", [_help("helpb"), {"delay": 1, "text": "lead b done"}])
+        srv.script("hb", [{"text": "helped b"}])
+
+        def model(path: str) -> str:
+            return f"openai:fake-model@{srv.base_url(path)}/v1"
+
+        for lead, helper in (("leada", "helpa"), ("leadb", "helpb")):
+            faults.agent(lead, tools=["read"], mode="fork", subagent_agents=[helper])
+            faults.agent(helper, tools=["read"], mode="scout", model=model(helper[0] + helper[-1]))
+        budget = {"tree": {"hard_tokens": 400}}
+        config = faults.config(budget=budget, max_subagents=4, lane=4)
+        with trio.fail_after(CEILING * 2):
+            async with open_supervisor(config) as sup:
+                spawned = await sup.spawn(
+                    [
+                        SpawnRequest(task="a", agent="leada", model=model("la")),
+                        SpawnRequest(task="b", agent="leadb", model=model("lb")),
+                    ]
+                )
+                lead_a, lead_b = (sup.registry.find(r.key) for r in spawned)
+                await Faults.until(lambda: lead_a.state in TERMINAL)
+                await Faults.until(lambda: lead_b.state is State.IDLE)
+                members = {t["key"]: t["members"] for t in sup.spend.report()["trees"]}
+                helper_a, helper_b = (
+                    sup.registry.find(members[lead.key][1]) for lead in (lead_a, lead_b)
+                )
+                await Faults.until(lambda: {helper_a.state, helper_b.state} <= TERMINAL)
+                report = sup.spend.report()
+                refusals = [sup.spend.refusal(r.key) for r in (lead_a, lead_b)]
+                sandboxed = {a["sandboxed"] for a in sup.peek()["agents"]}
+                await sup.stop([lead_b.key])
+        served = {path: len(srv.requests(path)) for path in ("la", "ha", "lb", "hb")}
+        log = (sup.paths.logs / f"{helper_a.key}.log").read_text()
+    assert sandboxed == {True}
+    assert lead_a.state is State.STOPPED
+    assert lead_a.incomplete.startswith("tree budget spent: ")
+    assert helper_a.incomplete.startswith("tree budget spent: ")
+    assert "of 400 tokens" in helper_a.incomplete
+    assert (lead_b.report, lead_b.incomplete, helper_b.incomplete) == ("lead b done", "", "")
+    assert helper_b.report == "helped b"
+    # Tree A: the lead's first request and the helper's three; nothing after the cap.
+    assert served == {"la": 1, "ha": 3, "lb": 2, "hb": 1}, served
+    assert refusals[0] == (
+        f"fleet: tree {lead_a.key} budget spent (480 of 400 tokens): no more model requests"
+    )
+    assert refusals[1] is None
+    assert "stopped incomplete: tree budget spent: 480 of 400 tokens" in log
+    trees = {t["key"]: t for t in report["trees"]}
+    assert trees[lead_a.key]["members"] == [lead_a.key, helper_a.key]
+    assert trees[lead_a.key]["tokens"] == 480
+    assert trees[lead_a.key]["reached"] == ["hard", "soft"]
+    assert trees[lead_a.key]["left"] == {"hard_tokens": 0}
+    assert trees[lead_b.key]["tokens"] == 360
+    assert trees[lead_b.key]["left"] == {"hard_tokens": 40}
+    assert trees[lead_b.key]["reached"] == []

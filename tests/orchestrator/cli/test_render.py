@@ -153,11 +153,44 @@ def test_peek_and_usage_show_tokens_cost_and_budget():
     definitions = {"scout": {"tokens": 120, "cost_usd": 0.0125, "children": 1}}
     text = usage_table({"agents": [child], "definitions": definitions, "session": session})
     head, row, *rest = text.splitlines()
-    assert head.split() == ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE", "R/W", "COST", "BUDGET"]
-    assert row.split()[:7] == ["a1", "scout", "120", "100", "20", "3/4", "$0.0125"]
+    headers = ["KEY", "AGENT", "TOKENS", "IN", "OUT", "CACHE", "R/W", "COST", "TURNS", "BUDGET"]
+    assert head.split() == headers
+    assert row.split()[:8] == ["a1", "scout", "120", "100", "20", "3/4", "$0.0125", "0"]
     assert rest == [
         "scout: 120 tokens, $0.0125 over 1 children",
-        "session: 120 tokens, -, budget -",
+        "session: 120 tokens, -, 0 spawns, 0 turns, budget -",
+    ]
+
+
+def test_usage_shows_each_trees_caps_and_what_is_left():
+    tree = {
+        "key": "a1",
+        "tokens": 480,
+        "cost_usd": None,
+        "children": 2,
+        "spawns": 1,
+        "turns": 3,
+        "members": ["a1", "a2"],
+        "budget": {"soft_tokens": 300, "hard_tokens": 400, "hard_spawns": 4},
+        "left": {"soft_tokens": 0, "hard_tokens": 0, "hard_spawns": 3},
+        "reached": ["hard", "soft"],
+    }
+    session: dict[str, Any] = {
+        "tokens": 480,
+        "cost_usd": None,
+        "spawns": 2,
+        "turns": 3,
+        "budget": {"hard_turns": 10, "hard_usd": 5},
+        "left": {"hard_turns": 7},
+        "reached": [],
+    }
+    text = usage_table({"agents": [], "definitions": {}, "trees": [tree], "session": session})
+    assert text.splitlines()[1:] == [
+        (
+            "tree a1 (2 children): 480 tokens, -, 1 spawns, 3 turns, cap soft 300 tok, "
+            "hard 400 tok 4 spawns · left 0 tok 3 spawns (reached hard+soft)"
+        ),
+        "session: 480 tokens, -, 2 spawns, 3 turns, budget hard $5 10 turns · left 7 turns",
     ]
 
 

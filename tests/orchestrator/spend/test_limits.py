@@ -17,6 +17,7 @@ from orchestrator.spend._limits import (
     parse_policy,
     resolve_limit,
 )
+from orchestrator.spend._metering import Metered
 
 
 @attrs.frozen(kw_only=True)
@@ -51,19 +52,28 @@ def test_parse_limit_accepts(value: object, expected: Limit) -> None:
     [
         (
             {"hard": 5},
-            "x: unknown key 'hard' (one of soft_tokens, hard_tokens, soft_usd, hard_usd)",
+            (
+                "x: unknown key 'hard' (one of soft_tokens, hard_tokens, soft_usd, hard_usd, "
+                "soft_spawns, hard_spawns, soft_turns, hard_turns)"
+            ),
         ),
         ({"hard_tokens": -1}, "x: hard_tokens -1 must be a finite number >= 0"),
         ({"hard_tokens": True}, "x: hard_tokens True must be a number"),
         ({"hard_usd": "2"}, "x: hard_usd '2' must be a number"),
-        ({"hard_tokens": 1.5}, "x: hard_tokens 1.5 must be a whole number of tokens"),
+        ({"hard_tokens": 1.5}, "x: hard_tokens 1.5 must be a whole number"),
         ({"hard_usd": float("inf")}, "x: hard_usd inf must be a finite number >= 0"),
         (
             {"soft_tokens": 100, "hard_tokens": 100},
             "x: soft_tokens 100 must be below hard_tokens 100",
         ),
         ({"soft_usd": 3, "hard_usd": 2}, "x: soft_usd 3 must be below hard_usd 2"),
-        ([1], "x must be a mapping of soft_tokens, hard_tokens, soft_usd, hard_usd"),
+        (
+            [1],
+            (
+                "x must be a mapping of soft_tokens, hard_tokens, soft_usd, hard_usd, soft_spawns, "
+                "hard_spawns, soft_turns, hard_turns"
+            ),
+        ),
     ],
 )
 def test_parse_limit_refuses_with_one_line(value: object, message: str) -> None:
@@ -173,7 +183,7 @@ def test_parse_policy_whole() -> None:
         (
             {"sesion": {}},
             None,
-            "subagents.budget: unknown key 'sesion' (one of session, child, agents)",
+            "subagents.budget: unknown key 'sesion' (one of session, tree, child, agents)",
         ),
         ({"session": {"soft_usd": 9, "hard_usd": 1}}, None, "subagents.budget.session: soft_usd 9"),
         ({"agents": ["worker"]}, None, "subagents.budget.agents must be a mapping"),
@@ -267,7 +277,7 @@ def test_ledger_session_and_report() -> None:
     assert refusal is not None
     assert refusal.startswith("session budget spent (210 of 200 tokens): no new turns")
     report = ledger.report()
-    assert set(report) == {"session", "agents", "definitions"}
+    assert set(report) == {"session", "trees", "agents", "definitions"}
     assert [a["key"] for a in report["agents"]] == ["a1", "a2"]
     assert report["agents"][1]["input_tokens"] == 60
     assert report["agents"][1]["agent"] == "worker"
@@ -335,3 +345,50 @@ def test_fleet_usage_says_what_is_left_of_each_limit() -> None:
     report = ledger.report()
     assert report["agents"][0]["left"] == {"soft_tokens": 0, "hard_tokens": 180}
     assert report["session"]["left"] == {"hard_tokens": 880, "hard_usd": 0.75}
+
+
+def test_a_trees_spend_turns_and_members_survive_a_restart() -> None:
+    budget = {"tree": {"hard_tokens": 100, "hard_turns": 5}}
+    ledger = _ledger(budget=budget)
+    ledger.open("a1", "lead", Limit())
+    ledger.open("a2", "helper", Limit(), parent="a1")
+    ledger.open("a3", "helper", Limit(), parent="a2")
+    for key in ("a1", "a2", "a3", "a1"):
+        ledger.count_turn(key)
+    [crossing] = ledger.record("a3", U(tokens=150))
+    assert (crossing.scope, crossing.level, crossing.tree) == ("tree", "hard", "a1")
+    again = _ledger(budget=budget)  # a new supervisor, from the journal's usage records
+    for key, account in ledger.accounts.items():
+        again.restore(key, ledger.spent(account), account.agent)
+    assert [again.tree_of(k) for k in ("a1", "a2", "a3")] == ["a1", "a1", "a1"]
+    assert again.tree("a1") | {"cost_usd": None} == ledger.tree("a1") | {"cost_usd": None}
+    assert again.tree("a1")["turns"] == 4
+    assert again.tree_refusal("a2") == "tree a1 budget spent (150 of 100 tokens)"
+    assert again.refuse_turn("a1") == "tree a1 budget spent: no new turns"
+    assert (
+        again.refuse_spawn("a3", 1) == "tree a1 budget spent (150 of 100 tokens): no new children"
+    )
+    again.open("b1", "lead", Limit())
+    assert again.tree_refusal("b1") is None
+    assert again.refuse_spawn("b1", 1) == ""
+
+
+def test_a_trees_dollar_cap_counts_cache_reads_and_writes_as_priced() -> None:
+    prices = {"m": {"input": 1, "output": 10, "cache_read": 0.1, "cache_write": 2}}
+    ledger = _ledger(budget={"tree": {"soft_usd": 0.001, "hard_usd": 0.002}}, prices=prices)
+    ledger.open("a1", "lead", Limit())
+    ledger.open("a2", "helper", Limit(), parent="a1")
+    ledger.open("b1", "lead", Limit())
+    # 10000 cache reads at $0.1/M: $0.001, the soft cap, though no "fresh" token was billed.
+    [soft] = ledger.meter("a2", Metered(cache_read_tokens=10_000, model="m"))
+    assert (soft.scope, soft.level, soft.tree, soft.what) == (
+        "tree",
+        "soft",
+        "a1",
+        "$0.0010 of $0.001",
+    )
+    [hard] = ledger.meter("a1", Metered(cache_write_tokens=600, model="m"))
+    assert (hard.level, hard.what) == ("hard", "$0.0022 of $0.002")
+    assert ledger.tree_refusal("a2") == "tree a1 budget spent ($0.0022 of $0.002)"
+    assert ledger.tree_refusal("b1") is None
+    assert ledger.meter("b1", Metered(cache_read_tokens=9_000, model="m")) == []
