@@ -48,7 +48,9 @@ demo: setup
 # The suite runs on $(WORKERS) xdist workers
 # (loadgroup: each worker takes the next test as it finishes, and the tests that must run one at
 # a time, Ray clusters, go to one worker together; tests/conftest.py). CI prints the 15 slowest.
-WORKERS ?= 2
+# Three on two cores: the heavy tests mostly wait on their subprocesses (tests/faults and
+# tests/orchestrator/control -m slow: 107-117 s on three workers, 134-138 s on two).
+WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
 
 test: setup-test

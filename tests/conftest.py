@@ -26,7 +26,7 @@ from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
 from tests._needs import missing
 
-# Property tests run beside real processes (two xdist workers on two cores, children of their
+# Property tests run beside real processes (three xdist workers on two cores, children of their
 # own): a slow draw is the machine's load, not the strategy's fault, and no example has a
 # deadline. A test's own ``@settings`` still sets its ``max_examples``.
 settings.register_profile(

@@ -167,7 +167,7 @@ def ran(commands: list[str], what: str) -> bool:
 
 @pytest.mark.needs("make")
 def test_a_second_make_test_redoes_no_set_up(made):
-    test = ".venv/bin/python -m pytest -q -n 2 --dist loadgroup"
+    test = ".venv/bin/python -m pytest -q -n 3 --dist loadgroup"
     assert dry_run(made) == [f"{test} --durations=15"]
     assert dry_run(made, "test-fast") == [f"{test} -m 'not slow'"]
     assert dry_run(made, "demo") == [".venv/bin/fleet demo"]

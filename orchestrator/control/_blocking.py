@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from orchestrator._errors import ERROR_KINDS, FleetError, Unreachable, UsageError
+from orchestrator._errors import ERROR_KINDS, FleetError, Refused, Unreachable, UsageError
 
 # typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
 TYPE_CHECKING = False
@@ -75,6 +75,17 @@ def control_frame(token: str, corr: str, type_: str, body: dict[str, Any]) -> by
     return len(data).to_bytes(4, "big") + data
 
 
+def refusal_frame(message: str) -> bytes:
+    """The answer to the hello of a control connection the supervisor refuses (its peer is a
+    child, or sandboxed): a failed reply of kind ``refused``, so the verb fails at once
+    (exit 4) instead of waiting for a supervisor that answers. It carries no token: the peer
+    is never sent the one it may lack."""
+    body = {"ok": False, "error": message, "data": {"kind": Refused.kind}}
+    head = {"v": PROTOCOL_VERSION, "token": "", "owner": CONTROL_OWNER, "corr": HELLO_CORR}
+    data = _dumps({**head, "kind": "response", "type": "reply", "body": body}).encode()
+    return len(data).to_bytes(4, "big") + data
+
+
 def request_frame(token: str, corr: str, op: str, args: Mapping[str, Any]) -> bytes:
     """The frame of one control request, or a one-line usage error: too large, or not
     representable as UTF-8 JSON (a lone surrogate from an undecodable argument)."""
@@ -123,16 +134,12 @@ class Connection:
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            raise Unreachable(f"supervisor at {self._path} is unreachable: {exc}") from None
+            broken = Unreachable(f"supervisor at {self._path} is unreachable: {exc}")
+            if first:  # a refusal may have closed the connection first: its answer tells
+                self._welcome(deadline, op, timeout, broken)
+            raise broken from None
         if first:
-            try:
-                welcome = self._response(HELLO_CORR, deadline, op, timeout)
-            except Unreachable as exc:
-                raise Unreachable(f"supervisor at {self._path} is unreachable: {exc}") from None
-            if not welcome["ok"]:
-                raise Unreachable(
-                    f"supervisor at {self._path} refused the hello: {welcome.get('error')}"
-                )
+            self._welcome(deadline, op, timeout, None)
         reply = self._response(corr, deadline, op, timeout)
         if not reply["ok"]:
             data_ = reply.get("data", {})
@@ -141,6 +148,27 @@ class Connection:
             raise ERROR_KINDS.get(kind, FleetError)(message)
         result: dict[str, Any] = reply.get("data", {})
         return result
+
+    def _welcome(
+        self, deadline: float, op: str, timeout: float, broken: Unreachable | None
+    ) -> None:
+        """Read the answer to the hello: return when it is welcomed; raise :class:`Refused`
+        at once when the supervisor refused this connection (so no caller waits for it to
+        answer), else *broken* or :class:`Unreachable`."""
+        try:
+            welcome = self._response(HELLO_CORR, deadline, op, timeout)
+        except Unreachable as exc:
+            if broken is not None:
+                raise broken from None
+            raise Unreachable(f"supervisor at {self._path} is unreachable: {exc}") from None
+        if welcome["ok"]:
+            if broken is not None:
+                raise broken
+            return
+        error = welcome.get("error") or "refused"
+        if welcome.get("data", {}).get("kind") == Refused.kind:
+            raise Refused(f"the supervisor at {self._path} refused this connection: {error}")
+        raise Unreachable(f"supervisor at {self._path} refused the hello: {error}")
 
     def _receive(self, size: int, deadline: float, op: str, timeout: float) -> bytes:
         chunks: list[bytes] = []

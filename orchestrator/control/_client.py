@@ -22,6 +22,7 @@ from orchestrator.control._blocking import (
     call,
     control_frame,
     read_token,
+    refusal_frame,
 )
 
 # typing costs a warm verb (cli._fast) a tenth of an interpreter start: checkers only.
@@ -43,6 +44,7 @@ __all__ = [
     "ignore_event",
     "op_timeout",
     "read_token",
+    "refusal_frame",
 ]
 
 WAIT_SLICE: Final = 100.0  # a control request may not wait longer than the 120 s IPC cap

@@ -6,6 +6,7 @@ carries ``data.kind`` so the client can raise the same :class:`FleetError` subcl
 :mod:`orchestrator.control._client` is the client side used by every CLI verb.
 """
 
+import contextlib
 import logging
 import os
 import shutil
@@ -23,7 +24,7 @@ from orchestrator._digests import start_digests
 from orchestrator._errors import FleetError, OperationFailed, TimedOut, UsageError
 from orchestrator._records import ACTIVE, SpawnRequest, State
 from orchestrator.control._args import str_arg, strs_arg
-from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event
+from orchestrator.control._client import CONTROL_OWNER, WAIT_SLICE, ignore_event, refusal_frame
 from orchestrator.control._land import land_op, queue_op
 from orchestrator.control._map import map_op
 from orchestrator.control._review import review_accept, review_apply, review_diff, review_revert
@@ -369,6 +370,13 @@ def other_namespace(pid: int) -> str | None:
     return None
 
 
+#: What a refused control peer is told (the reason, with its pids, goes to the journal only).
+REFUSAL: Final = (
+    "the control socket serves the parent only, not a fleet child or a sandboxed process "
+    "(run fleet verbs from the parent's shell)"
+)
+
+
 @attrs.define(eq=False)
 class ControlServer:
     """Serves control connections for one supervisor."""
@@ -423,6 +431,13 @@ class ControlServer:
             self.refused += 1
             log.warning("refused a control connection: %s (%d so far)", reason, self.refused)
             self.sup.reject("control-refused", CONTROL_OWNER, {"reason": reason})
+            # The refusal is answered, not only hung up on: a verb that was refused fails at
+            # once instead of waiting for a supervisor that answers. Its words name no pid.
+            with (
+                trio.move_on_after(1.0),
+                contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+            ):
+                await stream.send_all(refusal_frame(REFUSAL))
             await stream.aclose()
             return
         try:

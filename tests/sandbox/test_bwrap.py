@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 import trio
+from trio._core import _thread_cache as trio_thread_cache
 
 from sandbox import Policy, SandboxSpec, wrap
 from tests.sandbox.conftest import with_runtime
@@ -240,19 +241,32 @@ def _alive(process: psutil.Process) -> bool:
 
 
 @pytest.mark.slow
-async def test_child_spawned_from_main_thread_outlives_trio_thread_retirement(layout, bwrap_works):
+async def test_child_spawned_from_main_thread_outlives_trio_thread_retirement(
+    layout, bwrap_works, monkeypatch
+):
     # --die-with-parent fires when the spawning *thread* exits; trio retires idle worker
-    # threads after 10 s. Spawned from the main (trio) thread, the child must live on.
+    # threads after IDLE_TIMEOUT (10 s; 0.3 s here, so the test waits for no real 10 s).
+    # Spawned from the main (trio) thread, the child must live on; the control, spawned from
+    # a worker thread, dies once that thread retires (so a retirement did happen meanwhile).
+    monkeypatch.setattr(trio_thread_cache, "IDLE_TIMEOUT", 0.3)
     spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=layout.scratch)
     wrapped = wrap([sys.executable, "-c", "import time; time.sleep(15)"], with_runtime(spec))
+    env = {**os.environ, **wrapped.env}
     # Spawned on the trio thread on purpose: --die-with-parent is tied to the spawning thread.
-    proc = subprocess.Popen(wrapped.argv, env={**os.environ, **wrapped.env})  # noqa: ASYNC220
+    proc = subprocess.Popen(wrapped.argv, env=env)  # noqa: ASYNC220
+    control = await trio.to_thread.run_sync(lambda: subprocess.Popen(wrapped.argv, env=env))
     try:
-        await trio.sleep(11)
+        # The worker thread retires 0.3 s after its job; its child dies with it. (Polled on
+        # the trio thread: a wait in a worker thread would keep that very thread busy.)
+        with trio.fail_after(10):
+            while control.poll() is None:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        await trio.sleep(0.5)
         assert proc.poll() is None
     finally:
-        proc.kill()
-        proc.wait()
+        for process in (proc, control):
+            process.kill()
+            process.wait()
 
 
 async def test_worker_writes_its_worktree_but_not_the_repo(layout, attempt):

@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
 import trio
+from trio._core import _thread_cache as trio_thread_cache
 
 from child.tools import ToolContext, build_tools
 from child.tools._shell import MAX_KEPT, MAX_LINES, MAX_RUNNING, ShellTool, strip_ansi
@@ -348,12 +350,18 @@ async def test_a_leader_dies_with_the_child_even_without_the_guardian(ws):
 
 
 @pytest.mark.slow
-async def test_a_shell_outlives_trios_idle_worker_threads(shells):
+async def test_a_shell_outlives_trios_idle_worker_threads(shells, monkeypatch):
     # PR_SET_PDEATHSIG fires when the forking *thread* exits, and trio retires an idle worker
-    # thread after 10 s: a shell forked from one would be SIGKILLed then.
-    await trio.to_thread.run_sync(lambda: None)  # a worker thread exists, and will retire
+    # thread after IDLE_TIMEOUT (10 s; 0.3 s here, so the test waits for the retirement
+    # itself, not for 10 real seconds): a shell forked from one would be SIGKILLed then.
+    monkeypatch.setattr(trio_thread_cache, "IDLE_TIMEOUT", 0.3)
+    # A worker thread exists (a fork through to_thread would reuse it), and will retire.
+    worker = await trio.to_thread.run_sync(threading.current_thread)
     sid = await start(shells, "exec sleep 60")
     pid = shells[0].shells[sid].process.pid
-    await trio.sleep(11)
+    with trio.fail_after(10):
+        while worker.is_alive():  # noqa: ASYNC110 - trio retires it
+            await trio.sleep(0.05)
+    await trio.sleep(0.5)  # a PR_SET_PDEATHSIG kill would have landed by now
     assert not dead(pid)
     assert shells[0].shells[sid].returncode is None

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ipc
-from orchestrator._errors import NotFound, Unreachable, UsageError
-from orchestrator.control._client import CONTROL_OWNER, call, control_frame
+from orchestrator._errors import NotFound, Refused, Unreachable, UsageError
+from orchestrator.control._client import CONTROL_OWNER, call, control_frame, refusal_frame
 from tests.ipc._strategies import json_values
 
 KEY = b"k" * 32
@@ -110,6 +110,40 @@ async def test_a_wrong_token_is_unreachable_and_never_served(tmp_path):
     assert isinstance(result, Unreachable)
     assert "unreachable" in str(result)
     assert seen == ["token"]
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+async def test_a_refusal_is_refused_at_once_not_unreachable(tmp_path, read_first):
+    """The supervisor answers a peer it refuses (a child, a sandboxed process) and hangs up,
+    before or after the client's hello arrived: the client raises :class:`Refused` (exit 4),
+    which no caller waits out, where a hang-up alone is :class:`Unreachable`."""
+    path = tmp_path / "control.sock"
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        if read_first:
+            await stream.receive_some(65536)
+        await stream.send_all(refusal_frame("the control socket serves the parent only"))
+        await stream.aclose()
+
+    listener = ipc.Listener(path=path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.serve, refuse)
+        with trio.fail_after(10):
+            result = await trio.to_thread.run_sync(
+                lambda: _raised(lambda: call(path, TOKEN, "spawn", {}, timeout=60))
+            )
+        nursery.cancel_scope.cancel()
+    await listener.aclose()
+    assert type(result) is Refused, result
+    assert "refused this connection: the control socket serves the parent only" in str(result)
+
+
+def _raised(function: Any) -> BaseException | None:
+    try:
+        function()
+    except Exception as exc:
+        return exc
+    return None
 
 
 async def test_no_answer_within_the_timeout_is_unreachable(tmp_path):

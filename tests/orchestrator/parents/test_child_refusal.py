@@ -84,6 +84,9 @@ def test_a_child_can_neither_reach_nor_start_an_mcp_server_with_the_parents_powe
     results = json.loads(report)
     assert results["as-child-mcp"] == [4, True], results
     assert results["as-child-spawn"] == [4, True], results
+    # Refused at once, not after the server's wait for a supervisor that answers (it took
+    # the whole 50 s here once: the control socket hung up without a word).
+    assert results["unmarked-mcp"][0] == 0, results
     keys = {a["key"] for a in fleet.json("peek")["agents"]}
     assert keys == {key}, keys  # nothing the hostile child asked for joined the parent's fleet
     assert (fleet.repo / "README.md").read_bytes() == before
