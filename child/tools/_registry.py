@@ -27,7 +27,7 @@ _FACTORIES: dict[str, Callable[[], Tool]] = {
 }
 
 ALL_TOOLS: frozenset[str] = frozenset(_FACTORIES)
-#: Tools that can change the repository. ``orchestrator.core._agents`` keeps its own copy (it
+#: Tools that can change the repository. ``orchestrator.definitions`` keeps its own copy (it
 #: may not import ``child``); a test holds the two equal.
 MUTATING_TOOLS: frozenset[str] = frozenset({"edit", "write", "bash"})
 
