@@ -165,6 +165,9 @@ def test_a_hostile_worker_can_neither_read_nor_write_the_journal_paper_or_spend(
         # Its own spend is what the fleet metered, not what it tried to append.
         usage = fleet.json("peek")["usage"]
         assert usage.pop("children") == spend_before["usage"].pop("children") + 1
+        # It is one more spawn and turn of the session (the session's caps count them).
+        for counted in ("spawns", "turns"):
+            assert usage.pop(counted) == spend_before["usage"].pop(counted) + 1
         assert usage == spend_before["usage"]
         fleet.json("stop", hostile["key"], timeout=90)
 
