@@ -37,7 +37,8 @@ from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
-from ipc._transport import TLSIO, SocketIO, StreamIO, transport_for
+from ipc._tlsstream import TLSIO
+from ipc._transport import SocketIO, StreamIO, transport_for
 from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message
 
 __all__ = [

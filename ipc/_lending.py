@@ -27,7 +27,8 @@ import trio
 from ipc._errors import FrameError
 from ipc._framing import FrameDecoder
 from ipc._handoff import Pending
-from ipc._transport import TLSIO, SocketIO, StreamIO
+from ipc._tlsstream import TLSIO
+from ipc._transport import SocketIO, StreamIO
 
 Route = Callable[[bytes], Awaitable[object] | None]
 Settle = Callable[[Awaitable[object]], Awaitable[None]]

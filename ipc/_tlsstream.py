@@ -18,11 +18,14 @@ import socket
 import ssl
 from typing import Final
 
+import attrs
 import trio
 
-__all__ = ["SocketTLSStream", "tls_over"]
+__all__ = ["TLSIO", "SocketTLSStream", "tls_over"]
 
-#: How long a write that OpenSSL says needs the peer's data waits before trying again.
+#: The most bytes one read asks OpenSSL for.
+RECEIVE_SIZE: Final = 65536
+#: How long a read that OpenSSL says needs a write first waits before trying again.
 _POLL_S: Final = 0.001
 #: The most reads that drop unread bytes at close (64 KiB each).
 _DRAIN_READS: Final = 16
@@ -50,6 +53,7 @@ class SocketTLSStream(trio.abc.Stream):
     def __init__(self, sock: ssl.SSLSocket) -> None:
         self._sock = sock
         self._closed = False
+        self._io = TLSIO(stream=self)
         self._sending = _OneAtATime("another task is sending on this stream")
         self._receiving = _OneAtATime("another task is receiving on this stream")
 
@@ -82,20 +86,11 @@ class SocketTLSStream(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         with self._sending:
-            view = memoryview(data).cast("B")
-            while view:
-                self._check()
-                try:
-                    sent = self._sock.send(view)
-                except ssl.SSLWantWriteError:
-                    await trio.lowlevel.wait_writable(self._sock)
-                    continue
-                except ssl.SSLWantReadError:
-                    await trio.sleep(_POLL_S)
-                    continue
-                except (ssl.SSLError, OSError) as exc:
-                    raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
-                view = view[sent:]
+            self._check()
+            frame = bytes(data)
+            sent = self._io.try_send(frame)
+            if sent != len(frame):
+                await self._io.send_rest(frame, sent)
             await trio.lowlevel.checkpoint()
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -105,25 +100,15 @@ class SocketTLSStream(trio.abc.Stream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         with self._receiving:
-            size = 65536 if max_bytes is None else max_bytes
+            size = RECEIVE_SIZE if max_bytes is None else max_bytes
             if size < 1:
                 raise ValueError("max_bytes must be >= 1")
             while True:
                 self._check()
-                try:
-                    data = self._sock.recv(size)
-                except ssl.SSLWantReadError:
-                    await trio.lowlevel.wait_readable(self._sock)
-                    continue
-                except ssl.SSLWantWriteError:
-                    await trio.lowlevel.wait_writable(self._sock)
-                    continue
-                except ssl.SSLZeroReturnError:
-                    data = b""
-                except (ssl.SSLError, OSError) as exc:
-                    raise trio.BrokenResourceError(f"TLS receive failed: {exc}") from exc
-                await trio.lowlevel.checkpoint()
-                return data
+                await self._io.wait()
+                data = self._io.read(size)
+                if data is not None:
+                    return data
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -132,6 +117,89 @@ class SocketTLSStream(trio.abc.Stream):
             _drain(self._sock.fileno())
             self._sock.close()
         await trio.lowlevel.checkpoint()
+
+
+@attrs.define(eq=False)
+class TLSIO:
+    """A :class:`~ipc._tlsstream.SocketTLSStream` (the TLS door), read and written through its
+    ``SSLSocket`` the way :class:`SocketIO` uses a descriptor: a write that the socket takes
+    now costs no scheduler pass, and a read waits only when OpenSSL holds nothing decrypted.
+    No lending: a requester would need the same TLS state as the reader.
+
+    OpenSSL's rule for a write it could not finish (``SSLWantWriteError``) is that the retry
+    passes the same bytes: :meth:`try_send` then reports 0 written, so :meth:`send_rest` retries
+    from where it stood; and such a write may have put part of a record on the wire, so a
+    cancellation after one leaves the stream torn.
+    """
+
+    stream: "SocketTLSStream"
+    torn: bool = False
+    _closed: bool = False
+    #: A write OpenSSL started and must be retried with the same bytes.
+    _started: bool = False
+    #: A read that OpenSSL said needs a write first (TLS 1.3 never renegotiates: a key update
+    #: at most): the next wait polls instead of parking on readability.
+    _read_wants_write: bool = False
+
+    async def wait(self) -> None:
+        """Await until a read may return something."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        sock = self.stream.socket
+        if sock.pending():  # decrypted already: no need to wait for the socket
+            await trio.lowlevel.checkpoint()
+        elif self._read_wants_write:
+            self._read_wants_write = False
+            await trio.sleep(_POLL_S)
+        else:
+            await trio.lowlevel.wait_readable(sock)
+
+    def read(self, size: int = RECEIVE_SIZE) -> bytes | None:
+        """Some bytes, ``b""`` at the end, or ``None`` when no whole record is in yet."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return self.stream.socket.recv(size)
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLWantWriteError:
+            self._read_wants_write = True
+            return None
+        except ssl.SSLZeroReturnError:
+            return b""
+        except (ssl.SSLError, OSError) as exc:
+            raise trio.BrokenResourceError(f"TLS receive failed: {exc}") from exc
+
+    def try_send(self, data: bytes | memoryview) -> int:
+        """Write all of *data* now (OpenSSL writes whole), or 0 if the socket cannot take it."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            sent = self.stream.socket.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            self._started = True
+            return 0
+        except (ssl.SSLError, OSError) as exc:
+            raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
+        self._started = False
+        return sent
+
+    async def send_rest(self, data: bytes, sent: int) -> None:
+        """Write *data* from offset *sent* on, waiting while the socket buffer is full."""
+        view = memoryview(data)
+        while sent < len(view):
+            try:
+                await trio.lowlevel.wait_writable(self.stream.socket)
+            except trio.Cancelled:
+                if sent or self._started:
+                    self.torn = True
+                raise
+            sent += self.try_send(view[sent:])
+
+    async def aclose(self) -> None:
+        """Close the stream."""
+        self._closed = True
+        await self.stream.aclose()
 
 
 def _drain(fd: int) -> None:

@@ -3,7 +3,7 @@
 A :class:`Channel` reads with one task (``await wait()``, then ``read()``) and writes whole
 frames, one writer at a time. For any
 ``trio.abc.Stream`` it uses ``receive_some`` and ``send_all``; for the TLS door's stream the
-``SSLSocket`` directly (:class:`TLSIO`). For a ``trio.SocketStream`` it
+``SSLSocket`` directly (:class:`ipc._tlsstream.TLSIO`). For a ``trio.SocketStream`` it
 goes one level down — ``os.read``/``os.write`` on the descriptor, parking with
 ``trio.lowlevel.wait_readable``/``wait_writable`` — because the stream's layers (an error
 translator, a conflict detector, an async context manager around every call, an attempt to
@@ -26,18 +26,15 @@ The transport closes the stream (``aclose``); trio wakes a parked reader or writ
 
 import functools
 import os
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 import attrs
 import trio
 
-from ipc._tlsstream import SocketTLSStream
+from ipc._tlsstream import TLSIO, SocketTLSStream
 
 RECEIVE_SIZE: Final = 65536
-#: How long a read that OpenSSL says needs a write first waits before trying again.
-_POLL_S: Final = 0.001
 
 
 @attrs.define(eq=False)
@@ -156,89 +153,6 @@ class SocketIO:
         """Close the stream; the descriptor is not used again."""
         self._closed = True
         self.interrupt_lender()
-        await self.stream.aclose()
-
-
-@attrs.define(eq=False)
-class TLSIO:
-    """A :class:`~ipc._tlsstream.SocketTLSStream` (the TLS door), read and written through its
-    ``SSLSocket`` the way :class:`SocketIO` uses a descriptor: a write that the socket takes
-    now costs no scheduler pass, and a read waits only when OpenSSL holds nothing decrypted.
-    No lending: a requester would need the same TLS state as the reader.
-
-    OpenSSL's rule for a write it could not finish (``SSLWantWriteError``) is that the retry
-    passes the same bytes: :meth:`try_send` then reports 0 written, so :meth:`send_rest` retries
-    from where it stood; and such a write may have put part of a record on the wire, so a
-    cancellation after one leaves the stream torn.
-    """
-
-    stream: SocketTLSStream
-    torn: bool = False
-    _closed: bool = False
-    #: A write OpenSSL started and must be retried with the same bytes.
-    _started: bool = False
-    #: A read that OpenSSL said needs a write first (TLS 1.3 never renegotiates: a key update
-    #: at most): the next wait polls instead of parking on readability.
-    _read_wants_write: bool = False
-
-    async def wait(self) -> None:
-        """Await until a read may return something."""
-        if self._closed:
-            raise trio.ClosedResourceError("the socket was closed")
-        sock = self.stream.socket
-        if sock.pending():  # decrypted already: no need to wait for the socket
-            await trio.lowlevel.checkpoint()
-        elif self._read_wants_write:
-            self._read_wants_write = False
-            await trio.sleep(_POLL_S)
-        else:
-            await trio.lowlevel.wait_readable(sock)
-
-    def read(self) -> bytes | None:
-        """Some bytes, ``b""`` at the end, or ``None`` when no whole record is in yet."""
-        if self._closed:
-            raise trio.ClosedResourceError("the socket was closed")
-        try:
-            return self.stream.socket.recv(RECEIVE_SIZE)
-        except ssl.SSLWantReadError:
-            return None
-        except ssl.SSLWantWriteError:
-            self._read_wants_write = True
-            return None
-        except ssl.SSLZeroReturnError:
-            return b""
-        except (ssl.SSLError, OSError) as exc:
-            raise trio.BrokenResourceError(f"TLS receive failed: {exc}") from exc
-
-    def try_send(self, data: bytes | memoryview) -> int:
-        """Write all of *data* now (OpenSSL writes whole), or 0 if the socket cannot take it."""
-        if self._closed:
-            raise trio.ClosedResourceError("the socket was closed")
-        try:
-            sent = self.stream.socket.send(data)
-        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            self._started = True
-            return 0
-        except (ssl.SSLError, OSError) as exc:
-            raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
-        self._started = False
-        return sent
-
-    async def send_rest(self, data: bytes, sent: int) -> None:
-        """Write *data* from offset *sent* on, waiting while the socket buffer is full."""
-        view = memoryview(data)
-        while sent < len(view):
-            try:
-                await trio.lowlevel.wait_writable(self.stream.socket)
-            except trio.Cancelled:
-                if sent or self._started:
-                    self.torn = True
-                raise
-            sent += self.try_send(view[sent:])
-
-    async def aclose(self) -> None:
-        """Close the stream."""
-        self._closed = True
         await self.stream.aclose()
 
 

@@ -7,7 +7,8 @@ import pytest
 import trio
 
 from ipc import SocketTLSStream, tls_over
-from ipc._transport import TLSIO, transport_for
+from ipc._tlsstream import TLSIO
+from ipc._transport import transport_for
 from tests.fakes._tls import TestCA
 
 
