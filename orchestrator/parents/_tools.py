@@ -49,6 +49,12 @@ _STRS: Final = {"type": "array", "items": _STR}
 _TEXT: Final = {"type": "string", "minLength": 1}
 _KEY: Final = _TEXT  # a child's key (a1) or unique name
 
+#: A child's budget limits: the supervisor's ``spend`` limits (``tests/orchestrator/parents``
+#: checks that the two lists agree; a parent is a client and does not import ``spend``).
+BUDGET_KEYS: Final = tuple(
+    f"{level}_{unit}" for unit in ("tokens", "usd", "spawns", "turns") for level in ("soft", "hard")
+)
+
 _TASK: Final = {
     "task": _TEXT,
     "agent": {"type": "string", "description": "scout (default, read-only) or worker"},
@@ -57,7 +63,7 @@ _TASK: Final = {
     "model": {"type": "string", "description": "or @role"},
     "budget": {
         "type": "object",
-        "properties": {k: {"type": "number", "minimum": 0} for k in ("hard_tokens", "hard_usd")},
+        "properties": {k: {"type": "number", "minimum": 0} for k in BUDGET_KEYS},
         "additionalProperties": False,
     },
     "schema": {"type": "object", "description": "JSON Schema for its result"},

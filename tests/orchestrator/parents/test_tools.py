@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from orchestrator._errors import UsageError
-from orchestrator.parents._tools import BY_NAME, INSTRUCTIONS, MAX_DEPTH, TOOLS
+from orchestrator.parents._tools import BUDGET_KEYS, BY_NAME, INSTRUCTIONS, MAX_DEPTH, TOOLS
+from orchestrator.spend._limits import LIMIT_KEYS
 
 ROOT = Path(__file__).resolve().parents[3]
 #: DESIGN.md §13: fleet's tool schemas plus the server instructions, per parent request.
@@ -178,3 +179,12 @@ def test_the_benchmark_prints_each_parents_figure_as_one_json_line():
         assert figure["tokens"] <= TOKEN_BUDGET
         assert figure["requests_per_task"] is None  # measured with the real parent CLIs
     assert result["parents"]["pi"]["tools"] >= 1
+
+
+def test_a_spawn_budget_takes_every_limit_the_supervisor_knows():
+    # The parent's schema and the supervisor's limits agree: a cap on spawns or turns (or a
+    # soft one) passes the schema and reaches the supervisor, which checks the values.
+    assert sorted(BUDGET_KEYS) == sorted(LIMIT_KEYS)
+    spawn = next(tool for tool in TOOLS if tool.name == "spawn")
+    budget = spawn.listing()["inputSchema"]["properties"]["budget"]
+    assert sorted(budget["properties"]) == sorted(LIMIT_KEYS)
