@@ -140,6 +140,9 @@ class TLSIO:
     #: A read that OpenSSL said needs a write first (TLS 1.3 never renegotiates: a key update
     #: at most): the next wait polls instead of parking on readability.
     _read_wants_write: bool = False
+    #: A write that OpenSSL said needs a read first: the retry polls instead of parking on
+    #: writability, which a writable socket would answer at once, over and over.
+    _send_wants_read: bool = False
 
     async def wait(self) -> None:
         """Await until a read may return something."""
@@ -176,8 +179,11 @@ class TLSIO:
             raise trio.ClosedResourceError("the socket was closed")
         try:
             sent = self.stream.socket.send(data)
-        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+        except ssl.SSLWantWriteError:
             self._started = True
+            return 0
+        except ssl.SSLWantReadError:
+            self._started = self._send_wants_read = True
             return 0
         except (ssl.SSLError, OSError) as exc:
             raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
@@ -189,7 +195,11 @@ class TLSIO:
         view = memoryview(data)
         while sent < len(view):
             try:
-                await trio.lowlevel.wait_writable(self.stream.socket)
+                if self._send_wants_read:
+                    self._send_wants_read = False
+                    await trio.sleep(_POLL_S)
+                else:
+                    await trio.lowlevel.wait_writable(self.stream.socket)
             except trio.Cancelled:
                 if sent or self._started:
                     self.torn = True

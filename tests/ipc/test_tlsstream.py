@@ -147,3 +147,29 @@ async def test_the_channels_tls_transport_moves_large_frames_both_ways_at_once(t
         await ends["server"].aclose()
         with pytest.raises(trio.ClosedResourceError):
             ends["server"].read()
+
+
+async def test_a_write_that_needs_a_read_first_polls_instead_of_spinning(tmp_path, monkeypatch):
+    # OpenSSL may say a write must wait for the peer's data (SSLWantReadError). The socket is
+    # writable all the while, so waiting on writability would retry the write at once, over
+    # and over, until the read came: a core busy for as long. The retry polls instead.
+    async with trio.open_nursery() as nursery:
+        client, server = await _pair(tmp_path, nursery)
+        sock, io = client.socket, transport_for(client)
+        real_send, calls = sock.send, []
+        until = trio.current_time() + 0.1
+
+        def send(data: bytes) -> int:
+            calls.append(len(data))
+            if trio.current_time() < until:
+                raise ssl.SSLWantReadError("the peer's key update first")
+            return real_send(data)
+
+        monkeypatch.setattr(sock, "send", send)
+        frame = b"f" * 1000
+        assert io.try_send(frame) == 0
+        await io.send_rest(frame, 0)
+        assert len(calls) < 150, f"{len(calls)} write attempts in 0.1 s: it spun"
+        assert await server.receive_some(2000) == frame  # the bytes went, once, whole
+        await client.aclose()
+        await server.aclose()
