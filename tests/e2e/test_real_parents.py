@@ -97,7 +97,7 @@ def _run_test(repo: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _parent_model(fleet: Fleet, *, full: bool) -> ParentModel:
+def _parent_model(fleet: Fleet) -> ParentModel:
     scouts = [
         {
             "task": "map src/: where is add() and what does it do?",
@@ -118,7 +118,9 @@ def _parent_model(fleet: Fleet, *, full: bool) -> ParentModel:
         "name": "fixer",
         "model": fleet.script("worker", WORKER),
     }
-    return ParentModel(scouts=scouts, worker=worker, full=full)
+    # Both argument shapes in one run: every field the schema offers, and the fewest that do
+    # the job, alternating verb by verb (tests/fakes/parent_model.py).
+    return ParentModel(scouts=scouts, worker=worker, shape="both")
 
 
 def _tree(repo: Path) -> dict[str, bytes]:
@@ -224,6 +226,9 @@ def pi_parent(fleet: Fleet, srv: ModelServer, state: Path, tools: str) -> CliCom
 def _check(fleet: Fleet, model: ParentModel, srv: ModelServer) -> None:
     """The work was done, reviewed and landed; nothing is left running."""
     assert len(model.result("spawn")) == 3, model.results  # one call a child
+    # Both shapes reached fleet through the parent: a spawn with every field, one with the fewest.
+    spawns = [arguments for name, arguments in model.calls if name.endswith("spawn")]
+    assert sorted("budget" in a for a in spawns) == [False, True, True], spawns
     stopped = model.result("stop")
     assert stopped, model.results
     [handoff] = stopped[0]["handoffs"]
@@ -252,17 +257,16 @@ def _nothing_left(fleet: Fleet) -> None:
     assert not left, left
 
 
-@pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
 @pytest.mark.parametrize(
     "parent", [pytest.param(p, marks=pytest.mark.needs(p)) for p in sorted(PARENTS)]
 )
 def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
-    tmp_path: Path, parent: str, full: bool
+    tmp_path: Path, parent: str
 ) -> None:
     with running_fleet(tmp_path, prefix=f"frp{parent[:2]}-") as fleet, ModelServer() as srv:
         _repo(fleet)
         before = _tree(fleet.repo)
-        model = _parent_model(fleet, full=full)
+        model = _parent_model(fleet)
         srv.play("parent", model)
         command = PARENTS[parent](fleet, srv, tmp_path / parent)
         _run(command, fleet, tmp_path / f"{parent}.err")
@@ -275,14 +279,13 @@ def test_a_real_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
 
 
 @pytest.mark.needs("pi")
-@pytest.mark.parametrize("full", [True, False], ids=["full", "minimal"])
 async def test_a_real_pi_parent_delegates_scouts_and_a_worker_and_lands_the_fix(
-    tmp_path: Path, full: bool
+    tmp_path: Path,
 ) -> None:
     with running_fleet(tmp_path, prefix="frppi-") as fleet:
         _repo(fleet)
         async with ModelServer() as srv:
-            model = _parent_model(fleet, full=full)
+            model = _parent_model(fleet)
             srv.play("parent", model)
             tools = "read," + ",".join(
                 f"fleet_{v}" for v in ("spawn", "wait", "stop", "review", "apply")

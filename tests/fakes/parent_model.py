@@ -12,9 +12,12 @@ emits the next call of its plan:
 4. wait until it settled; stop it with ``hold`` (its change is kept, not landed);
 5. read the held diff (``review`` diff); ``apply`` it; stop the scouts; answer.
 
-``full=True`` fills every field the schema offers that the plan can use; ``full=False`` sends
-the fewest arguments that do the job. How today's tools are named and called lives in
-:data:`VERBS` and :data:`CALLS` only: when fleet's tool schemas change, this table changes.
+``shape="full"`` fills every field the schema offers that the plan can use; ``"minimal"`` sends
+the fewest arguments that do the job; ``"both"`` alternates, verb by verb (the first scout's
+spawn full, the second's minimal, the worker's full; the one review minimal, the one apply
+full), so one run of a real parent carries both shapes. How today's tools are named and
+called lives in :data:`VERBS` and :data:`CALLS` only: when fleet's tool schemas change, this
+table changes.
 A request that offers none of fleet's tools (a CLI's title or routing side request) gets a
 short text.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -73,6 +76,10 @@ def _apply(full: bool, key: str) -> dict[str, Any]:
     return {"agent": key, "paths": []} if full else {"agent": key}
 
 
+#: The verbs whose calls ``shape="both"`` starts minimal (the rest start full): the plan makes
+#: one review and one apply, and each shape should reach a real parent once.
+_MINIMAL_FIRST = frozenset({"review"})
+
 #: The arguments of each call the plan makes, full or minimal (today's shapes).
 CALLS: dict[str, Callable[..., dict[str, Any]]] = {
     "spawn": _spawn,
@@ -110,7 +117,7 @@ class ParentModel:
 
     scouts: list[dict[str, Any]]  # two spawn requests: task, agent, name, model
     worker: dict[str, Any]  # one: task, agent, name, model
-    full: bool
+    shape: Literal["full", "minimal", "both"]
     answer: str = "done: the bug is fixed and its test passes"
     results: list[tuple[str, Any]] = attrs.field(factory=list)  # (verb, parsed result)
     calls: list[tuple[str, dict[str, Any]]] = attrs.field(factory=list)
@@ -123,6 +130,8 @@ class ParentModel:
     _seen: int = 0  # tool results already read
     _schemas: dict[str, Any] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: Calls made so far, by verb (``"both"`` alternates on it).
+    _made: dict[str, int] = attrs.field(factory=dict)
 
     def __call__(self, request: Request) -> Mapping[str, Any]:
         with self._lock:
@@ -154,10 +163,20 @@ class ParentModel:
         if verb == "wait":
             self._settled |= {s["key"] for s in data.get("settled", [])}
 
-    def _call(self, names: list[str], *calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-        """One turn of one or more calls (*calls*: verb, arguments)."""
+    def _full(self, verb: str) -> bool:
+        """Whether the next call of *verb* is full (and counted)."""
+        n = self._made.get(verb, 0)
+        self._made[verb] = n + 1
+        return self.shape == "full" or (self.shape == "both" and n % 2 == (verb in _MINIMAL_FIRST))
+
+    def _args(self, verb: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, Any], bool]:
+        full = self._full(verb)
+        return verb, CALLS[verb](full, *args, **kwargs), full
+
+    def _call(self, names: list[str], *calls: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
+        """One turn of one or more calls (*calls*: verb, arguments, full)."""
         made = []
-        for verb, wanted in calls:
+        for verb, wanted, full in calls:
             name = fleet_tool(names, verb)
             if name is None:
                 raise AssertionError(f"parent model: no fleet tool for {verb} in {names}")
@@ -165,41 +184,41 @@ class ParentModel:
             # not declare is left out, never sent to be refused.
             declared = (self._schemas.get(name) or {}).get("properties")
             arguments = wanted
-            if self.full and isinstance(declared, dict):
+            if full and isinstance(declared, dict):
                 arguments = {k: v for k, v in wanted.items() if k in declared}
             self.calls.append((name, arguments))
             made.append({"name": name, "arguments": arguments})
-        self._pending = [verb for verb, _ in calls]
+        self._pending = [verb for verb, _, _ in calls]
         return {"tool_calls": made}
 
     def _next(self, names: list[str]) -> dict[str, Any]:
-        step, full = self._step, self.full
+        step = self._step
         if step == "spawn_scouts":
             self._step = "wait_scouts"
-            return self._call(names, *(("spawn", CALLS["spawn"](full, s)) for s in self.scouts))
+            return self._call(names, *(self._args("spawn", s) for s in self.scouts))
         if step == "wait_scouts":
             if len(self._scout_keys) != len(self.scouts):
                 raise AssertionError(f"parent model: the scouts' spawn failed: {self.results}")
             if not set(self._scout_keys) <= self._settled:
-                return self._call(names, ("wait", CALLS["wait"](full, self._scout_keys)))
+                return self._call(names, self._args("wait", self._scout_keys))
             self._step = "wait_worker"
-            return self._call(names, ("spawn", CALLS["spawn"](full, self.worker)))
+            return self._call(names, self._args("spawn", self.worker))
         if step == "wait_worker":
             if not self._worker_key:
                 raise AssertionError(f"parent model: the worker's spawn failed: {self.results}")
             if self._worker_key not in self._settled:
-                return self._call(names, ("wait", CALLS["wait"](full, [self._worker_key])))
+                return self._call(names, self._args("wait", [self._worker_key]))
             self._step = "review"
-            return self._call(names, ("stop", CALLS["stop"](full, [self._worker_key], hold=True)))
+            return self._call(names, self._args("stop", [self._worker_key], hold=True))
         if step == "review":
             self._step = "apply"
-            return self._call(names, ("review", CALLS["review"](full, [self._worker_key])))
+            return self._call(names, self._args("review", [self._worker_key]))
         if step == "apply":
             self._step = "stop_scouts"
-            return self._call(names, ("apply", CALLS["apply"](full, self._worker_key)))
+            return self._call(names, self._args("apply", self._worker_key))
         if step == "stop_scouts":
             self._step = "answer"
-            return self._call(names, ("stop", CALLS["stop"](full, self._scout_keys)))
+            return self._call(names, self._args("stop", self._scout_keys))
         self._pending = []
         self.answered = True
         return {"text": self.answer}
