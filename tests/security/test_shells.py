@@ -49,6 +49,8 @@ HIDERS = {
 #: Bytes the flooding shell prints on one endless line, then lines.
 FLOOD_BYTES = 200_000_000
 FLOOD_LINES = 500_000
+#: The file in the child's worktree that starts the flood.
+GO = ".flood-go"
 
 
 @pytest.fixture
@@ -96,7 +98,12 @@ def script(world: dict[str, Path]) -> str:
         f"echo out > {outside}; echo fleet > {world['home']}/planted; "
         f"cat {world['home']}/sessions/t/control.token; echo tried"
     )
-    flood = f"head -c {FLOOD_BYTES} /dev/zero | tr '\\0' x; yes | head -n {FLOOD_LINES}; echo END"
+    # The flood waits for the test's go, given once turn 1 has ended: a flood that ended
+    # while turn 1 still ran would be shown to that turn's next step, and no turn 2 would come.
+    flood = (
+        f"while [ ! -e {GO} ]; do sleep 0.05; done; rm -f {GO}; "
+        f"head -c {FLOOD_BYTES} /dev/zero | tr '\\0' x; yes | head -n {FLOOD_LINES}; echo END"
+    )
     first: list[dict[str, Any]] = [
         {"tool": "shell", "args": {"action": "start", "command": hide}},
         {"tool": "shell", "args": {"action": "start", "command": escape}},
@@ -139,6 +146,7 @@ async def test_no_hostile_background_shell_outlives_its_child_or_its_output_cap(
             [record] = await sup.spawn([SpawnRequest(task="hide", agent="runner")])
             [note] = await sup.wait([record.key])
             assert "s3 [running" in note["report"], note
+            (Path(record.workspace) / GO).touch()  # turn 1 has ended: the flood may start
             assert record.sandboxed is (sandbox == "sandboxed")
             assert record.pid is not None
             child = psutil.Process(record.pid)
