@@ -22,6 +22,7 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
+from orchestrator.core._context import fetch_context
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
@@ -32,6 +33,7 @@ from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
+from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.spend._fallback import current_model, fallback
 
 if TYPE_CHECKING:
@@ -427,6 +429,7 @@ class ChildRun:
             self.turn = None
         await self._check_result(turn)
         await self._observe(turn)
+        await self._keep_context()
         self._settled(turn)
         self.host.spend.cross_check(self)  # what it reported against what the gateway metered
 
@@ -518,6 +521,16 @@ class ChildRun:
         self.record.observed = self.requests.evidence.observed(
             report=turn.result.text, tokens=record.tokens, cost_usd=record.cost_usd, files=files
         )
+
+    async def _keep_context(self) -> None:
+        """A remote child's resume context, fetched from its node and kept on our side before
+        its turn settles (:mod:`._context`): a revive needs it when the node is gone."""
+        launched = self.launched
+        if self.finishing or not isinstance(launched, LaunchedRay):
+            return
+        resume = self.resume_id or (self.card.resume if self.card is not None else "")
+        place = self.host.config.paths.scratch / self.key
+        await fetch_context(place, launched, self.record.backend, resume, self.log)
 
     async def _check_result(self, turn: Turn) -> None:
         """A checked child's result validated before the settle judges it (in a killable
