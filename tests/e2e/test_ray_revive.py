@@ -1,0 +1,127 @@
+"""A remote child comes back on another node with its context, through the real CLI.
+
+Two turns of a builtin child on a Ray node settle (the loopback scripted model server answers
+them); its supervisor is SIGKILLed mid-turn (Ray ends its actor, the child dies with it) and its
+node is lost too, so nothing of it is left on any node. A new node joins; ``fleet revive`` brings
+the child back there, and its next request carries the two earlier turns: the transcript the
+supervisor fetched from the first node at each turn end, shipped into the new node directory.
+
+The cluster is ``ray.cluster_utils.Cluster`` on this machine: a head with no ``agent_slot`` (no
+child can run there) and one node of one slot at a time, so where the child runs is known.
+"""
+
+import json
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from child.backends._base import RESTARTED
+from tests.e2e.conftest import Fleet, running_fleet
+from tests.e2e.test_ray_fleet import child_pids
+from tests.fakes.model_server import ModelServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    yield c
+    c.shutdown()
+
+
+def _until(check: Callable[[], object], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _state(fleet: Fleet) -> str:
+    agents = fleet.json("peek", "a1")["agents"]
+    return str(agents[0]["state"]) if agents else ""
+
+
+def _node_dirs(fleet: Fleet) -> list[str]:
+    log = (fleet.paths.logs / "a1.log").read_text()
+    return [line.split("node directory ", 1)[1] for line in log.splitlines() if "node dir" in line]
+
+
+@pytest.mark.parametrize("host", ["actor", "host"])
+def test_a_remote_child_lost_with_its_node_is_revived_on_another_with_its_context(
+    tmp_path: Path, cluster: Cluster, host: str
+) -> None:
+    first = cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+    cluster.wait_for_nodes()
+    env = {
+        "FLEET_RAY_ADDRESS": cluster.address,
+        "FLEET_SURFACE": "ray",
+        "FLEET_RAY_NODE_HOST": "1" if host == "host" else "0",
+    }
+    with ModelServer() as srv, running_fleet(tmp_path, env=env) as fleet:
+        srv.script(
+            "c1",
+            [
+                {"text": "## Summary\nfirst"},
+                {"text": "## Summary\nsecond"},
+                {"stall": True, "text": "partial"},
+                {"text": "## Summary\nafter the revive"},
+            ],
+        )
+        model = f"openai:fake-model@{srv.base_url('c1')}/v1"
+        fleet.json("spawn", "--model", model, "--name", "mapper", "turn one", timeout=180)
+        [note] = fleet.json("wait", "a1", "--timeout", "150", timeout=180)["settled"]
+        assert note["report"] == "## Summary\nfirst", note
+        fleet.json("resume", "a1", "turn two")
+        [note] = fleet.json("wait", "a1", "--timeout", "90", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nsecond", note
+        # Kept on the supervisor's side by the time the turn settled: in the child's own
+        # place in the state directory, private.
+        kept = fleet.paths.scratch / "a1" / "transcript.json"
+        assert "turn two" in kept.read_text()
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+        fleet.json("resume", "a1", "turn three")
+        _until(lambda: len(srv.requests("c1")) == 3, 60, "the third turn never reached the model")
+
+        # The supervisor dies mid-turn; Ray ends its actors and the child with them.
+        daemon = int((fleet.paths.root / "supervisor.lock").read_text().strip())
+        os.kill(daemon, signal.SIGKILL)
+        _until(lambda: not child_pids(fleet.home), 60, "the child outlived its supervisor")
+        # Its node is lost too: nothing of the child is left on any node.
+        [before] = _node_dirs(fleet)
+        cluster.remove_node(first, allow_graceful=False)
+        cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+        cluster.wait_for_nodes()
+
+        peek = fleet.run("peek", "--json", timeout=120)
+        assert peek.returncode == 0, peek.stderr
+        assert "fleet revive a1 brings them back with their context" in peek.stderr
+        [lost] = json.loads(peek.stdout)["stale"]
+        assert (lost["key"], lost["state"], lost["revivable"]) == ("a1", "lost", True), lost
+
+        revived = fleet.json("revive", "a1", timeout=180)
+        assert revived["revived"][0]["name"] == "mapper"
+        _until(lambda: _state(fleet) == "idle", 150, "the revived child never came back idle")
+        after = _node_dirs(fleet)[-1]
+        assert after != before
+        assert (
+            "context restored on its node (1 file(s))" in (fleet.paths.logs / "a1.log").read_text()
+        )
+        fleet.json("resume", "a1", "turn four")
+        [note] = fleet.json("wait", "a1", "--timeout", "90", timeout=120)["settled"]
+        assert note["report"] == "## Summary\nafter the revive", note
+
+        fourth = srv.requests("c1")[3].body
+        texts = [m["content"] for m in fourth["messages"] if m["role"] in {"user", "assistant"}]
+        assert texts[:4] == ["turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"]
+        assert texts[4] == f"{RESTARTED}\nturn four"  # the lost third turn was never saved
+        fleet.json("stop", "a1", timeout=150)
+        # Handed off: nothing can resume it now, and its kept context is gone.
+        assert not (fleet.paths.scratch / "a1").exists()
