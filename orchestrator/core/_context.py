@@ -10,6 +10,7 @@ revive ships the kept copy into the new node directory (``core._launching``).
 """
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -26,10 +27,17 @@ FETCH_TIMEOUT_S = 30.0
 
 
 async def fetch_context(
-    place: Path, launched: LaunchedRay, backend: str, resume: str, log: RunLog
+    place: Path,
+    launched: LaunchedRay,
+    backend: str,
+    resume: str,
+    *,
+    log: RunLog,
+    ended: Callable[[], bool],
 ) -> None:
     """Fetch the context of the child *launched* from its node and keep it at *place*; a
-    failure is one line in its run log (the copy before stays, or, over the cap, goes)."""
+    failure is one line in its run log (the copy before stays, or, over the cap, goes).
+    Nothing is written once *ended* says the child is ending (its place goes with it)."""
     needs = _context.wants(backend, resume)
     if not needs:
         return
@@ -38,6 +46,8 @@ async def fetch_context(
             got = await launched.context(backend, resume)
     except Exception as exc:  # the node or its actor is gone, or slow: the last copy stays
         log.write(f"context not fetched from its node: {type(exc).__name__}: {exc}")
+        return
+    if ended():
         return
     why = ""
     if isinstance(got, str):

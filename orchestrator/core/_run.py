@@ -530,7 +530,9 @@ class ChildRun:
             return
         resume = self.resume_id or (self.card.resume if self.card is not None else "")
         place = self.host.config.paths.scratch / self.key
-        await fetch_context(place, launched, self.record.backend, resume, self.log)
+        await fetch_context(
+            place, launched, self.record.backend, resume, log=self.log, ended=lambda: self.finishing
+        )
 
     async def _check_result(self, turn: Turn) -> None:
         """A checked child's result validated before the settle judges it (in a killable
