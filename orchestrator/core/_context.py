@@ -9,6 +9,7 @@ kept: ``scratch/KEY/context-refused`` says why in one line and the child cannot 
 revive ships the kept copy into the new node directory (``core._launching``).
 """
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +21,21 @@ from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch import _context
 from orchestrator.launch._ray_launched import LaunchedRay
 
-__all__ = ["FETCH_TIMEOUT_S", "fetch_context", "kept_context", "refusal"]
+__all__ = [
+    "FETCH_TIMEOUT_S",
+    "LATER_FETCH_S",
+    "LATE_WRITERS",
+    "fetch_context",
+    "kept_context",
+    "refusal",
+]
 
 #: How long a turn end waits for its context to come from its node before it settles anyway.
 FETCH_TIMEOUT_S = 30.0
+#: Backends that may write their session a moment after a turn ended (the agent CLIs), and
+#: how long after each fetch the next one is made, while no new turn has begun.
+LATE_WRITERS = frozenset({"claude", "codex", "pi"})
+LATER_FETCH_S = (1.0, 4.0)
 
 
 async def fetch_context(
@@ -83,11 +95,29 @@ def refusal(place: Path) -> str:
 def kept_context(place: Path, backend: str, resume: str, workspace: str) -> dict[str, bytes]:
     """The context kept at *place*, as a revived remote child's new scratch gets it; a Claude
     Code session goes under the project of its new checkout (*workspace*) too, as Claude Code
-    files a session by the directory it runs in. Blocking: runs in a thread."""
+    files a session by the directory it runs in, and a Pi session's header names the new
+    checkout as its directory (Pi refuses a session whose directory is gone). Blocking: runs
+    in a thread."""
     files = _context.read_kept(str(place), _context.wants(backend, resume))
+    if backend == "pi" and workspace and "pi-session.jsonl" in files:
+        files["pi-session.jsonl"] = _rehome_pi(files["pi-session.jsonl"], workspace)
     if backend == "claude" and workspace:
         project = re.sub(r"[^A-Za-z0-9]", "-", workspace)[:255]
         for name, data in list(files.items()):
             moved = f"claude/home/.claude/projects/{project}/{name.rsplit('/', 1)[-1]}"
             files.setdefault(moved, data)
     return files
+
+
+def _rehome_pi(data: bytes, workspace: str) -> bytes:
+    """Pi session file *data* with its header's ``cwd`` (its first line) set to *workspace*;
+    as it is when that line is not a session header."""
+    head, newline, rest = data.partition(b"\n")
+    try:
+        header = json.loads(head)
+    except ValueError:
+        return data
+    if not isinstance(header, dict) or header.get("type") != "session":
+        return data
+    header["cwd"] = workspace
+    return json.dumps(header, separators=(",", ":")).encode() + newline + rest
