@@ -33,7 +33,7 @@ __all__ = [
 #: How long a turn end waits for its context to come from its node before it settles anyway.
 FETCH_TIMEOUT_S = 30.0
 #: Backends that may write their session a moment after a turn ended (the agent CLIs), and
-#: how long after each fetch the next one is made, while no new turn has begun.
+#: the pauses before each further fetch after a turn end (at 1 s and 5 s).
 LATE_WRITERS = frozenset({"claude", "codex", "pi"})
 LATER_FETCH_S = (1.0, 4.0)
 

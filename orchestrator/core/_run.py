@@ -546,9 +546,9 @@ class ChildRun:
             )
 
     async def _keep_context_later(self) -> None:
-        """An agent CLI writes its session when it sees fit (Claude Code, seen: a turn's
-        messages only once the next turn runs): fetched again a little later, a next turn
-        begun or not (its prompt may then be in the copy, as in a local child's store)."""
+        """An agent CLI writes its session when it sees fit (Claude Code was seen writing a
+        turn a moment after it settled): fetched again a little later, a next turn begun or
+        not (its prompt may then be in the copy, as in a local child's own store)."""
         for delay in LATER_FETCH_S:
             await trio.sleep(delay)
             if self.finishing:
