@@ -101,11 +101,12 @@ def kept_context(place: Path, backend: str, resume: str, workspace: str) -> dict
     files = _context.read_kept(str(place), _context.wants(backend, resume))
     if backend == "pi" and workspace and "pi-session.jsonl" in files:
         files["pi-session.jsonl"] = _rehome_pi(files["pi-session.jsonl"], workspace)
-    if backend == "claude" and workspace:
+    if backend == "claude" and workspace and files:
+        # The longest copy is the newest: a session file is only ever appended to (an earlier
+        # revive may have left the session under an older checkout's project as well).
+        name, data = max(files.items(), key=lambda item: len(item[1]))
         project = re.sub(r"[^A-Za-z0-9]", "-", workspace)[:255]
-        for name, data in list(files.items()):
-            moved = f"claude/home/.claude/projects/{project}/{name.rsplit('/', 1)[-1]}"
-            files.setdefault(moved, data)
+        files[f"claude/home/.claude/projects/{project}/{name.rsplit('/', 1)[-1]}"] = data
     return files
 
 

@@ -94,3 +94,9 @@ async def test_a_revived_pi_or_claude_session_is_filed_for_its_new_checkout(
         session: b"{}\n",
         "claude/home/.claude/projects/-tmp-new-checkout/u-1.jsonl": b"{}\n",
     }
+    # Revived before: the session is under two projects, the newer (longer) one goes on.
+    newer = "claude/home/.claude/projects/-tmp-new-checkout/u-1.jsonl"
+    node = cast("Any", _Node({session: b"{}\n", newer: b"{}\n{}\n"}))
+    await fetch_context(claude, node, "claude", "u-1", log=log, ended=lambda: False)
+    moved = kept_context(claude, "claude", "u-1", "/tmp/third")
+    assert moved["claude/home/.claude/projects/-tmp-third/u-1.jsonl"] == b"{}\n{}\n"
