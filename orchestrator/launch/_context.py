@@ -238,8 +238,15 @@ def restore(scratch: str, files: Mapping[str, bytes], cap: int = CAP) -> None:
 
 
 def _fresh(place: str) -> str:
-    """A new 0700 directory beside *place* (not yet there), for :func:`keep` to fill."""
+    """A new 0700 directory beside *place* (not yet there), for :func:`keep` to fill; what an
+    earlier supervisor that died mid-keep left beside it is removed first."""
     parent, base = os.path.split(place)
+    left = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\d+")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            found = left.fullmatch(name)
+            if found and int(found.group(1)) != os.getpid():
+                remove_tree(os.path.join(parent, name))
     for n in range(100):
         candidate = os.path.join(parent, f".{base}.{os.getpid()}.{n}")
         with contextlib.suppress(FileExistsError):

@@ -153,7 +153,12 @@ def test_what_the_supervisor_keeps_is_private_and_replaces_the_copy_before(
     needs = wants("codex", "t-9")
     first = "codex/config/codex/sessions/2026/12/04/rollout-t-9.jsonl"
     second = "codex/config/codex/sessions/2026/12/05/rollout-t-9.jsonl"
+    # What a supervisor that died mid-keep left: removed; another child's: untouched.
+    (tmp_path / ".a1.4194305.0" / "x").mkdir(parents=True)
+    (tmp_path / ".a10.4194305.0").mkdir()
     keep(str(place), {first: b"one"}, needs)
+    assert sorted(os.listdir(tmp_path)) == [".a10.4194305.0", "a1"]
+    (tmp_path / ".a10.4194305.0").rmdir()
     keep(str(place), {second: b"two"}, needs)
     assert _context.read_kept(str(place), needs) == {second: b"two"}
     modes = _modes(place)
