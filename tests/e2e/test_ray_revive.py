@@ -25,6 +25,7 @@ from ray.cluster_utils import Cluster
 from child.backends._base import RESTARTED
 from orchestrator._trees import remove_tree
 from tests.e2e.conftest import Fleet, running_fleet
+from tests.e2e.test_governance import define
 from tests.e2e.test_ray_fleet import child_pids
 from tests.fakes._agent_clis import NPM_BIN
 from tests.fakes.model_server import ModelServer
@@ -236,5 +237,60 @@ def test_a_remote_agent_cli_child_is_revived_on_another_node_with_its_session(
                 assert earlier in joined, texts
             assert f"{RESTARTED}\nturn four" in texts[-1]
             fleet.json("stop", "a1", timeout=150)
+        finally:
+            _sweep(fleet)
+
+
+#: A worker: lists src/ and writes a file there, reporting what it listed; then hangs. A
+#: revived child's scripted model starts from its first turn again.
+WORKER = """
+turns:
+  - steps:
+      - tool: ls
+        args: {path: src}
+      - tool: write
+        args: {path: src/written.txt, content: "written\\n"}
+      - reply: "## Summary\\nsaw {{tool:ls}}"
+  - steps:
+      - hang: true
+"""
+
+
+def test_a_remote_worker_revived_after_its_node_was_lost_starts_from_its_snapshot(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """What a remote worker changed comes back only at its stop: lost with its node, it is not
+    in the worktree, and the revived worker's new node gets the snapshot (its worktree, checked
+    again); what it writes from then on comes back at its stop as for any remote worker."""
+    first = cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+    cluster.wait_for_nodes()
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray"}
+    with running_fleet(tmp_path, env=env) as fleet:
+        try:
+            define(fleet, "worker", mode="worktree", tools=["read", "write", "ls"])
+            model = fleet.script("worker", WORKER)
+            fleet.json("spawn", "--agent", "worker", "--model", model, "write", timeout=180)
+            [note] = fleet.json("wait", "a1", "--timeout", "150", timeout=180)["settled"]
+            assert "app.py" in note["report"], note
+            fleet.json("resume", "a1", "hang")
+            _until(lambda: _state(fleet) == "working", 30, "the second turn never began")
+            daemon = int((fleet.paths.root / "supervisor.lock").read_text().strip())
+            os.kill(daemon, signal.SIGKILL)
+            _until(lambda: not child_pids(fleet.home), 60, "the child outlived its supervisor")
+            cluster.remove_node(first, allow_graceful=False)
+            cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+            cluster.wait_for_nodes()
+
+            [lost] = fleet.json("peek", timeout=120)["stale"]
+            assert (lost["state"], lost["revivable"]) == ("lost", True), lost
+            fleet.json("resume", "a1", "write again", timeout=180)  # revives it first
+            [note] = fleet.json("wait", "a1", "--timeout", "150", timeout=180)["settled"]
+            # Its node's checkout was the snapshot: what it wrote before its node was lost is
+            # not there.
+            assert "app.py" in note["report"], note
+            assert "written.txt" not in note["report"], note
+            [handoff] = fleet.json("stop", "a1", timeout=150)["handoffs"]
+            assert handoff["applied"] == ["src/written.txt"], json.dumps(handoff)
+            assert (fleet.repo / "src" / "written.txt").read_text() == "written\n"
         finally:
             _sweep(fleet)
