@@ -19,6 +19,7 @@ import trio
 
 import ipc
 from orchestrator.core._admission import accept_own, inherited_pair
+from orchestrator.core._context import kept_context
 from orchestrator.core._remote import REMOTE_SURFACES, node_layout
 from orchestrator.core._run import ChildRun
 from orchestrator.launch._cmux import CmuxLauncher
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
 
 __all__ = ["Launching", "child_environment", "inherits"]
+
+#: Backends whose resume id is a file in the child's scratch (``core._plan.resume_id``).
+NAMED_RESUME = frozenset({"builtin", "pi"})
 
 
 def inherits(surface: str) -> bool:
@@ -121,14 +125,30 @@ class Launching:
         node = await remote.open_node(run.key)
         layout = node_layout(node_directory_of(node, self.sup.config.session, run.key))
         run.log.write(f"node directory {layout.root}")
+        # A resume file's place is in the scratch, on its node (the journal names where the
+        # supervisor keeps its copy: core._context).
+        resume = loadout.resume
+        if loadout.backend in NAMED_RESUME and resume:
+            resume = str(layout.scratch / Path(resume).name)
         loadout = attrs.evolve(
             loadout,
             workspace=str(layout.checkout),
             scratch=str(layout.scratch),
             tls=str(layout.tls),
+            resume=resume,
         )
         run.card, run.loadout = loadout, str(layout.loadout)
         await remote.write_files(run.key, {run.loadout: loadout.to_json()})
+        if loadout.restarted:  # a revive: the context kept on our side goes to its new node
+            files = await trio.to_thread.run_sync(
+                kept_context,
+                self.sup.config.paths.scratch / run.key,
+                loadout.backend,
+                loadout.resume,
+                loadout.workspace,
+            )
+            await remote.restore(run.key, files)
+            run.log.write(f"context restored on its node ({len(files)} file(s))")
         return loadout
 
     async def _start(

@@ -20,7 +20,8 @@ import trio
 import ipc
 from orchestrator._errors import NotFound, Refused, UsageError
 from orchestrator._records import ChildRecord
-from orchestrator.core._remote import REMOTE_SURFACES
+from orchestrator.core._context import refusal
+from orchestrator.core._remote import REMOTE_SURFACES, node_directory
 from orchestrator.core._run import ChildRun
 from orchestrator.governance._ownership import LockConflict, LockTable
 from orchestrator.workspace._worktree import Snapshot
@@ -64,11 +65,12 @@ class Revival:
 
 
 def why_not(revival: Revival, scratch: Path) -> str:
-    """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own."""
-    if revival.surface in REMOTE_SURFACES:
-        return f"a child on a {revival.surface} node cannot be revived yet"
+    """Why *revival*'s backend cannot resume it ("" when it can); *scratch* is its own (for a
+    remote child, where its context fetched from its node at each turn end is kept)."""
     if revival.backend not in REVIVABLE:
         return f"the {revival.backend} backend cannot be revived (only builtin and the agent CLIs)"
+    if revival.surface in REMOTE_SURFACES and (refused := refusal(scratch)):
+        return refused
     resume = str(revival.loadout.get("resume") or "")
     if revival.backend == "claude":
         # Claude Code keeps the session under the child's kept private HOME.
@@ -211,6 +213,10 @@ async def launch_again(
     """Launch *record* again with *revival*'s loadout, marked restarted (its slot is
     already reserved; a wake from hibernation launches through here too)."""
     fields = _loadout_fields(revival)
+    remote = record.surface in REMOTE_SURFACES
+    if remote:  # the door's address and its paths on a node (named when its actor makes them)
+        node = node_directory(sup.config.session, record.key)
+        fields = await sup.remote.fields_for(record.key, node, fields)
     sup.spend.new_life(record.key)  # its new process reports from zero: that adds
     prepared = await trio.to_thread.run_sync(spawning.prepare_one, record, fields)
     run = ChildRun(
@@ -222,6 +228,7 @@ async def launch_again(
         log=prepared.log,
         budgets=sup.budgets,
         declared=tuple(fields.get("ownership", ())),
+        terms=sup.remote.terms_for(record.key, prepared.card.lease_s) if remote else None,
     )
     sup.runs[record.key] = run
     await sup.nursery.start(run.run)

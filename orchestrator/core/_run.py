@@ -22,6 +22,7 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
+from orchestrator.core._context import LATE_WRITERS, LATER_FETCH_S, fetch_context
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
@@ -32,6 +33,7 @@ from orchestrator.governance._diagnostics import FailureKind, RunLog
 from orchestrator.governance._loopgate import Trip
 from orchestrator.governance._watchdog import BudgetPolicy, Watchdog
 from orchestrator.launch._launcher import Launched, exit_failure
+from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.spend._fallback import current_model, fallback
 
 if TYPE_CHECKING:
@@ -73,6 +75,8 @@ class ChildRun:
     _slot: LaneSlot = attrs.field(init=False)
     _queued_scope: trio.CancelScope | None = None
     _turn_lock: trio.Lock = attrs.Factory(trio.Lock)
+    #: One fetch of a remote child's context at a time (:meth:`_keep_context`).
+    _context_lock: trio.Lock = attrs.Factory(trio.Lock)
     _early_steers: list[str] = attrs.Factory(list)
     _turns: int = 0
     _timed_out: bool = False
@@ -427,7 +431,11 @@ class ChildRun:
             self.turn = None
         await self._check_result(turn)
         await self._observe(turn)
+        await self._keep_context()
         self._settled(turn)
+        remote = isinstance(self.launched, LaunchedRay)
+        if remote and self.record.backend in LATE_WRITERS and self._nursery is not None:
+            self._nursery.start_soon(self._keep_context_later)
         self.host.spend.cross_check(self)  # what it reported against what the gateway metered
 
     async def _prompt(self, turn: Turn, text: str, model: int) -> bool:
@@ -518,6 +526,34 @@ class ChildRun:
         self.record.observed = self.requests.evidence.observed(
             report=turn.result.text, tokens=record.tokens, cost_usd=record.cost_usd, files=files
         )
+
+    async def _keep_context(self) -> None:
+        """A remote child's resume context, fetched from its node and kept on our side before
+        its turn settles (:mod:`._context`): a revive needs it when the node is gone."""
+        launched = self.launched
+        if self.finishing or not isinstance(launched, LaunchedRay):
+            return
+        resume = self.resume_id or (self.card.resume if self.card is not None else "")
+        place = self.host.config.paths.scratch / self.key
+        async with self._context_lock:
+            await fetch_context(
+                place,
+                launched,
+                self.record.backend,
+                resume,
+                log=self.log,
+                ended=lambda: self.finishing,
+            )
+
+    async def _keep_context_later(self) -> None:
+        """An agent CLI writes its session when it sees fit (Claude Code was seen writing a
+        turn a moment after it settled): fetched again a little later, a next turn begun or
+        not (its prompt may then be in the copy, as in a local child's own store)."""
+        for delay in LATER_FETCH_S:
+            await trio.sleep(delay)
+            if self.finishing:
+                return
+            await self._keep_context()
 
     async def _check_result(self, turn: Turn) -> None:
         """A checked child's result validated before the settle judges it (in a killable

@@ -210,6 +210,14 @@ class RayLauncher:
             ray.get, self._opened[key].write_files.remote(dict(files)), abandon_on_cancel=True
         )
 
+    async def restore(self, key: str, files: Mapping[str, bytes]) -> None:
+        """Have revived child *key*'s actor write its kept context into its new node
+        directory's scratch (``ChildActor.restore``), before it starts."""
+        ray = ray_module()
+        await trio.to_thread.run_sync(
+            ray.get, self._opened[key].restore.remote(dict(files)), abandon_on_cancel=True
+        )
+
     def plan(self, key: str, plan: NodePlan) -> None:
         """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
         actor builds the command (the spec's argv and cwd are not used) and wraps it there."""

@@ -30,6 +30,8 @@ _CALLS = frozenset(
     {
         "make_node",
         "write_files",
+        "context",
+        "restore",
         "open_egress",
         "refusals",
         "forget",

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import trio
 
+from orchestrator.launch._context import ContextRefused
 from orchestrator.launch._launcher import OutputSink
 from orchestrator.launch._ray_host import HostedChild, end_actor
 from orchestrator.launch._ray_node import ReturnRefused, ray_module
@@ -138,6 +139,26 @@ class LaunchedRay:
             if not isinstance(refused, ReturnRefused):
                 raise
             self.lost = str(refused)
+
+    async def context(self, backend: str, resume: str) -> dict[str, bytes] | str:
+        """What the child's backend resumes from, fetched from its node (``ChildActor.context``):
+        its files, or the one line why they are not sent (over the cap). Raises when the
+        actor or its node is gone."""
+        ray = ray_module()
+
+        def fetch() -> dict[str, bytes] | str:
+            try:
+                got: dict[str, bytes] = ray.get(
+                    self.actor.context.remote(backend, resume), timeout=60
+                )
+            except Exception as exc:
+                refused = getattr(exc, "cause", None)
+                if not isinstance(refused, ContextRefused):
+                    raise
+                return str(refused)
+            return got
+
+        return await trio.to_thread.run_sync(fetch, abandon_on_cancel=True)
 
     async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
         """Hand each egress refusal of the child's node-side proxy to *refused* (the

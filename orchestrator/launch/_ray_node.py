@@ -27,6 +27,7 @@ import trio
 
 from orchestrator._errors import PolicyError
 from orchestrator._trees import remove_tree
+from orchestrator.launch import _context
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan, realise
 
@@ -272,6 +273,22 @@ class ChildActor:
         if not self.node_dir:
             raise RuntimeError("the child has no node directory")
         _write_new(files, under=self.node_dir)
+
+    def context(self, backend: str, resume: str) -> dict[str, bytes]:
+        """What the child's *backend* resumes from, read from its scratch here (name below the
+        scratch → bytes; :func:`._context.gather`: regular files only, no link followed,
+        capped; over the cap :class:`._context.ContextRefused`, one line)."""
+        if not self.node_dir:
+            raise RuntimeError("the child has no node directory")
+        scratch = os.path.join(self.node_dir, "scratch")
+        return _context.gather(scratch, _context.wants(backend, resume))
+
+    def restore(self, files: Mapping[str, bytes]) -> None:
+        """Write a revived child's kept context (:meth:`context`'s files) into its scratch
+        here, before it starts (:func:`._context.restore`)."""
+        if not self.node_dir or self.proc is not None:
+            raise RuntimeError("a context is restored into a new node directory only")
+        _context.restore(os.path.join(self.node_dir, "scratch"), files)
 
     def open_egress(self, path: str, allowed: Sequence[str]) -> None:
         """Serve the child's egress proxy (:class:`EgressProxy`, its *allowed* ``host:port``

@@ -81,10 +81,14 @@ def assert_node_directory(node: Path) -> None:
 
 
 def assert_nothing_local(fleet: Fleet, key: str) -> None:
-    """Nothing of remote child *key* was made under the supervisor's session directory."""
+    """Nothing of remote child *key* was made under the supervisor's session directory but
+    its kept resume context (its transcript, fetched from its node at each turn end)."""
     session = fleet.home / "sessions" / "t"
     assert not (session / "checkouts").exists()
-    assert not (session / "scratch" / key).exists()
+    kept = session / "scratch" / key
+    if kept.exists():
+        assert [p.name for p in kept.iterdir()] == ["transcript.json"]
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o700
     assert not (session / "loadouts" / f"{key}.json").exists()
     assert not (fleet.paths.egress / f"{key}.sock").exists()  # its proxy is its node's
     assert (session / "logs" / f"{key}.log").exists()  # the supervisor's record stays here

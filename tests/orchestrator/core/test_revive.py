@@ -14,6 +14,7 @@ from orchestrator.core._capacity import Capacity
 from orchestrator.core._registry import Registry
 from orchestrator.core._revive import Revival, revive, why_not
 from orchestrator.governance._ownership import LockTable
+from orchestrator.launch import _context
 
 
 def _revival(backend: str, resume: str, surface: str = "process") -> Revival:
@@ -70,10 +71,22 @@ def test_each_backend_says_whether_it_can_resume(tmp_path, backend, made, resume
     assert "\n" not in found
 
 
-def test_a_child_on_a_remote_node_is_not_revived(tmp_path):
-    _touch(tmp_path / "transcript.json")
-    revival = _revival("builtin", str(tmp_path / "transcript.json"), surface="ray")
-    assert why_not(revival, tmp_path) == "a child on a ray node cannot be revived yet"
+def test_a_remote_child_is_revived_from_the_context_kept_on_the_supervisors_side(tmp_path):
+    scratch = tmp_path / "a1"
+    revival = _revival("builtin", str(scratch / "transcript.json"), surface="ray")
+    gone = f"its transcript {scratch}/transcript.json is gone; it cannot be revived"
+    assert why_not(revival, scratch) == gone
+    _context.keep(str(scratch), {"transcript.json": b"{}"}, _context.wants("builtin", ""))
+    assert why_not(revival, scratch) == ""
+    # Over the cap at a later turn end: nothing is kept and the one line says why.
+    _context.refuse(str(scratch), f"{_context.over(_context.CAP)}; it cannot be revived")
+    assert not (scratch / "transcript.json").exists()
+    assert why_not(revival, scratch) == (
+        f"its context (transcript or session files) is over the {_context.CAP}-byte cap; it "
+        "cannot be revived"
+    )
+    # A local child never has such a line: its own scratch is its context.
+    assert why_not(attrs.evolve(revival, surface="process"), scratch).startswith("its transcript")
 
 
 # -- revive itself, up to its launch ---------------------------------------------------------

@@ -12,6 +12,7 @@ import ray  # the [ray] extra is part of [test]: absent, this fails (never skips
 import trio
 from ray.cluster_utils import Cluster
 
+from orchestrator.launch import _context
 from orchestrator.launch._launcher import LaunchSpec
 from orchestrator.launch._ray import RayLauncher
 
@@ -238,3 +239,46 @@ async def test_a_node_host_killed_mid_turn_fails_only_its_children_and_is_replac
         for r in others:
             await r.terminate(1.0)
     assert all(r.returncode == -15 for r in others)
+
+
+async def test_a_hostile_childs_context_comes_back_through_ray_without_links_or_excess(
+    cluster, tmp_path, hosted
+):
+    """What a revive keeps of a remote child (``LaunchedRay.context``) and ships to a new node
+    (``RayLauncher.restore``), through real actors and node hosts."""
+    secret = tmp_path / "secret"
+    secret.write_text("not the child's\n")
+    launcher = launcher_for(hosted=hosted, session="t")
+    node = Path(await launcher.open_node("c1"))
+    # The child plants a link to a secret where its transcript goes, and a session file of
+    # twice the cap (sparse: it costs no disk).
+    code = (
+        "import os, sys; s = sys.argv[1] + '/scratch'; "
+        "os.symlink(sys.argv[2], s + '/transcript.json'); "
+        "p = s + '/claude/home/.claude/projects/-w'; os.makedirs(p); "
+        "f = open(p + '/u-1.jsonl', 'wb'); f.truncate(2 * int(sys.argv[3])); f.close(); "
+        "print('ready', flush=True); import time; time.sleep(600)"
+    )
+    argv = (sys.executable, "-c", code, str(node), str(secret), str(_context.CAP))
+    child = attrs.evolve(spec(tmp_path, code), argv=argv)
+    async with trio.open_nursery() as nursery:
+        r = await launcher.launch(child, lambda *_: None, nursery)
+        with trio.fail_after(30):
+            while not await trio.Path(node / "scratch/claude/home/.claude/projects/-w").exists():  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        await trio.sleep(0.5)  # its truncate, after the mkdir
+        assert await r.context("builtin", "") == {}
+        assert await r.context("claude", "u-1") == _context.over(_context.CAP)
+        os.unlink(node / "scratch" / "transcript.json")
+        (node / "scratch" / "transcript.json").write_bytes(b'[{"role": "user"}]')
+        assert await r.context("builtin", "") == {"transcript.json": b'[{"role": "user"}]'}
+        await r.terminate(1.0)
+    # A revive's new node directory gets the kept copy in its scratch, before its child starts.
+    again = Path(await launcher.open_node("c2"))
+    await launcher.restore("c2", {"transcript.json": b"[]", "pi-session.jsonl": b"{}"})
+    assert (again / "scratch" / "transcript.json").read_bytes() == b"[]"
+    with pytest.raises(ray.exceptions.RayTaskError, match="not a context file"):
+        await launcher.restore("c2", {"../loadout.json": b"planted"})
+    assert not (again / "loadout.json").exists()
+    await launcher.close_node("c2")
+    assert not await trio.Path(again).exists()
