@@ -18,6 +18,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray.cluster_utils import Cluster
@@ -52,17 +53,17 @@ def _state(fleet: Fleet) -> str:
     return str(agents[0]["state"]) if agents else ""
 
 
-def _sweep(fleet: Fleet) -> None:
-    """Remove the node directories a1 had: the lost node's are left on this machine (a lost
+def _sweep(fleet: Fleet, key: str = "a1") -> None:
+    """Remove the node directories *key* had: the lost node's are left on this machine (a lost
     node keeps its directories until its own clean-up, docs/scale-out.md)."""
     with contextlib.suppress(OSError):
-        for path in _node_dirs(fleet):
-            if Path(path).name.startswith("fleet-node-t-a1-"):
+        for path in _node_dirs(fleet, key):
+            if Path(path).name.startswith(f"fleet-node-t-{key}-"):
                 remove_tree(path)
 
 
-def _node_dirs(fleet: Fleet) -> list[str]:
-    log = (fleet.paths.logs / "a1.log").read_text()
+def _node_dirs(fleet: Fleet, key: str = "a1") -> list[str]:
+    log = (fleet.paths.logs / f"{key}.log").read_text()
     return [line.split("node directory ", 1)[1] for line in log.splitlines() if "node dir" in line]
 
 
@@ -155,9 +156,9 @@ CLIS = {
 }
 
 
-def _kept_text(fleet: Fleet) -> str:
-    """Every file of the context the supervisor keeps for a1, as text."""
-    place = fleet.paths.scratch / "a1"
+def _kept_text(fleet: Fleet, key: str) -> str:
+    """Every file of the context the supervisor keeps for *key*, as text."""
+    place = fleet.paths.scratch / key
     try:
         return "".join(p.read_text(errors="replace") for p in place.rglob("*") if p.is_file())
     except OSError:  # swapped for a newer copy meanwhile
@@ -175,70 +176,81 @@ def _texts(body: dict[str, object]) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize(
-    "backend", [pytest.param(name, marks=pytest.mark.needs(name)) for name in CLIS]
-)
-def test_a_remote_agent_cli_child_is_revived_on_another_node_with_its_session(
-    tmp_path: Path, cluster: Cluster, backend: str
+@pytest.mark.needs("pi")
+@pytest.mark.needs("claude")
+@pytest.mark.needs("codex")
+def test_remote_agent_cli_children_are_revived_on_another_node_with_their_sessions(
+    tmp_path: Path, cluster: Cluster
 ) -> None:
-    variable, model, extra = CLIS[backend]
-    first = cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+    """One child of each agent CLI, side by side on one node (a1 Pi, a2 Claude Code, a3
+    Codex): each resumes on the new node from the session the supervisor kept of it."""
+    first = cluster.add_node(num_cpus=1, resources={"agent_slot": len(CLIS)})
     cluster.wait_for_nodes()
-    env = {
-        "FLEET_RAY_ADDRESS": cluster.address,
-        "FLEET_SURFACE": "ray",
-        "FLEET_RAY_NODE_HOST": "1",
-        variable: str(NPM_BIN / backend),
-        **extra,
-    }
+    env = {"FLEET_RAY_ADDRESS": cluster.address, "FLEET_SURFACE": "ray", "FLEET_RAY_NODE_HOST": "1"}
+    for backend, (variable, _, extra) in CLIS.items():
+        env |= {variable: str(NPM_BIN / backend), **extra}
+    keys = {backend: f"a{n}" for n, backend in enumerate(CLIS, 1)}
     with ModelServer() as srv, running_fleet(tmp_path, env=env) as fleet:
+
+        def api(backend: str) -> list[Any]:
+            return [r for r in srv.requests(backend) if r.api]
+
+        def each(*argv: str, timeout: float = 120) -> dict[str, Any]:
+            """``fleet ARGV[0] KEY ARGV[1:]`` for every child; the settled notes by backend."""
+            return {b: fleet.json(argv[0], k, *argv[1:], timeout=timeout) for b, k in keys.items()}
+
+        def reports(wait: float) -> dict[str, str]:
+            settled = each("wait", "--timeout", str(wait), timeout=wait + 30)
+            return {b: note["settled"][0]["report"] for b, note in settled.items()}
+
         try:
-            srv.script(
-                "c1",
-                [
-                    {"text": "## Summary\nfirst"},
-                    {"text": "## Summary\nsecond"},
-                    {"stall": True, "text": "partial"},
-                    {"text": "## Summary\nafter the revive"},
-                ],
-            )
-            spec = model.format(base=srv.base_url("c1"))
-            fleet.json("spawn", "--backend", backend, "--model", spec, "turn one", timeout=180)
-            [note] = fleet.json("wait", "a1", "--timeout", "150", timeout=180)["settled"]
-            assert note["report"] == "## Summary\nfirst", note
-            fleet.json("resume", "a1", "turn two")
-            [note] = fleet.json("wait", "a1", "--timeout", "90", timeout=120)["settled"]
-            assert note["report"] == "## Summary\nsecond", note
-            fleet.json("resume", "a1", "turn three")
-            _until(
-                lambda: len([r for r in srv.requests("c1") if r.api]) == 3,
-                60,
-                "the third turn never reached the model",
-            )
+            for backend, (_, model, _) in CLIS.items():
+                srv.script(
+                    backend,
+                    [
+                        {"text": "## Summary\nfirst"},
+                        {"text": "## Summary\nsecond"},
+                        {"stall": True, "text": "partial"},
+                        {"text": "## Summary\nafter the revive"},
+                    ],
+                )
+                spec = model.format(base=srv.base_url(backend))
+                fleet.json("spawn", "--backend", backend, "--model", spec, "turn one", timeout=180)
+            assert reports(150) == dict.fromkeys(CLIS, "## Summary\nfirst")
+            each("resume", "turn two")
+            assert reports(90) == dict.fromkeys(CLIS, "## Summary\nsecond")
+            each("resume", "turn three")
+            _until(lambda: all(len(api(b)) == 3 for b in CLIS), 60, "a third turn never came")
             daemon = int((fleet.paths.root / "supervisor.lock").read_text().strip())
             # An agent CLI writes its session when it sees fit: the supervisor fetches it again a
             # second or so after the turn ended, and the copy holds the second turn by then.
-            _until(lambda: "turn two" in _kept_text(fleet), 30, "turn two never reached the copy")
+            _until(
+                lambda: all("turn two" in _kept_text(fleet, k) for k in keys.values()),
+                30,
+                "turn two never reached a child's copy",
+            )
             os.kill(daemon, signal.SIGKILL)
-            _until(lambda: not child_pids(fleet.home), 60, "the child outlived its supervisor")
+            _until(lambda: not child_pids(fleet.home), 60, "a child outlived its supervisor")
             cluster.remove_node(first, allow_graceful=False)
-            cluster.add_node(num_cpus=1, resources={"agent_slot": 1})
+            cluster.add_node(num_cpus=1, resources={"agent_slot": len(CLIS)})
             cluster.wait_for_nodes()
 
-            [lost] = fleet.json("peek", timeout=120)["stale"]
-            assert (lost["state"], lost["revivable"]) == ("lost", True), lost
-            fleet.json("resume", "a1", "turn four", timeout=180)  # revives it first
-            [note] = fleet.json("wait", "a1", "--timeout", "150", timeout=180)["settled"]
-            assert note["report"] == "## Summary\nafter the revive", note
-            last = [r for r in srv.requests("c1") if r.api][-1].body
-            texts = _texts(last)
-            joined = "\n".join(texts)
-            for earlier in ("turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"):
-                assert earlier in joined, texts
-            assert f"{RESTARTED}\nturn four" in texts[-1]
-            fleet.json("stop", "a1", timeout=150)
+            lost = fleet.json("peek", timeout=120)["stale"]
+            assert sorted((s["key"], s["state"], s["revivable"]) for s in lost) == [
+                (key, "lost", True) for key in sorted(keys.values())
+            ], lost
+            each("resume", "turn four", timeout=180)  # revives each first
+            assert reports(150) == dict.fromkeys(CLIS, "## Summary\nafter the revive")
+            for backend in CLIS:
+                texts = _texts(api(backend)[-1].body)
+                joined = "\n".join(texts)
+                for earlier in ("turn one", "## Summary\nfirst", "turn two", "## Summary\nsecond"):
+                    assert earlier in joined, (backend, texts)
+                assert f"{RESTARTED}\nturn four" in texts[-1], (backend, texts)
+            fleet.json("stop", *keys.values(), timeout=150)
         finally:
-            _sweep(fleet)
+            for key in keys.values():
+                _sweep(fleet, key)
 
 
 #: A worker: lists src/ and writes a file there, reporting what it listed; then hangs. A
