@@ -10,6 +10,7 @@ Names:
   ``.npm-prefix/bin`` (``scripts/install-agent-clis``);
 - ``sandbox``: a working bubblewrap sandbox (:func:`sandbox.probe`);
 - ``netns``: ``unshare -n`` works (root, util-linux's ``unshare`` and iproute2's ``ip``);
+- ``cgroup``: a cgroup can be made (root, a cgroup v2 or v1 ``cpuacct`` hierarchy);
 - any other name: that command on ``PATH`` (``scripts/system-packages`` installs them).
 """
 
@@ -60,6 +61,8 @@ def missing(name: str) -> str:
         )
     if name == "netns":
         return _netns()
+    if name == "cgroup":
+        return _cgroup()
     if shutil.which(name):
         return ""
     package = PACKAGES.get(name, name)
@@ -67,6 +70,18 @@ def missing(name: str) -> str:
         f"needs {name}: not on PATH; `make test` installs it "
         f"(scripts/system-packages: apt-get install {package})"
     )
+
+
+def _cgroup() -> str:
+    """A cgroup of our own can be made (scripts/suite-cpu counts a run's CPU in one)."""
+    if os.geteuid() != 0:
+        return "needs cgroup: making a cgroup needs root; run the tests as root"
+    for parent in (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup")):
+        if os.access(parent, os.W_OK) and (
+            parent.name == "cpuacct" or (parent / "cgroup.controllers").exists()
+        ):
+            return ""
+    return "needs cgroup: no writable cgroup v2 or cpuacct hierarchy under /sys/fs/cgroup"
 
 
 def _netns() -> str:
