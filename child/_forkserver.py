@@ -19,6 +19,13 @@ The server is single-threaded, never starts trio, and speaks JSON messages, one 
 * server → supervisor ``{"exit": pid, "status": code}`` when it reaps a child (``code`` as
   :attr:`subprocess.Popen.returncode` has it: negative for a signal).
 
+A request may instead carry ``"args": [...]``, the child's own argv (``python -m child``'s, e.g.
+a loadout file), with two descriptors attached (stdout and stderr) and none inherited: a child
+on a Ray node, whose loadout is a file of its node directory and whose connection it dials
+itself (``orchestrator/launch/_ray_forks.py``). ``"die_with_server": true`` gives the fork
+``PR_SET_PDEATHSIG`` = SIGKILL against the server (and checks the server is still its parent),
+so a server that dies — with the node host that started it — takes its forks with it.
+
 The server exits when the supervisor's end closes; children already forked keep running
 (each in its own session) and end, as any child does, when their IPC connection ends.
 
@@ -34,6 +41,7 @@ loadout is a descriptor it never reads, so no fork inherits another child's toke
 """
 
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -57,6 +65,7 @@ MAX_MESSAGE: Final = 1 << 20
 _NOT_PRELOADED: Final = frozenset({"child.__main__", "child._forkserver", "child._view"})
 #: The name (comm) of a sandboxed child's namespace init; the child itself has its own.
 INIT_NAME: Final = "fleet sandbox"
+_PR_SET_PDEATHSIG: Final = 1
 
 
 def preload() -> None:
@@ -79,7 +88,7 @@ def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = 
         sock.send(data)
 
 
-def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
+def _become_child(request: Mapping[str, Any], fds: Sequence[int], server: int) -> NoReturn:
     """In the forked process: take the child's stdio, session, directory and environment,
     enter its sandbox if it has one, then run it. Never returns into the server's loop."""
     code = 70
@@ -91,13 +100,15 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        stdout, stderr, connection, loadout = fds
+        if request.get("die_with_server"):
+            _die_with(server)
+        stdout, stderr, *kept = fds
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
         # Nothing of the server's may leak into the child: the supervisor's socket, the
         # wake-up pipe, the stdio descriptors that carried this request. The child keeps only
-        # its own connection and loadout.
-        _close_all_but({connection, loadout})
+        # its own connection and loadout (none: a child that is given its argv).
+        _close_all_but(set(kept))
         view = request.get("sandbox")
         if view is not None:
             _enclose.enter(view["ops"], view.get("cwd"))
@@ -105,12 +116,13 @@ def _become_child(request: Mapping[str, Any], fds: Sequence[int]) -> NoReturn:
         os.environ.clear()
         os.environ.update(request["env"])
         name = str(request.get("name", "fleet-child"))
+        argv = _child_argv(request, kept)
         if view is not None:
             _set_name(INIT_NAME)
-            code = _init_of(connection, loadout, name)
+            code = _init_of(kept, argv, name)
         else:
             _set_name(name)
-            code = _run_child(connection, loadout)
+            code = _run_child(argv)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             print(f"child: fork server could not start the child: {exc!r}", file=sys.stderr)
@@ -127,13 +139,34 @@ def _set_name(name: str) -> None:
         comm.write(name[:15])
 
 
-def _run_child(connection: int, loadout: int) -> int:
+def _die_with(server: int) -> None:
+    """SIGKILL this fork when the server (pid *server*) dies; exit now if it already has.
+
+    A sandboxed server's fork is the init of a pid namespace of its own (its parent is
+    outside it: ``getppid()`` is 0), and the kernel clears the signal when it changes its
+    credentials (:func:`_enclose.enter`); it goes with the server's bwrap pid namespace."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() not in (0, server):
+        os._exit(70)  # the server died before the signal was set: nobody would end us
+
+
+def _child_argv(request: Mapping[str, Any], kept: Sequence[int]) -> list[str]:
+    """The child runtime's argv: the request's own, or the inherited connection and loadout."""
+    if "args" in request:
+        return [str(arg) for arg in request["args"]]
+    connection, loadout = kept
+    return ["--fd", str(connection), "--loadout-fd", str(loadout)]
+
+
+def _run_child(argv: Sequence[str]) -> int:
     from child._runtime import main  # noqa: PLC0415 - preloaded: already in sys.modules
 
-    return main(["--fd", str(connection), "--loadout-fd", str(loadout)])
+    return main(list(argv))
 
 
-def _init_of(connection: int, loadout: int, name: str) -> int:
+def _init_of(kept: Sequence[int], argv: Sequence[str], name: str) -> int:
     """As its pid namespace's init: fork the child runtime, reap every orphan, and return the
     child's exit code (128 + N when a signal N ended it) once it has ended."""
     sys.stdout.flush()
@@ -143,7 +176,7 @@ def _init_of(connection: int, loadout: int, name: str) -> int:
         code = 70
         try:
             _set_name(name)
-            code = _run_child(connection, loadout)
+            code = _run_child(argv)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 print(f"child: the sandboxed child failed to start: {exc!r}", file=sys.stderr)
@@ -153,8 +186,8 @@ def _init_of(connection: int, loadout: int, name: str) -> int:
                 sys.stderr.flush()
             os._exit(code)
     # Only the child (and what it starts) holds its connection and loadout now.
-    os.close(connection)
-    os.close(loadout)
+    for fd in kept:
+        os.close(fd)
     while True:
         try:
             ended, status = os.waitpid(-1, 0)
@@ -177,7 +210,14 @@ def _close_all_but(keep: set[int]) -> None:
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
-def _check_fds(fds: Sequence[int]) -> None:
+def _check_fds(request: Mapping[str, Any], fds: Sequence[int]) -> None:
+    if "args" in request:
+        args = request["args"]
+        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+            raise ValueError("args must be a list of strings")
+        if len(fds) != 2 or min(fds) < 3:
+            raise ValueError(f"expected 2 descriptors (stdout, stderr), got {len(fds)}")
+        return
     if len(fds) != 4 or min(fds) < 3:
         raise ValueError(
             f"expected 4 descriptors (stdout, stderr, connection, loadout), got {len(fds)}"
@@ -207,6 +247,7 @@ def _check_view(request: Mapping[str, Any], sandboxed: bool) -> None:
 
 def _fork_into(request: Mapping[str, Any], fds: Sequence[int], own_pid_ns: int | None) -> int:
     """Fork the child (as pid 1 of a new pid namespace when the server is sandboxed)."""
+    server = os.getpid()
     if own_pid_ns is None:
         pid = os.fork()
     else:
@@ -219,7 +260,7 @@ def _fork_into(request: Mapping[str, Any], fds: Sequence[int], own_pid_ns: int |
                 # The next child gets a namespace of its own again.
                 _enclose.setns(own_pid_ns, _enclose.CLONE_NEWPID)
     if pid == 0:
-        _become_child(request, fds)
+        _become_child(request, fds, server)
     return pid
 
 
@@ -228,7 +269,7 @@ def _spawn(sock: socket.socket, data: bytes, fds: list[int], own_pid_ns: int | N
     try:
         request = json.loads(data)
         request_id = request["spawn"]
-        _check_fds(fds)
+        _check_fds(request, fds)
         _check_view(request, own_pid_ns is not None)
         sys.stdout.flush()
         sys.stderr.flush()

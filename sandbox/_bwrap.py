@@ -129,18 +129,26 @@ def server_argv(
 
     Its view is the host's, read-only, with the *hidden* trees (the state directory) replaced
     by empty ones in which only the session's *writable* roots (every child's scratch and
-    worktree) and *readable* ones (the egress sockets) come back; ``/tmp`` stays the host's so
+    worktree) and *readable* ones (the egress sockets) come back (a hidden tree inside one of
+    those stays hidden); ``/tmp`` stays the host's so
     a child's visible paths below it can be bound. No child ever runs in this view: each builds
     its own from :func:`mount_ops` before its first instruction of its own.
     """
     argv = [bwrap, *ISOLATION_FLAGS, "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += [*SERVER_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    bound = (*writable, *readable)
+    # A hidden tree inside a bound root (a Ray node's runtime root in its writable /tmp) is
+    # hidden after the binds, which would otherwise bring it back.
+    inside = [p for p in hidden if any(p != root and is_within(p, root) for root in bound)]
     for path in hidden:
-        argv += ["--tmpfs", str(path)]
+        if path not in inside:
+            argv += ["--tmpfs", str(path)]
     for path in writable:
         argv += ["--bind", str(path), str(path)]
     for path in readable:
         argv += ["--ro-bind", str(path), str(path)]
+    for path in inside:
+        argv += ["--tmpfs", str(path)]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return (*argv, "--", *command)

@@ -214,6 +214,8 @@ class Launching:
             launched = await launcher.launch(spec, run.log.output, nursery)
             if isinstance(launched, LaunchedRay):
                 self._record_sandbox(run, launched.sandboxed, launched.unsandboxed_reason)
+                if launched.forked:
+                    run.log.write("forked from its node's fork server")
         except BaseException:
             if pair is not None:
                 pair[0].close()

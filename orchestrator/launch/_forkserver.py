@@ -19,13 +19,15 @@ pid we report is the host's, read from the pidfd.
 
 import array
 import contextlib
+import ctypes
 import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +45,7 @@ STATUS_TIMEOUT: Final = 5.0
 UNKNOWN_STATUS: Final = 255
 MAX_MESSAGE: Final = 1 << 20
 _FD_BYTES: Final = array.array("i").itemsize
+_PR_SET_PDEATHSIG: Final = 1
 
 
 class ForkServerError(Exception):
@@ -70,6 +73,10 @@ class ForkServer:
     log_path: Path | None = None
     #: The sandbox command the server runs in (a sandboxed server); empty: a plain one.
     wrapper: tuple[str, ...] = ()
+    #: The server gets ``PR_SET_PDEATHSIG`` = SIGKILL against the thread that starts it, and
+    #: each fork against the server: when whoever started the server dies (a Ray node host),
+    #: the server and every child it forked die with it (:mod:`._ray_forks`).
+    die_with_parent: bool = False
 
     failure: str | None = attrs.field(default=None, init=False)
     pid: int | None = attrs.field(default=None, init=False)
@@ -112,6 +119,7 @@ class ForkServer:
                     stderr=stderr,
                     pass_fds=(theirs,),
                     start_new_session=True,
+                    preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509 - prctl only
                 )
         except OSError as exc:
             ours.close()
@@ -135,15 +143,20 @@ class ForkServer:
         env: Mapping[str, str],
         name: str,
         stdio: tuple[int, int],
-        inherit: tuple[int, int],
+        inherit: tuple[int, int] | tuple[()],
         view: Mapping[str, Any] | None = None,
+        args: Sequence[str] | None = None,
     ) -> tuple[int, int]:
         """Fork a child; its (host) pid and a pidfd for it (the caller closes it).
 
         *stdio* are the child's stdout and stderr, *inherit* its connection (a socket pair
         end) and its sealed loadout; the server keeps no copy of any of them. *view* (a
-        sandboxed server only): ``{"ops": bwrap mount operations, "cwd": dir}``.
+        sandboxed server only): ``{"ops": bwrap mount operations, "cwd": dir}``. *args*
+        instead of *inherit* (empty): the child's own argv (``python -m child``'s), for a
+        child that inherits nothing (a Ray node's: a loadout file, a connection it dials).
         """
+        if (args is None) != bool(inherit):
+            raise ValueError("fork server: a child inherits its descriptors or is given args")
         if not await self.ready():
             raise ForkServerError(f"fork server unavailable: {self.failure}")
         assert self._sock is not None  # noqa: S101 - set when ready
@@ -151,6 +164,10 @@ class ForkServer:
         reply = self._replies[request_id] = _Reply()
         message: dict[str, Any] = {"spawn": request_id, "cwd": cwd, "env": dict(env)}
         message["name"] = name
+        if args is not None:
+            message["args"] = list(args)
+        if self.die_with_parent:
+            message["die_with_server"] = True
         if view is not None:
             message["sandbox"] = dict(view)
         try:
@@ -288,6 +305,13 @@ class ForkServer:
             _kill_with_tree(popen)
             await trio.to_thread.run_sync(popen.wait)
         _kill(tree)
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """``PR_SET_PDEATHSIG`` = SIGKILL: a ``preexec_fn`` (it fires when the starting *thread*
+    exits, so start from a thread that lives as long as the parent should)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

@@ -148,6 +148,9 @@ class NodeStart:
     env: dict[str, str]
     sandboxed: bool
     reason: str
+    #: The sandbox's view (``{"ops": bwrap mount operations, "cwd": dir}``) a fork of the
+    #: node's sandboxed fork server builds instead of running *argv*; ``None`` unsandboxed.
+    view: Mapping[str, Any] | None = None
 
 
 def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str]) -> NodeStart:
@@ -200,7 +203,12 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
     )
     placed = wrap_child(argv, spec, plan.owner)
     return NodeStart(
-        argv=placed.argv, cwd=plan.workspace, env={**env, **placed.env}, sandboxed=True, reason=""
+        argv=placed.argv,
+        cwd=plan.workspace,
+        env={**env, **placed.env},
+        sandboxed=True,
+        reason="",
+        view=placed.view,
     )
 
 

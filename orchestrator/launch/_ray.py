@@ -300,6 +300,7 @@ class RayLauncher:
             actor_pid=int(info.get("actor_pid") or 0),
             sandboxed=bool(info.get("sandboxed")),
             unsandboxed_reason=str(info.get("reason") or ""),
+            forked=bool(info.get("forked")),
             node_dir=self._dirs.pop(spec.key, ""),
             nursery=nursery,
         )

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
 __all__ = ["HostedChild", "NodeHost", "Slots", "end_actor", "forget_host", "host_on"]
@@ -59,6 +60,9 @@ class NodeHost:
     def __init__(self) -> None:
         self._children: dict[str, ChildActor] = {}
         self._lock = threading.Lock()
+        #: The node's fork servers (:mod:`._ray_forks`), each started on the first child
+        #: that can use it: a ``python -I -m child`` child here is a fork of one.
+        self._forks = NodeForks()
 
     def ping(self) -> str:
         """The node this host runs on (a call that answers: the host is alive)."""
@@ -69,7 +73,7 @@ class NodeHost:
         with self._lock:
             if key in self._children:
                 raise RuntimeError(f"child {key!r} is already on this node")
-            self._children[key] = ChildActor()
+            self._children[key] = ChildActor(forks=self._forks)
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
         """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would."""

@@ -49,6 +49,9 @@ class LaunchedRay:
     #: Whether its node sandboxed the child (:mod:`._nodeplan`), and if not, why not.
     sandboxed: bool = False
     unsandboxed_reason: str = ""
+    #: Whether the child is a fork of its node host's fork server (:mod:`._ray_forks`), not a
+    #: fresh interpreter.
+    forked: bool = False
     #: The child's node directory on its node; removed by its actor when the child ends, or
     #: by a task pinned to its node when the actor was lost (:mod:`._ray_sweep`).
     node_dir: str = ""

@@ -9,7 +9,6 @@ child ends.
 """
 
 import contextlib
-import ctypes
 import os
 import re
 import secrets
@@ -21,19 +20,31 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from orchestrator._errors import PolicyError
+from orchestrator._runtime import fenced_paths
 from orchestrator._trees import remove_tree
 from orchestrator.launch import _context
 from orchestrator.launch._egress import EgressProxy, allowlist
-from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan, realise
+from orchestrator.launch._forkserver import die_with_parent
+from orchestrator.launch._nodeplan import (
+    CHILD_MODULE,
+    NODE_HEX,
+    NODE_PREFIX,
+    NodePlan,
+    NodeStart,
+    realise,
+)
+from orchestrator.spend._keyless import carries_credentials
+
+if TYPE_CHECKING:
+    from orchestrator.launch._ray_forks import ForkedChild, NodeForks
 
 __all__ = ["MAX_RETURN", "ChildActor", "ReturnRefused", "ray_module"]
 
-_PR_SET_PDEATHSIG = 1
 #: The largest change a node sends back (``orchestrator.workspace._bundle.MAX_BUNDLE``, which
 #: the supervisor checks again on what arrives).
 MAX_RETURN = 256 * 1024 * 1024
@@ -56,11 +67,6 @@ def ray_module() -> Any:
             "the ray surface needs Ray: pip install 'fleet-orchestrator[ray]'"
         ) from None
     return ray
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 #: Git on the node: no user or system config, no hooks, no fsmonitor — the work tree is the
@@ -143,8 +149,11 @@ class _NodeEgress:
 class ChildActor:
     """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forks: "NodeForks | None" = None) -> None:
         self.proc: Any = None
+        #: Its node host's fork servers (:mod:`._ray_forks`): a child they can fork is a fork
+        #: (``None``: an actor of its own, every child a fresh interpreter).
+        self.forks = forks
         #: The child's node directory (:meth:`make_node`): removed when the child ends.
         self.node_dir = ""
         #: The child's egress proxy on this node (:meth:`open_egress`), if it has one.
@@ -346,7 +355,7 @@ class ChildActor:
         start the child: with a sandbox *plan* (:class:`NodePlan`), the command it makes here
         (*argv* and *cwd* unused), or ``{"refused": one line}`` and nothing started; without
         one, *argv* as it is."""
-        sandboxed, reason = False, ""
+        sandboxed, reason, made = False, "", None
         if plan is not None:
             egress = "" if self.egress is None else str(self.egress.proxy.path)
             try:
@@ -361,16 +370,19 @@ class ChildActor:
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
         ray = ray_module()
-        self.proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
-        )
+        self.proc = None if made is None or plan is None else self._fork(made, plan)
+        forked = self.proc is not None
+        if self.proc is None:
+            self.proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
+            )
         if self.egress is not None:
             self.egress.admit(self.proc.pid)
         ctx = ray.get_runtime_context()
@@ -380,7 +392,29 @@ class ChildActor:
             "actor_pid": os.getpid(),
             "sandboxed": sandboxed,
             "reason": reason,
+            "forked": forked,
         }
+
+    def _fork(self, made: NodeStart, plain: Mapping[str, Any]) -> "ForkedChild | None":
+        """The child as a fork of its node host's server (:mod:`._ray_forks`), when it is the
+        plain child command and carries no credential; ``None``: start it the ordinary way."""
+        plan = NodePlan.from_plain(plain)
+        if (
+            self.forks is None
+            or tuple(plan.argv_tail) != (*CHILD_MODULE, plan.loadout_file)
+            or (made.sandboxed and made.view is None)
+            or carries_credentials(made.env)
+        ):
+            return None
+        return self.forks.spawn(
+            python=os.path.abspath(sys.executable),
+            args=plan.argv_tail[len(CHILD_MODULE) :],
+            cwd=made.cwd,
+            env=made.env,
+            name=f"fleet {plan.owner}",
+            view=made.view if made.sandboxed else None,
+            hidden=[*plan.hidden, *(str(path) for path in fenced_paths())],
+        )
 
     def wait(self) -> tuple[int, bytes]:
         """Block until the child ends; its status and its last 8 KiB of output (read in

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import ray
 import trio
@@ -101,7 +102,8 @@ async def _report(sup: Supervisor, key: str) -> dict[str, Any]:
     return result
 
 
-async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(home, cluster):
+@pytest.mark.parametrize("hosted", [False, True], ids=["actor-per-child", "node-host"])
+async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(home, cluster, hosted):
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
     other.listen()
@@ -125,7 +127,7 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
         )
         config = Config(
             home=home / "state", session="t", workspace=repo, agents_scope="project",
-            reject_log=True, ray_address=cluster.address,
+            reject_log=True, ray_address=cluster.address, ray_node_host=hosted,
         )  # fmt: skip
         async with open_supervisor(config) as sup:
             # The sibling: a reader that stays up (it hangs on its model), with a node dir.
@@ -162,6 +164,11 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
         other.accept()  # nothing reached the host's other service
     other.close()
     assert sandboxed[hostile.key] is True
+    # On a node host both are forks of its sandboxed fork server, whose own view keeps the
+    # node's whole temporary directory: each fork's view hides it again but for its own paths.
+    forked = "forked from its node's fork server"
+    assert (forked in log) is hosted, log
+    assert (forked in log_of.read_text()) is hosted
     # Its proxy is the node's, in its node directory, not the supervisor's session dir.
     assert got["socket"] == str(hostile_node / "egress.sock")
     assert not (config.paths.root / "egress" / f"{hostile.key}.sock").exists()
@@ -177,3 +184,57 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
     assert got["sibling_egress"] == "error 2", got
     assert not sibling_node.exists()
     assert not hostile_node.exists()
+
+
+def _host_of(pid: int) -> psutil.Process:
+    """The node host (its Ray worker, ``ray::NodeHost``) a forked child descends from."""
+    for ancestor in psutil.Process(pid).parents():
+        if "NodeHost" in " ".join(ancestor.cmdline()):
+            return ancestor
+    raise AssertionError(f"{pid} is not under a node host")
+
+
+async def test_a_killed_node_host_takes_its_forked_children_and_a_new_one_serves_the_next(
+    home, cluster
+):
+    """A node host SIGKILLed mid-turn: its fork server dies with it and every child forked
+    from that server with the server, so nothing of them runs on; the child fails once, and the
+    next child on the node is forked by a new host's server."""
+    repo = make_repo(home / "repo")
+    async with ModelServer() as srv:
+        srv.script("hang", [{"text": "## Summary\nnever", "delay": 600}])
+        srv.script("quick", [{"text": "## Summary\nquick"}])
+        config = Config(
+            home=home / "state", session="t", workspace=repo, agents_scope="project",
+            ray_address=cluster.address, ray_node_host=True,
+        )  # fmt: skip
+        async with open_supervisor(config) as sup:
+            model = f"openai:fake@{srv.base_url('hang')}/v1"
+            [doomed] = await sup.spawn(
+                [SpawnRequest(task="hang", backend="builtin", model=model, surface="ray")]
+            )
+            log_of = config.paths.logs / f"{doomed.key}.log"
+            await _until(lambda: len(srv.requests("hang")) == 1)
+            assert "forked from its node's fork server" in log_of.read_text()
+            assert doomed.pid is not None
+            child = psutil.Process(doomed.pid)
+            host = _host_of(doomed.pid)
+            server = next(p for p in host.children() if "fleet-node-host" in " ".join(p.cmdline()))
+            host.kill()
+            gone = psutil.wait_procs([child, server], timeout=30)[1]
+            assert gone == [], f"outlived their node host: {gone}"
+            with trio.fail_after(120):
+                [note] = await sup.wait([doomed.key])
+            assert note["error"], note  # it failed, once
+            model = f"openai:fake@{srv.base_url('quick')}/v1"
+            [after] = await sup.spawn(
+                [SpawnRequest(task="quick", backend="builtin", model=model, surface="ray")]
+            )
+            with trio.fail_after(120):
+                [note] = await sup.wait([after.key])
+            assert note["report"] == "## Summary\nquick", note
+            log = (config.paths.logs / f"{after.key}.log").read_text()
+            assert "forked from its node's fork server" in log
+            assert after.pid is not None
+            assert _host_of(after.pid).pid != host.pid
+            await sup.stop([doomed.key, after.key])

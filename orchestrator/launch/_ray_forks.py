@@ -1,0 +1,213 @@
+"""A node host's fork servers: a remote child as a fork of a preloaded interpreter on its node.
+
+A node host (:mod:`._ray_host`) keeps the same :class:`ForkServer` a supervisor keeps for its
+local children (``python -I -m child._forkserver``, :mod:`._forkserver`), one plain and one
+sandboxed at most, each started on the first child that can use it. A child whose node plan
+(:mod:`._nodeplan`) runs it as ``python -I -m child LOADOUT`` is then a fork of the server, given
+that argv (its loadout is the file in its node directory, its connection the TLS door it dials
+itself, through its egress proxy when sandboxed); a sandboxed child is a fork of the sandboxed
+server that builds, before any code of its own runs, the very view its bwrap command line would
+have given it (``child/_enclose.py``). A child whose environment carries a credential is never
+forked (the request would leave it in the server's memory, and so in every later fork's), nor is
+a child whose command is anything else.
+
+Both servers are started from the host's one trio thread, which lives as long as the host:
+each gets ``PR_SET_PDEATHSIG`` against it (a sandboxed one's bwrap has ``--die-with-parent``),
+and each fork against its server (a sandboxed fork is the init of a pid namespace inside the
+server's, which dies with it), so a host that dies takes the servers and every forked child with
+it. The server's environment is the few variables an interpreter needs, never the host's: a
+fork inherits the server's memory, and with it that environment block.
+
+If a server cannot start, or dies, its children start the ordinary way (``Popen``) from then
+on, as the local launcher falls back.
+"""
+
+import functools
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import sandbox
+from orchestrator.launch._forkserver import UNKNOWN_STATUS, ForkServer, ForkServerError
+from orchestrator.spend._keyless import keyless
+
+__all__ = ["ForkedChild", "NodeForks"]
+
+log = logging.getLogger("orchestrator")
+
+#: What a node's fork server keeps of its host's environment (an interpreter needs no more).
+_SERVER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE")
+#: Shown in the server's command line (and so in every fork's).
+LABEL = "fleet-node-host"
+
+
+class ForkedChild:
+    """A child forked by its node's server, held as the host holds a ``Popen``: its pid (in
+    the host's pid namespace), its output (stdout and stderr, one pipe) and, once the server
+    has reaped it, its exit status (negative for a signal; a sandboxed child's is its
+    namespace init's: 128 + N when a signal N ended the child, as bwrap reports it)."""
+
+    def __init__(self, pid: int, stdout: Any) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout or 0.0)
+        assert self.returncode is not None  # noqa: S101 - set before the event
+        return self.returncode
+
+    async def _reap(self, forks: ForkServer, pidfd: int) -> None:
+        status = UNKNOWN_STATUS
+        try:
+            try:
+                await trio.lowlevel.wait_readable(pidfd)  # readable once the process ended
+            finally:
+                os.close(pidfd)
+            status = await forks.exit_status(self.pid)
+        finally:
+            self.returncode = status
+            self._ended.set()
+
+
+class NodeForks:
+    """The fork servers of one node host (see the module docstring); blocking calls, made
+    from the host's actor threads, run on a trio thread of its own started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        #: By sandboxed or not: the server, or ``None`` where none can be made here.
+        self._servers: dict[bool, ForkServer | None] = {}
+
+    def spawn(
+        self,
+        *,
+        python: str,
+        args: Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        name: str,
+        view: Mapping[str, Any] | None = None,
+        hidden: Sequence[str] = (),
+    ) -> ForkedChild | None:
+        """``python -I -m child ARGS`` as a fork of this node's server (the sandboxed one,
+        building *view*, when *view* is given; *hidden*: what that server's own view hides),
+        or ``None``: no server works here, and the caller starts the child itself."""
+        server = self._server(python, view is not None, hidden)
+        if server is None or self._token is None:
+            return None
+        try:
+            spawn = functools.partial(
+                self._spawn, server, args=list(args), cwd=cwd, env=dict(env), name=name, view=view
+            )
+            return trio.from_thread.run(spawn, trio_token=self._token)
+        except ForkServerError as exc:
+            log.info("%s: starting a fresh interpreter instead: %s", name, exc)
+            return None
+
+    def _server(self, python: str, sandboxed: bool, hidden: Sequence[str]) -> ForkServer | None:
+        with self._lock:
+            if sandboxed in self._servers:
+                known = self._servers[sandboxed]
+                return None if known is None or known.failure is not None else known
+            wrapper: tuple[str, ...] = ()
+            if sandboxed:
+                # Its view keeps the node's temporary directory (every child's node directory,
+                # writable: scratch and a worker's checkout are bound from there); each fork
+                # hides it again but for its own paths.
+                made = sandbox.wrap_fork_server(
+                    hidden=[Path(h) for h in hidden],
+                    writable=[Path(tempfile.gettempdir())],
+                    readable=[],
+                )
+                if made is None:
+                    self._servers[sandboxed] = None
+                    return None
+                wrapper = made
+            token = self._start_loop()
+            server = trio.from_thread.run_sync(self._make, python, wrapper, trio_token=token)
+            self._servers[sandboxed] = server
+            return server
+
+    def _make(self, python: str, wrapper: tuple[str, ...]) -> ForkServer:
+        assert self._nursery is not None  # noqa: S101 - the loop runs
+        kept = {name: os.environ[name] for name in _SERVER_ENV if name in os.environ}
+        server = ForkServer(
+            python=python,
+            label=LABEL,
+            env=keyless(kept),
+            nursery=self._nursery,
+            wrapper=wrapper,
+            die_with_parent=True,
+        )
+        server.start()  # on this thread, which lives as long as the host (PR_SET_PDEATHSIG)
+        return server
+
+    async def _spawn(
+        self,
+        server: ForkServer,
+        *,
+        args: list[str],
+        cwd: str,
+        env: dict[str, str],
+        name: str,
+        view: Mapping[str, Any] | None,
+    ) -> ForkedChild:
+        assert self._nursery is not None  # noqa: S101 - the loop runs
+        read_end, write_end = os.pipe()
+        try:
+            pid, pidfd = await server.spawn(
+                cwd=cwd,
+                env=env,
+                name=name,
+                stdio=(write_end, write_end),
+                inherit=(),
+                view=view,
+                args=args,
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        child = ForkedChild(pid, os.fdopen(read_end, "rb"))
+        self._nursery.start_soon(child._reap, server, pidfd)
+        return child
+
+    def _start_loop(self) -> trio.lowlevel.TrioToken:
+        """The host's trio thread (started once): the servers' readers and reapers run there."""
+        if self._token is not None:
+            return self._token
+        started = threading.Event()
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._token = trio.lowlevel.current_trio_token()
+                started.set()
+                await trio.sleep_forever()
+
+        thread = threading.Thread(target=trio.run, args=(main,), name="fleet-forks", daemon=True)
+        thread.start()
+        started.wait(30)
+        token = self._loop_token()
+        if token is None:
+            raise RuntimeError("the node host's fork loop did not start")
+        return token
+
+    def _loop_token(self) -> trio.lowlevel.TrioToken | None:
+        return self._token
