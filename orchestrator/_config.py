@@ -198,8 +198,9 @@ class Config:
     ray_address: str = ""
     #: The address the TLS door for remote children listens on (a port is picked per session).
     ray_listen: str = "127.0.0.1"
-    #: Host a node's children in one long-lived Ray actor per node instead of an actor each.
-    ray_node_host: bool = False
+    #: Host a node's children in one long-lived Ray actor per node, each child a fork of the
+    #: node's fork server (the default); off: an actor and a fresh interpreter per child.
+    ray_node_host: bool = True
     #: With node hosts: ``spread`` children over nodes (least used first) or ``pack`` them.
     ray_placement: str = attrs.field(default="spread", validator=_check_placement)
     #: A remote child's lease: it stops writing and exits after this long unheard.
@@ -445,6 +446,8 @@ def load_config(*, session: str | None = None, cwd: Path | None = None, **overri
         settings["reject_log"] = True
     if env.get("FLEET_RAY_NODE_HOST", "").lower() in {"1", "true", "yes"}:
         settings["ray_node_host"] = True
+    elif env.get("FLEET_RAY_NODE_HOST", "").lower() in {"0", "false", "no"}:
+        settings["ray_node_host"] = False
     if env.get("FLEET_FORK_SERVER", "").lower() in {"0", "false", "no"}:
         settings["fork_server"] = False
     settings.update({k: v for k, v in overrides.items() if v is not None})

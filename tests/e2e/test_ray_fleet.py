@@ -4,6 +4,7 @@ The cluster is ``ray.cluster_utils.Cluster`` on this machine, started once for t
 test's supervisor joins it as its own driver (``FLEET_RAY_ADDRESS``).
 """
 
+import contextlib
 import os
 import signal
 import stat
@@ -94,18 +95,35 @@ def assert_nothing_local(fleet: Fleet, key: str) -> None:
     assert (session / "logs" / f"{key}.log").exists()  # the supervisor's record stays here
 
 
+#: How a child's run log names its node directory.
+NAMED = "node directory "
+
+
+def _node_dirs(home: Path) -> list[str]:
+    """Every node directory the fleet under *home* named in its children's run logs."""
+    found: list[str] = []
+    for log in home.glob("sessions/*/logs/*.log"):
+        with contextlib.suppress(OSError):
+            lines = log.read_text(errors="replace").splitlines()
+            found += [ln.split(NAMED, 1)[1].strip() for ln in lines if NAMED in ln]
+    return found
+
+
 def child_pids(home: Path) -> list[int]:
-    """Live ``python -m child`` processes of the fleet under *home*."""
+    """Live child processes of the fleet under *home*: a ``python -m child`` started with the
+    fleet's environment, or a fork of a node host's fork server (whose environment block is
+    the server's) working in one of the fleet's node directories."""
+    dirs = _node_dirs(home)
     found = []
     for process in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
             cmdline = process.info["cmdline"] or []
             environ = process.info["environ"] or {}
-            if (
-                "child" in cmdline
-                and environ.get("FLEET_HOME") == str(home)
-                and process.status() != psutil.STATUS_ZOMBIE
-            ):
+            ours = "child" in cmdline and environ.get("FLEET_HOME") == str(home)
+            cwd = process.cwd() if dirs and not ours else ""
+            if ours or any(cwd == d or cwd.startswith(f"{d}/") for d in dirs):
                 found.append(process.pid)
         except psutil.Error:
             continue

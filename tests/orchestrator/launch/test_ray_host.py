@@ -66,11 +66,13 @@ def test_node_host_and_placement_come_from_config_and_environment(tmp_path, monk
     monkeypatch.delenv("FLEET_RAY_NODE_HOST", raising=False)
     monkeypatch.delenv("FLEET_RAY_PLACEMENT", raising=False)
     config = load_config(home=tmp_path, cwd=tmp_path)
-    assert (config.ray_node_host, config.ray_placement) == (False, "spread")
-    monkeypatch.setenv("FLEET_RAY_NODE_HOST", "1")
+    assert (config.ray_node_host, config.ray_placement) == (True, "spread")  # the defaults
+    monkeypatch.setenv("FLEET_RAY_NODE_HOST", "0")
     monkeypatch.setenv("FLEET_RAY_PLACEMENT", "pack")
     config = load_config(home=tmp_path, cwd=tmp_path)
-    assert (config.ray_node_host, config.ray_placement) == (True, "pack")
+    assert (config.ray_node_host, config.ray_placement) == (False, "pack")
+    monkeypatch.setenv("FLEET_RAY_NODE_HOST", "1")
+    assert load_config(home=tmp_path, cwd=tmp_path).ray_node_host is True
     monkeypatch.setenv("FLEET_RAY_PLACEMENT", "scatter")
     with pytest.raises(UsageError, match="spread or pack"):
         load_config(home=tmp_path, cwd=tmp_path)
