@@ -204,7 +204,11 @@ class Launching:
                 env=env,
                 inherit=None if pair is None else (pair[1].fileno(), sealed),
                 # Unwrapped, the command is the plain child: a fork of the preloaded server will do.
-                plain=not placement.sandboxed and not isinstance(launcher, RayLauncher),
+                # On a Ray node every child is wrapped there, and forked from its node host's
+                # server unless it carries a credential (which would stay in that server).
+                plain=not carries_credentials(env)
+                if isinstance(launcher, RayLauncher)
+                else not placement.sandboxed,
                 # The sandboxed fork server holds no secret: a child given one is started fresh
                 # (a fork would leave the secret in the server's memory for the next child).
                 view=None if carries_credentials(env) else placement.view,

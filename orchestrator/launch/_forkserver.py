@@ -20,6 +20,7 @@ pid we report is the host's, read from the pidfd.
 import array
 import contextlib
 import ctypes
+import functools
 import itertools
 import json
 import logging
@@ -305,6 +306,9 @@ class ForkServer:
             _kill_with_tree(popen)
             await trio.to_thread.run_sync(popen.wait)
         _kill(tree)
+        # Gone when we return: a killed process lingers until the kernel has delivered the
+        # signal (a sandboxed server's inner bwrap was still listed right after, under load).
+        await trio.to_thread.run_sync(functools.partial(psutil.wait_procs, tree, timeout=5.0))
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the forked child

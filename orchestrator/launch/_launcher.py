@@ -70,7 +70,8 @@ class LaunchSpec:
     #: that starts the child as its own descendant can take them (``process``).
     inherit: tuple[int, int] | None = None
     #: *argv* is exactly the plain child command for *inherit* (no sandbox wrapper): a
-    #: launcher may then start the child from a preloaded fork server instead.
+    #: launcher may then start the child from a preloaded fork server instead. For the ray
+    #: launcher: its node host may fork the child (it carries no credential).
     plain: bool = False
     #: *argv* is the child under bwrap, and this is that sandbox's view (bwrap's mount
     #: operations and directory): a launcher may fork the child from the sandboxed fork

@@ -86,6 +86,9 @@ class NodePlan:
     visible: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     #: Paths the child must not see (the supervisor's state directory).
     hidden: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    #: Whether a fork of its node host's fork server will do (the supervisor says no for a
+    #: child whose environment carries a credential: it would stay in the server's memory).
+    forkable: bool = attrs.field(default=True, validator=_BOOL)
 
     def plain(self) -> dict[str, Any]:
         """Strings, flags and lists of strings only (JSON would carry it)."""

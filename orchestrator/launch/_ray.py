@@ -324,7 +324,11 @@ class RayLauncher:
         info: dict[str, Any] = await trio.to_thread.run_sync(
             ray.get,
             actor.start.remote(
-                spec.argv, spec.cwd, dict(spec.env), files, None if plan is None else plan.plain()
+                spec.argv,
+                spec.cwd,
+                dict(spec.env),
+                files,
+                None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain(),
             ),
             abandon_on_cancel=True,
         )

@@ -36,7 +36,6 @@ import trio
 
 import sandbox
 from orchestrator.launch._forkserver import UNKNOWN_STATUS, ForkServer, ForkServerError
-from orchestrator.spend._keyless import keyless
 
 __all__ = ["ForkedChild", "NodeForks"]
 
@@ -149,7 +148,7 @@ class NodeForks:
         server = ForkServer(
             python=python,
             label=LABEL,
-            env=keyless(kept),
+            env=kept,
             nursery=self._nursery,
             wrapper=wrapper,
             die_with_parent=True,

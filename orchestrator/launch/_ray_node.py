@@ -38,7 +38,6 @@ from orchestrator.launch._nodeplan import (
     NodeStart,
     realise,
 )
-from orchestrator.spend._keyless import carries_credentials
 
 if TYPE_CHECKING:
     from orchestrator.launch._ray_forks import ForkedChild, NodeForks
@@ -397,13 +396,14 @@ class ChildActor:
 
     def _fork(self, made: NodeStart, plain: Mapping[str, Any]) -> "ForkedChild | None":
         """The child as a fork of its node host's server (:mod:`._ray_forks`), when it is the
-        plain child command and carries no credential; ``None``: start it the ordinary way."""
+        plain child command and its plan says a fork will do (it carries no credential);
+        ``None``: start it the ordinary way."""
         plan = NodePlan.from_plain(plain)
         if (
             self.forks is None
             or tuple(plan.argv_tail) != (*CHILD_MODULE, plan.loadout_file)
             or (made.sandboxed and made.view is None)
-            or carries_credentials(made.env)
+            or not plan.forkable
         ):
             return None
         return self.forks.spawn(
