@@ -20,6 +20,7 @@ pid we report is the host's, read from the pidfd.
 import array
 import contextlib
 import ctypes
+import fcntl
 import functools
 import itertools
 import json
@@ -40,6 +41,8 @@ log = logging.getLogger("orchestrator")
 
 READY_TIMEOUT: Final = 30.0
 REPLY_TIMEOUT: Final = 10.0
+#: The server's end of its socket is the lowest free descriptor from here.
+_SERVER_FD_FLOOR: Final = 10
 #: How long to wait for an exit status once the pidfd said the child ended.
 STATUS_TIMEOUT: Final = 5.0
 #: The status reported when the server is gone and nobody can tell the real one.
@@ -104,8 +107,11 @@ class ForkServer:
         if self.started:
             return
         ours, pair_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Above the descriptors a sandbox wrapper uses itself (its seccomp shell opens fd 3).
-        theirs = os.dup2(pair_end.fileno(), 10 + pair_end.fileno(), inheritable=False)
+        # Above the descriptors a sandbox wrapper uses itself (its seccomp shell opens fd 3):
+        # the lowest free one from 10. Never a chosen number: dup2 onto one closes whatever
+        # another thread holds there (a node host, many children's pipes and trio loops
+        # open, lost its fork loop's wakeup socket that way and every later child failed).
+        theirs = fcntl.fcntl(pair_end.fileno(), fcntl.F_DUPFD_CLOEXEC, _SERVER_FD_FLOOR)
         pair_end.close()
         argv = [self.python, "-I", "-m", "child._forkserver", str(theirs), self.label]
         if self.wrapper:
