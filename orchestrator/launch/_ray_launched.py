@@ -5,6 +5,7 @@ its node directory swept from its node when the actor itself was lost (:mod:`._r
 """
 
 import logging
+import math
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,14 @@ from orchestrator.launch._ray_sweep import sweep_on_node
 __all__ = ["LaunchedRay"]
 
 log = logging.getLogger("orchestrator")
+
+
+def _held() -> trio.CapacityLimiter:
+    """A limiter of its own for a call that holds its thread for the child's life (the exit
+    watch) or seconds at a time (the refusals poll). Under trio's default limiter (40 threads
+    for the whole process) 40 remote children's watches held every thread, and every later Ray
+    call (the next child's launch, a stop, a context fetch) waited for one that never freed."""
+    return trio.CapacityLimiter(math.inf)
 
 
 @attrs.define(eq=False)
@@ -61,7 +70,9 @@ class LaunchedRay:
     async def _watch(self, sink: OutputSink) -> None:
         ray = ray_module()
         try:
-            code, out = await trio.to_thread.run_sync(ray.get, self._done, abandon_on_cancel=True)
+            code, out = await trio.to_thread.run_sync(
+                ray.get, self._done, abandon_on_cancel=True, limiter=_held()
+            )
             if out:
                 sink("stdout", out)
             self.returncode = code
@@ -172,6 +183,7 @@ class LaunchedRay:
                 got = await trio.to_thread.run_sync(
                     lambda: ray.get(self.actor.refusals.remote(5.0), timeout=30),
                     abandon_on_cancel=True,
+                    limiter=_held(),
                 )
             except Exception:  # the actor is gone, and its proxy with it
                 return
