@@ -125,29 +125,3 @@ def client_context(key: Path, cert: Path, ca: Path) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.load_cert_chain(certfile=str(cert), keyfile=str(key))
     return context
-
-
-def _main(argv: list[str]) -> int:
-    """``python -m child._tls DIR SESSION OWNER``: run on the node by the child's actor, before
-    the child starts. Makes DIR (0700, new), writes the key there and prints the CSR."""
-    import sys  # noqa: PLC0415 - the command line only
-
-    if len(argv) != 3:
-        print("usage: python -m child._tls DIR SESSION OWNER", file=sys.stderr)
-        return 2
-    from pathlib import Path  # noqa: PLC0415 - the command line only
-
-    directory = Path(argv[0])
-    try:
-        directory.mkdir(mode=0o700)
-        sys.stdout.buffer.write(make_key_and_csr(directory, argv[1], argv[2]))
-    except OSError as exc:
-        print(f"child._tls: {directory}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(_main(sys.argv[1:]))

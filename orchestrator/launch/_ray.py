@@ -21,7 +21,7 @@ dies with the thread that started it), with Ray told to wait for a lost GCS rath
 the supervisor: a lost node costs only its children.
 
 The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
-starts, its actor makes a key and CSR on the node (``python -m child._tls``; the key never
+starts, its actor makes a key and CSR on the node (:mod:`._node_key`; the key never
 leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
 the leaf and the CA beside the key.
 

@@ -30,6 +30,7 @@ from orchestrator._trees import remove_tree
 from orchestrator.launch import _context
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._forkserver import die_with_parent
+from orchestrator.launch._node_key import make_node_key
 from orchestrator.launch._nodeplan import (
     CHILD_MODULE,
     NODE_HEX,
@@ -330,17 +331,12 @@ class ChildActor:
             self.node_dir = ""
 
     def request_certificate(self, directory: str, session: str, owner: str) -> bytes:
-        """Make the child's TLS directory and key here on the node, with the node's own
-        interpreter; the CSR (never the key)."""
-        done = subprocess.run(
-            [os.path.abspath(sys.executable), "-m", "child._tls", directory, session, owner],
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.decode(errors="replace").strip() or "no CSR")
-        return done.stdout
+        """Make the child's TLS directory and key here on the node (:mod:`._node_key`); the
+        CSR (never the key)."""
+        try:
+            return make_node_key(directory, session, owner)
+        except OSError as exc:
+            raise RuntimeError(f"TLS key on the node: {directory}: {exc.strerror or exc}") from None
 
     def start(
         self,
