@@ -60,6 +60,7 @@ RAY_USERS = (
     "tests/e2e/test_ray_fleet.py",
     "tests/e2e/test_ray_node_loss.py",
     "tests/e2e/test_ray_revive.py",
+    "tests/e2e/test_ray_scale.py",
     "tests/test_benchmarks.py::test_a_benchmarks_smoke_run_completes_and_prints_its_json_line[ray_fleet]",
     "tests/security/test_ray_node_loss_cli.py",
 )
