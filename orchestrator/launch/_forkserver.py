@@ -89,6 +89,9 @@ class ForkServer:
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _ids: "itertools.count[int]" = attrs.field(factory=lambda: itertools.count(1), init=False)
     _replies: dict[int, _Reply] = attrs.field(factory=dict, init=False)
+    #: One request on the socket at a time: trio lets one task wait to send on a socket, and
+    #: a second spawn arriving while the socket's buffer is full failed (BusyResourceError).
+    _sending: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _exits: dict[int, int | None] = attrs.field(factory=dict, init=False)
     _exit_events: dict[int, trio.Event] = attrs.field(factory=dict, init=False)
     #: A sandboxed server's children: host pid -> the pid in the server's namespace.
@@ -179,10 +182,17 @@ class ForkServer:
             message["sandbox"] = dict(view)
         try:
             try:
-                await self._sock.sendmsg(
-                    [json.dumps(message).encode()],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *inherit)))],
-                )
+                async with self._sending:
+                    await self._sock.sendmsg(
+                        [json.dumps(message).encode()],
+                        [
+                            (
+                                socket.SOL_SOCKET,
+                                socket.SCM_RIGHTS,
+                                array.array("i", (*stdio, *inherit)),
+                            )
+                        ],
+                    )
             except OSError as exc:
                 self._fail(f"request failed: {exc}")
                 raise ForkServerError(f"fork server unavailable: {self.failure}") from None

@@ -43,3 +43,40 @@ async def test_starting_a_server_leaves_every_other_descriptor_of_the_process_op
             await server.aclose()
     for fd in held:
         os.close(fd)
+
+
+async def test_many_spawns_at_once_each_get_their_fork_even_when_the_socket_is_full():
+    # 64 requests of 16 KiB each at once are more than the socket's buffer holds: the ones that
+    # found it full used to fail ("another task is already writing"), not wait their turn.
+    env = {**os.environ, "FLEET_BENCH_PAD": "x" * 16384}
+    null = os.open(os.devnull, os.O_WRONLY)
+    pidfds: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            server = ForkServer(python=sys.executable, label="t", env=dict(env), nursery=nursery)
+            server.start()
+            try:
+                with trio.fail_after(60):
+                    assert await server.ready(), server.failure
+
+                    async def one() -> None:
+                        _pid, pidfd = await server.spawn(
+                            cwd="/",
+                            env=env,
+                            name="t",
+                            stdio=(null, null),
+                            inherit=(),
+                            args=["--help"],
+                        )
+                        pidfds.append(pidfd)
+
+                    async with trio.open_nursery() as spawns:
+                        for _ in range(64):
+                            spawns.start_soon(one)
+                assert len(pidfds) == 64
+            finally:
+                await server.aclose()
+    finally:
+        os.close(null)
+        for fd in pidfds:
+            os.close(fd)
