@@ -11,6 +11,7 @@ its node plans (:mod:`orchestrator.launch._nodeplan`), and dials the TLS door.
 import functools
 import os
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._context import kept_context
 from orchestrator.core._remote import REMOTE_SURFACES, node_layout
 from orchestrator.core._run import ChildRun
+from orchestrator.core._shipping import ReaderShipments
 from orchestrator.launch._cmux import CmuxLauncher
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._kill import MARKER_ENV, run_marker
@@ -41,7 +43,6 @@ from orchestrator.launch._sandboxing import Placement, place, reaches_a_model
 from orchestrator.launch._tmux import TmuxLauncher
 from orchestrator.spend._gateway import gateway_url, model_gateway
 from orchestrator.spend._keyless import GATEWAY_ENV, carries_credentials, keyless
-from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
     from orchestrator.core._host import SpawnHost
@@ -63,6 +64,7 @@ class Launching:
     """The session's launchers, and each child's launch."""
 
     sup: "SpawnHost[ChildRun]"
+    shipments: ReaderShipments = attrs.Factory(ReaderShipments)
 
     def launcher_for(self, surface: str) -> Launcher:
         """The launcher for a validated *surface*, created on first use and then shared."""
@@ -99,13 +101,14 @@ class Launching:
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
         sup = self.sup
+        asked = time.monotonic()  # what "the workspace as it is now" means for this launch
         loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
         launcher = self.launcher_for(run.record.surface)
         remote = launcher if isinstance(launcher, RayLauncher) else None
         try:
             if remote is not None:
                 loadout = await self._open_node(run, loadout, remote)
-            launched = await self._start(run, loadout, launcher, nursery)
+            launched = await self._start(run, loadout, launcher, nursery, asked)
         except BaseException:
             if remote is not None:
                 with trio.CancelScope(shield=True):
@@ -152,7 +155,12 @@ class Launching:
         return loadout
 
     async def _start(
-        self, run: ChildRun, loadout: ipc.Loadout, launcher: Launcher, nursery: trio.Nursery
+        self,
+        run: ChildRun,
+        loadout: ipc.Loadout,
+        launcher: Launcher,
+        nursery: trio.Nursery,
+        asked: float,
     ) -> Launched:
         sup = self.sup
         proxy = await self._open_egress(run, loadout, nursery)
@@ -213,7 +221,7 @@ class Launching:
                 # (a fork would leave the secret in the server's memory for the next child).
                 view=None if carries_credentials(env) else placement.view,
                 tls=loadout.tls,
-                ship=await self._shipment(run, loadout),
+                ship=await self._shipment(run, loadout, asked),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
             if isinstance(launched, LaunchedRay):
@@ -275,7 +283,7 @@ class Launching:
             run.log.write(f"model key held by the gateway{held}")
         return env
 
-    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout) -> Shipment | None:
+    async def _shipment(self, run: ChildRun, loadout: ipc.Loadout, asked: float) -> Shipment | None:
         """A child on another node gets the workspace as a bundle: a worktree child its
         snapshot, bringing its changes back as one; a reader the workspace as it is, read-only
         (:mod:`orchestrator.workspace._bundle`)."""
@@ -284,8 +292,9 @@ class Launching:
         if run.record.mode == "worktree":
             bundle = await self.sup.worktrees.bundle(run.key)
             return Shipment(bundle=bundle, work_tree=loadout.workspace, back=True)
-        # A reading child gets a read-only checkout of the workspace as it is now.
-        shipped = await trio.to_thread.run_sync(ship_workspace, Path(run.record.workspace))
+        # A reading child gets a read-only checkout of the workspace as it is now (one bundle
+        # for the children asked for before it was made: orchestrator.core._shipping).
+        shipped = await self.shipments.ship(Path(run.record.workspace), asked, self.sup.nursery)
         return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
 
     async def _open_egress(
