@@ -39,6 +39,7 @@ from orchestrator.launch._nodeplan import (
     NodeStart,
     realise,
 )
+from orchestrator.launch._read_trees import ReadTrees
 
 if TYPE_CHECKING:
     from orchestrator.launch._ray_forks import ForkedChild, NodeForks
@@ -82,6 +83,18 @@ _NODE_GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "fleet@localhost",
     "LC_ALL": "C",
 }
+
+
+#: The reader trees of this node process (a node host's, shared by all its children).
+_READ_TREES = ReadTrees()
+
+
+def _check_out(bundle: bytes, work_tree: str) -> None:
+    """Check *bundle* out at *work_tree* with a throwaway Git dir beside it (both go with
+    their directory, which :class:`ReadTrees` removes)."""
+    actor = ChildActor()
+    actor.node_dir = os.path.dirname(work_tree)
+    actor.receive(bundle, work_tree, read_only=False)
 
 
 class _NodeEgress:
@@ -177,7 +190,11 @@ class ChildActor:
 
     def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
         """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
-        private to this actor, so the child sees files only."""
+        private to this actor, so the child sees files only. A reader's read-only checkout is
+        written from the tree this process keeps of the snapshot (:mod:`._read_trees`)."""
+        if read_only and _READ_TREES.check_out(bundle, work_tree, _check_out):
+            self.work_tree, self.git_dir = work_tree, ""  # nothing comes back from a reader
+            return
         if self.node_dir:  # beside the child's paths, out of its view, gone with them
             private = os.path.join(self.node_dir, "git")
             os.mkdir(private, 0o700)

@@ -1,0 +1,68 @@
+"""A node's read-only checkouts written from memory (``orchestrator.launch._read_trees``), from
+a real snapshot bundle checked out by Git once."""
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from orchestrator.launch import _read_trees
+from orchestrator.launch._ray_node import _check_out
+from orchestrator.launch._read_trees import ReadTrees
+from orchestrator.workspace._bundle import ship_workspace
+
+
+@pytest.fixture
+def bundle(tmp_path) -> bytes:
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("print('app')\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "link").symlink_to("src/app.py")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "w"]):
+        subprocess.run([*git, *args], check=True)
+    (root / "untracked.txt").write_text("as it is now\n")  # a reader sees the work tree
+    return ship_workspace(root).bundle
+
+
+def counted(calls: list[str]):
+    def extract(data: bytes, directory: str) -> None:
+        calls.append(directory)
+        _check_out(data, directory)
+
+    return extract
+
+
+def test_each_reader_gets_the_snapshot_read_only_from_one_checkout(tmp_path, bundle):
+    trees, calls = ReadTrees(), []
+    for name in ("one", "two"):
+        tree = tmp_path / name
+        assert trees.check_out(bundle, str(tree), counted(calls))
+        assert (tree / "src" / "app.py").read_text() == "print('app')\n"
+        assert (tree / "untracked.txt").read_text() == "as it is now\n"
+        assert os.readlink(tree / "link") == "src/app.py"
+        assert stat.S_IMODE((tree / "src" / "app.py").stat().st_mode) == 0o400
+        assert stat.S_IMODE((tree / "run.sh").stat().st_mode) == 0o500
+        assert not (tree / ".git").exists()
+    assert len(calls) == 1
+    assert not os.path.exists(os.path.dirname(calls[0]))  # the one checkout is gone
+
+
+def test_a_planted_link_in_the_checkout_is_not_written_through(tmp_path, bundle):
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    tree.mkdir()
+    outside.write_text("kept\n")
+    (tree / "run.sh").symlink_to(outside)
+    with pytest.raises(FileExistsError):
+        ReadTrees().check_out(bundle, str(tree), counted([]))
+    assert outside.read_text() == "kept\n"
+
+
+def test_a_tree_over_the_cap_is_not_kept_and_nothing_is_written(tmp_path, bundle, monkeypatch):
+    monkeypatch.setattr(_read_trees, "MAX_TREE_BYTES", 4)
+    tree = tmp_path / "tree"
+    assert not ReadTrees().check_out(bundle, str(tree), counted([]))
+    assert not tree.exists()
