@@ -1,40 +1,60 @@
-"""Children under the ray launcher against the local process launcher, in one run.
+"""Scouts through a supervisor on a Ray cluster against the same through a local one, in one run.
 
-N plain children (``python -c pass``-sized scouts: start, print, exit) over 4 simulated Ray nodes
-(``ray.cluster_utils.Cluster``, 16 ``agent_slot`` each), against the same N on the local
-``ProcessLauncher``: total wall, and launch→running p50 (``launch()`` returning, i.e. the child's
-pid known). Launcher-level: it measures placement + actor + process cost, not the fleet's IPC.
+The headline (#34): N scouts spawned at once through an embedded supervisor (its cap widened to
+N; the product caps live children at 16), each a real child (``python -I -m child``, builtin
+backend, a scripted model: read the workspace's README, report), unsandboxed on both sides so
+that both are forks of a preloaded fork server: locally the session's, on the cluster its node
+host's (``ray_node_host``, four simulated nodes of ``ray.cluster_utils.Cluster``, 16
+``agent_slot`` each). Wall from the spawn call to every child reaped after its report, the
+ratio of the two per repetition (alternated; the median), and the p50 of spawn call → the
+child's authenticated hello. A warm-up fleet (one scout a node) first starts the fork servers and
+the node hosts, as a running session has them. Memory: with 16 idle scouts placed, a child's USS
+(what it costs beyond the process it was forked from) and, remote, the node hosts' and their fork
+servers' RSS shared over their children.
+
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
 (TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
 socket, alternating over several rounds (the median of the per-round ratios), client and server
-in this process. Each Ray measure twice: an actor per child, and one host per node
-(``node_host``, :mod:`orchestrator.launch._ray_host`). Last line: one JSON object.
+in this process. ``--launcher`` adds the launcher alone (``python -c`` children started by the
+``ProcessLauncher`` against the ray launcher, an actor per child and a host per node). Last
+line: one JSON object.
 
-    .venv/bin/python benchmarks/ray_fleet.py [N] [--smoke] [--host]
+    .venv/bin/python benchmarks/ray_fleet.py [N] [--reps R] [--smoke] [--launcher [--host]]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
+import psutil
 import ray
 import trio
 from ray.cluster_utils import Cluster
 
 import ipc
 from child._tls import client_context, install_certificate, make_key_and_csr
+from orchestrator._config import Config
+from orchestrator._records import SpawnRequest
+from orchestrator.core._capacity import Capacity
+from orchestrator.core._supervisor import Supervisor, open_supervisor
 from orchestrator.launch._launcher import LaunchSpec, ProcessLauncher
 from orchestrator.launch._ray import RayLauncher
+from orchestrator.launch._ray_forks import LABEL
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
 CODE = "print('scout done')"
+#: Seconds a fleet may take before the benchmark gives up on it.
+CEILING = 600.0
 
 
 def spec(i: int) -> LaunchSpec:
@@ -146,7 +166,6 @@ SLEEPER = "import time; time.sleep(60)"
 async def remote_memory(k: int, hosted: bool) -> tuple[float, float]:
     """Mean RSS (MB) a remote child costs with *k* idle children placed: the child's own, and
     its share of its actor's worker (an actor per child) or of its node's host (``node_host``)."""
-    import psutil  # noqa: PLC0415 - the benchmark only
 
     def rss(pid: int) -> float:
         return psutil.Process(pid).memory_info().rss / 2**20
@@ -166,53 +185,198 @@ async def remote_memory(k: int, hosted: bool) -> tuple[float, float]:
     return own, share
 
 
+# -- through the supervisor ---------------------------------------------------------------------
+
+#: A scout's one turn: read the workspace's README, then report.
+SCOUT = {
+    "turns": [
+        {
+            "steps": [
+                {"tool": "read", "args": {"path": "README.md"}},
+                {"reply": "## Summary\nscout read: {{tool:read}}"},
+            ]
+        }
+    ]
+}
+#: A scout that stays (for memory): it hangs in its first turn until stopped.
+IDLE = {"turns": [{"steps": [{"hang": True}]}]}
+README = "fleet ray benchmark workspace\n"
+
+
+@attrs.frozen(kw_only=True)
+class FleetRun:
+    """One fleet of scouts through a supervisor: spawn call → every child reaped after its
+    report; each child's spawn call → its authenticated hello; how many were forks."""
+
+    wall: float
+    hello_s: list[float]
+    forked: int
+
+
+def make_workspace(base: Path) -> tuple[Path, Path, Path]:
+    """A git repository with a README, and the two scripted models."""
+    repo = base / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text(README)
+    git = ["git", "-C", str(repo), "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "workspace"], check=True)
+    scout, idle = base / "scout.yaml", base / "idle.yaml"
+    scout.write_text(json.dumps(SCOUT))  # JSON is YAML
+    idle.write_text(json.dumps(IDLE))
+    return repo, scout, idle
+
+
+def fleet_config(base: Path, repo: Path, session: str, address: str) -> Config:
+    return Config(
+        home=base / "state",
+        session=session,
+        workspace=repo,
+        sandbox="off",
+        allow_unsandboxed=True,
+        lane=64,
+        max_subagents=16,
+        ray_address=address,
+        ray_node_host=True,
+    )
+
+
+def scouts(script: Path, n: int, surface: str) -> list[SpawnRequest]:
+    return [
+        SpawnRequest(
+            task=f"scout {i}: read the README and report.",
+            agent="scout",
+            name=f"scout{i:02d}",
+            model=f"scripted:{script}",
+            surface=surface,
+        )
+        for i in range(n)
+    ]
+
+
+async def _hello(sup: Supervisor, key: str, started: float, into: list[float]) -> None:
+    run = sup.runs[key]
+    with trio.fail_after(CEILING):
+        while not run.connected.is_set():
+            if run.done.is_set():
+                raise RuntimeError(f"{key} ended before its hello: {sup.all_records()[key].error}")
+            with trio.move_on_after(0.05):
+                await run.connected.wait()
+    into.append(time.perf_counter() - started)
+
+
+async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> FleetRun:
+    """Spawn *n* scouts at once on *sup*, wait for every report, stop them all."""
+    hellos: list[float] = []
+    started = time.perf_counter()
+    records = await sup.spawn(scouts(script, n, surface))
+    keys = [r.key for r in records]
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(_hello, sup, key, started, hellos)
+    forked = sum(1 for key in keys if getattr(sup.runs[key].launched, "forked", False))
+    await sup.wait(keys, every=True)
+    handoffs = await sup.stop(keys)
+    wall = time.perf_counter() - started
+    for handoff in handoffs:
+        if handoff["state"] != "stopped" or README.strip() not in handoff["last"]:
+            raise RuntimeError(f"a scout did not report: {handoff}")
+    return FleetRun(wall=wall, hello_s=hellos, forked=forked)
+
+
+def _uss(pid: int) -> float:
+    return psutil.Process(pid).memory_full_info().uss / 2**20
+
+
+def _tree_rss(pid: int) -> float:
+    """RSS (MB) of *pid* and of its fork servers (its children labelled as such)."""
+    process = psutil.Process(pid)
+    total = process.memory_info().rss
+    for child in process.children():
+        with contextlib.suppress(psutil.Error):
+            if LABEL in " ".join(child.cmdline()):
+                total += child.memory_info().rss
+    return total / 2**20
+
+
+async def idle_memory(sup: Supervisor, script: Path, k: int, surface: str) -> tuple[float, float]:
+    """With *k* idle scouts placed: the mean USS of a child (what it costs beyond the process it
+    was forked from) and, for remote children, its share of its node's host and fork servers."""
+    records = await sup.spawn(scouts(script, k, surface))
+    keys = [r.key for r in records]
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(_hello, sup, key, time.perf_counter(), [])
+    await trio.sleep(1.0)
+    launched = [sup.runs[key].launched for key in keys]
+    own = statistics.mean(_uss(r.pid) for r in launched)  # type: ignore[union-attr]
+    hosts = {getattr(r, "actor_pid", 0) for r in launched} - {0}
+    share = sum(_tree_rss(pid) for pid in hosts) / k if hosts else 0.0
+    await sup.stop(keys)
+    return own, share
+
+
+async def fleets(base: Path, address: str, n: int, nodes: int, reps: int) -> dict[str, Any]:
+    """*n* scouts through a local supervisor against the same on the cluster, alternated."""
+    repo, scout, idle = make_workspace(base)
+    runs: dict[str, list[FleetRun]] = {"process": [], "ray": []}
+    memory: dict[str, tuple[float, float]] = {}
+    for rep in range(reps):
+        order = ("process", "ray") if rep % 2 == 0 else ("ray", "process")
+        for surface in order:
+            config = fleet_config(base, repo, f"{surface}{rep}", address)
+            async with open_supervisor(config) as sup:
+                sup.capacity = Capacity(
+                    cap=max(n, 4 * nodes)
+                )  # benchmark-only: a fleet over the product's cap
+                await run_fleet(sup, scout, nodes, surface)  # warm: fork servers, node hosts
+                runs[surface].append(await run_fleet(sup, scout, n, surface))
+                if rep == 0:
+                    memory[surface] = await idle_memory(sup, idle, 4 * nodes, surface)
+            print(
+                f"rep {rep + 1}/{reps}, {surface}: {n} scouts {runs[surface][-1].wall:.2f} s",
+                flush=True,
+            )
+    return {"runs": runs, "memory": memory}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("n", type=int, nargs="?", default=64, help="children (default 64)")
+    parser.add_argument("n", type=int, nargs="?", default=64, help="scouts (default 64)")
+    parser.add_argument("--reps", type=int, default=3, help="fleets each way (default 3)")
     parser.add_argument(
         "--smoke",
         action="store_true",
         help="a tiny run that checks the script works (its figures mean nothing)",
     )
     parser.add_argument(
-        "--host", action="store_true", help="the node host alone (an actor a child takes minutes)"
+        "--launcher",
+        action="store_true",
+        help="also the launcher alone: python -c children, an actor each and a host a node",
+    )
+    parser.add_argument(
+        "--host", action="store_true", help="with --launcher: the node host alone (no actors)"
     )
     args = parser.parse_args()
     smoke = args.smoke
     # --smoke: 2 scouts on one node, each path once (a quick check that every path still runs).
-    n = 2 if smoke else args.n
+    n, reps = (2, 1) if smoke else (args.n, args.reps)
     nodes, slots = (1, 4) if smoke else (4, 16)
-    local_wall, local_p50 = trio.run(run, ProcessLauncher(), n)
     cluster = Cluster()
     for _ in range(nodes):
         cluster.add_node(num_cpus=1, resources={"agent_slot": slots})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
     try:
-        modes = (("actor", False), ("host", True))
-        # --host: the node host alone (the actor-per-child run takes minutes).
-        for mode, hosted in modes[1:] if args.host else modes:
-            trio.run(run, RayLauncher(node_host=hosted), nodes)  # warm imports (and hosts)
-            wall, p50 = trio.run(run, RayLauncher(node_host=hosted), n)
-            # Four idle children a node: a host's share is over four.
-            own, share = trio.run(remote_memory, (1 if smoke else 4) * nodes, hosted)
-            mb = own + share
-            result |= {
-                f"{mode}_wall_s": round(wall, 3),
-                f"{mode}_wall_ratio": round(wall / local_wall, 2),
-                f"{mode}_launch_p50_ms": round(p50 * 1000, 1),
-                f"{mode}_child_rss_mb": round(mb, 1),
-                f"{mode}_child_own_rss_mb": round(own, 1),
-            }
-            print(
-                f"{n} scouts ray, {mode} ({nodes} nodes): wall {wall:.2f}s "
-                f"({wall / local_wall:.2f}x local), launch p50 {p50 * 1000:.1f} ms, "
-                f"{mb:.1f} MB RSS per remote child ({own:.1f} own, {share:.1f} worker share)"
-            )
+        base = Path(tempfile.mkdtemp(prefix="fleet-bench-ray-"))
+        measured = trio.run(fleets, base, cluster.address, n, nodes, reps)
+        result |= report_fleets(measured, n, nodes)
+        if args.launcher or smoke:
+            result |= launcher_level(n, nodes, smoke=smoke, host_only=args.host or smoke)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    print(f"{n} scouts local: wall {local_wall:.2f}s, launch p50 {local_p50 * 1000:.1f} ms")
     unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 2 if smoke else 5)
     print(
         f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
@@ -227,12 +391,76 @@ def main() -> None:
                 "mtls_ratio": round(tls_ratio, 2),
                 "n": n,
                 "nodes": nodes,
-                "local_wall_s": round(local_wall, 3),
-                "local_launch_p50_ms": round(local_p50 * 1000, 1),
                 **result,
             }
         )
     )
+
+
+def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any]:
+    """Print and return the through-the-supervisor figures."""
+    local, remote = measured["runs"]["process"], measured["runs"]["ray"]
+    ratios = [there.wall / here.wall for here, there in zip(local, remote, strict=True)]
+    local_wall = statistics.median(run.wall for run in local)
+    remote_wall = statistics.median(run.wall for run in remote)
+    local_p50 = statistics.median(statistics.median(r.hello_s) for r in local)
+    remote_p50 = statistics.median(statistics.median(r.hello_s) for r in remote)
+    own_local, _ = measured["memory"]["process"]
+    own, share = measured["memory"]["ray"]
+    forked = min(r.forked for r in remote)
+    print(
+        f"{n} scouts through the supervisor: local {local_wall:.2f} s, "
+        f"on {nodes} Ray nodes {remote_wall:.2f} s: "
+        f"ratio {statistics.median(ratios):.2f} (runs {', '.join(f'{x:.2f}' for x in ratios)}); "
+        f"spawn->hello p50 local {local_p50 * 1000:.0f} ms, remote {remote_p50 * 1000:.0f} ms; "
+        f"{forked}/{n} remote children forked"
+    )
+    print(
+        f"memory per idle scout: local {own_local:.1f} MB USS; remote {own:.1f} MB USS beyond "
+        f"its node host, whose host and fork servers come to {share:.1f} MB RSS a child"
+    )
+    return {
+        "fleet_wall_ratio": round(statistics.median(ratios), 2),
+        "fleet_wall_ratios": [round(x, 2) for x in ratios],
+        "fleet_local_wall_s": round(local_wall, 3),
+        "fleet_ray_wall_s": round(remote_wall, 3),
+        "fleet_local_hello_p50_ms": round(local_p50 * 1000, 1),
+        "fleet_ray_hello_p50_ms": round(remote_p50 * 1000, 1),
+        "fleet_ray_forked": forked,
+        "local_child_uss_mb": round(own_local, 1),
+        "ray_child_uss_mb": round(own, 1),
+        "ray_host_share_rss_mb": round(share, 1),
+    }
+
+
+def launcher_level(n: int, nodes: int, *, smoke: bool, host_only: bool) -> dict[str, Any]:
+    """The launcher alone: *n* ``python -c`` children, local against each Ray mode."""
+    local_wall, local_p50 = trio.run(run, ProcessLauncher(), n)
+    print(f"{n} scouts local: wall {local_wall:.2f}s, launch p50 {local_p50 * 1000:.1f} ms")
+    result: dict[str, Any] = {
+        "local_wall_s": round(local_wall, 3),
+        "local_launch_p50_ms": round(local_p50 * 1000, 1),
+    }
+    modes = (("actor", False), ("host", True))
+    for mode, hosted in modes[1:] if host_only else modes:
+        trio.run(run, RayLauncher(node_host=hosted), nodes)  # warm imports (and hosts)
+        wall, p50 = trio.run(run, RayLauncher(node_host=hosted), n)
+        # Four idle children a node: a host's share is over four.
+        own, share = trio.run(remote_memory, (1 if smoke else 4) * nodes, hosted)
+        mb = own + share
+        result |= {
+            f"{mode}_wall_s": round(wall, 3),
+            f"{mode}_wall_ratio": round(wall / local_wall, 2),
+            f"{mode}_launch_p50_ms": round(p50 * 1000, 1),
+            f"{mode}_child_rss_mb": round(mb, 1),
+            f"{mode}_child_own_rss_mb": round(own, 1),
+        }
+        print(
+            f"{n} scouts ray, {mode} ({nodes} nodes): wall {wall:.2f}s "
+            f"({wall / local_wall:.2f}x local), launch p50 {p50 * 1000:.1f} ms, "
+            f"{mb:.1f} MB RSS per remote child ({own:.1f} own, {share:.1f} worker share)"
+        )
+    return result
 
 
 if __name__ == "__main__":

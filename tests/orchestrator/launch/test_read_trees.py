@@ -37,7 +37,8 @@ def counted(calls: list[str]):
 
 
 def test_each_reader_gets_the_snapshot_read_only_from_one_checkout(tmp_path, bundle):
-    trees, calls = ReadTrees(), []
+    trees = ReadTrees()
+    calls: list[str] = []
     for name in ("one", "two"):
         tree = tmp_path / name
         assert trees.check_out(bundle, str(tree), counted(calls))
