@@ -125,7 +125,11 @@ def _sibling_token(fleet, key: str) -> str:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for proc in _processes_of(fleet, key):
-            for fd in (proc / "fd").iterdir():
+            try:
+                fds = list((proc / "fd").iterdir())
+            except OSError:  # it ended since it was listed (a sandbox's set-up process)
+                continue
+            for fd in fds:
                 try:
                     if os.readlink(fd).startswith("/memfd:"):
                         return str(json.loads(fd.read_text())["token"])
