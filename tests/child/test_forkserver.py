@@ -138,3 +138,27 @@ def test_a_fork_gets_our_stdio_and_its_exit_is_reported(server: Server, tmp_path
         os.close(pidfd)
         os.close(out_r)
         ours.close()
+
+
+def test_preload_pays_a_first_dial_once_and_keeps_nothing_open() -> None:
+    """A remote child's first dial pays libc's first ``getaddrinfo`` (with the ``idna`` codec
+    Python encodes host names with) and OpenSSL's first context; the server pays them before
+    its first fork, and holds no descriptor for it afterwards."""
+    code = (
+        "import os, sys\n"
+        "from child._forkserver import preload\n"
+        "before = set(os.listdir('/proc/self/fd'))\n"
+        "assert 'encodings.idna' not in sys.modules\n"
+        "preload()\n"
+        "after = set(os.listdir('/proc/self/fd'))\n"
+        "print('encodings.idna' in sys.modules, sorted(after - before))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "True []"
