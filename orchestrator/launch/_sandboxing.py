@@ -183,8 +183,8 @@ def hidden_paths(config: Config) -> tuple[Path, ...]:
 def outermost(paths: Iterable[Path]) -> tuple[Path, ...]:
     """*paths* without duplicates and without any that lies inside another (one hidden tree
     covers them)."""
-    unique = list(dict.fromkeys(paths))
-    return tuple(path for path in unique if not any(other in path.parents for other in unique))
+    unique = dict.fromkeys(paths)
+    return tuple(path for path in unique if not any(parent in unique for parent in path.parents))
 
 
 def ipc_endpoint(loadout: ipc.Loadout) -> tuple[Path, ...]:

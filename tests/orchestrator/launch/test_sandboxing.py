@@ -17,6 +17,7 @@ from orchestrator.launch._sandboxing import (
     checked_visible,
     child_spec,
     hidden_paths,
+    outermost,
     place,
 )
 
@@ -160,3 +161,11 @@ def test_the_seatbelt_profile_denies_every_fleets_home_and_sockets_but_the_child
     shown = [name for name, value in params.items() if value == str(world["egress"])]
     assert any(name.startswith("SHOWN_") for name in shown)
     assert profile.index("(deny network-outbound") < profile.index("(allow network-outbound")
+
+
+def test_outermost_keeps_the_first_of_each_tree_in_order() -> None:
+    paths = [Path(p) for p in ("/a/b", "/c", "/a", "/ab", "/c/d/e", "/a", "/z/y")]
+    assert outermost(paths) == (Path("/c"), Path("/a"), Path("/ab"), Path("/z/y"))
+    # 200 homes (a registry on a busy box): one pass over each path's parents, not all pairs.
+    many = [Path(f"/homes/h{i}/state") for i in range(200)] + [Path("/homes/h7")]
+    assert outermost(many) == (*many[:7], *many[8:200], Path("/homes/h7"))
