@@ -190,10 +190,13 @@ class Spawning:
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
 
+        # The same for the whole batch: a registry of many homes costs ms a look.
+        fenced = await trio.to_thread.run_sync(_fenced)
+
         async def prepare(record: ChildRecord, loadout_fields: dict[str, Any]) -> None:
             try:
                 prepared[record.key] = await trio.to_thread.run_sync(
-                    self.prepare_one, record, loadout_fields
+                    self.prepare_one, record, loadout_fields, fenced
                 )
             except Exception as exc:  # reported below, for the first failed record
                 failures.append(_PrepareError(record.key, exc))
@@ -222,8 +225,14 @@ class Spawning:
             for record, loadout_fields in zip(records, fields, strict=True)
         ]
 
-    def prepare_one(self, record: ChildRecord, fields: dict[str, Any]) -> "_Prepared":
-        """One child's scratch directory, loadout and log (blocking: runs in a thread)."""
+    def prepare_one(
+        self,
+        record: ChildRecord,
+        fields: dict[str, Any],
+        fenced: Sequence[str] | None = None,
+    ) -> "_Prepared":
+        """One child's scratch directory, loadout and log (blocking: runs in a thread).
+        *fenced*: every other fleet's paths as a batch found them (``None``: look now)."""
         fields = dict(fields)
         sup = self.sup
         paths = sup.config.paths
@@ -252,7 +261,7 @@ class Spawning:
             paper=str(paths.paper),
             scratch=str(scratch),
             state_dir=str(sup.config.home),
-            fenced=[str(path) for path in fenced_paths()],
+            fenced=list(_fenced() if fenced is None else fenced),
             surface=record.surface,
             request_timeout=sup.config.request_timeout,
             **fields,
@@ -278,3 +287,7 @@ def task_prompt(record: ChildRecord) -> str:
     if record.schema is None:
         return record.task
     return f"{record.task}\n\n{instruction(record.schema)}"
+
+
+def _fenced() -> tuple[str, ...]:
+    return tuple(str(path) for path in fenced_paths())
