@@ -28,7 +28,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +101,12 @@ class NodeForks:
         env: Mapping[str, str],
         name: str,
         view: Mapping[str, Any] | None = None,
-        hidden: Sequence[str] = (),
+        hidden: Callable[[], Sequence[str]] = tuple,
     ) -> ForkedChild | None:
         """``python -I -m child ARGS`` as a fork of this node's server (the sandboxed one,
-        building *view*, when *view* is given; *hidden*: what that server's own view hides),
-        or ``None``: no server works here, and the caller starts the child itself."""
+        building *view*, when *view* is given; *hidden*: what that server's own view hides,
+        asked only when the server is started), or ``None``: no server works here, and the
+        caller starts the child itself."""
         server = self._server(python, view is not None, hidden)
         if server is None or self._token is None:
             return None
@@ -118,7 +119,9 @@ class NodeForks:
             log.info("%s: starting a fresh interpreter instead: %s", name, exc)
             return None
 
-    def _server(self, python: str, sandboxed: bool, hidden: Sequence[str]) -> ForkServer | None:
+    def _server(
+        self, python: str, sandboxed: bool, hidden: Callable[[], Sequence[str]]
+    ) -> ForkServer | None:
         with self._lock:
             if sandboxed in self._servers:
                 known = self._servers[sandboxed]
@@ -129,7 +132,7 @@ class NodeForks:
                 # writable: scratch and a worker's checkout are bound from there); each fork
                 # hides it again but for its own paths.
                 made = sandbox.wrap_fork_server(
-                    hidden=[Path(h) for h in hidden],
+                    hidden=[Path(h) for h in hidden()],
                     writable=[Path(tempfile.gettempdir())],
                     readable=[],
                 )

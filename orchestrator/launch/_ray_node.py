@@ -426,7 +426,7 @@ class ChildActor:
             env=made.env,
             name=f"fleet {plan.owner}",
             view=made.view if made.sandboxed else None,
-            hidden=[*plan.hidden, *(str(path) for path in fenced_paths())],
+            hidden=lambda: [*plan.hidden, *(str(path) for path in fenced_paths())],
         )
 
     def wait(self) -> tuple[int, bytes]:
