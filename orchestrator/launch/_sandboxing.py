@@ -18,7 +18,7 @@ get one, unless the user passed ``--allow-unsandboxed``; then the child runs unw
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -162,11 +162,12 @@ class Placement:
     view: Mapping[str, object] | None = None
 
 
-def hidden_paths(config: Config) -> tuple[Path, ...]:
+def hidden_paths(config: Config, fenced: Sequence[str] = ()) -> tuple[Path, ...]:
     """What no sandboxed child may see: its own state directory (every session in it), and
     every other fleet's of this user (:func:`orchestrator._runtime.fenced_paths`: the runtime
     root holding every fleet's sockets and secrets, the default state directory, every
-    registered ``FLEET_HOME``), canonical, none inside another.
+    registered ``FLEET_HOME``), canonical, none inside another. *fenced*: those other paths as
+    the child's spawn found them a moment ago (its loadout's ``fenced``; empty: look now).
 
     Another fleet's home that holds this session's workspace keeps only its ``sessions``
     directory hidden (all of its state): hiding it whole would hide the repository too.
@@ -174,7 +175,7 @@ def hidden_paths(config: Config) -> tuple[Path, ...]:
     own = Path(os.path.realpath(config.home))
     workspace = Path(os.path.realpath(config.workspace))
     found = [own]
-    for path in fenced_paths():
+    for path in [Path(path) for path in fenced] or fenced_paths():
         holds = path == workspace or path in workspace.parents
         found.append(path / "sessions" if holds else path)
     return outermost(found)
@@ -325,7 +326,7 @@ def place(
     if reason is not None:
         return unsandboxed(argv, reason)
     # The session's repository stays readable (a worker's git finds its objects there).
-    hidden = hidden_paths(config)
+    hidden = hidden_paths(config, loadout.fenced)
     try:
         extra = checked_visible([config.workspace, *model_view(loadout)], hidden)
     except PolicyError as exc:

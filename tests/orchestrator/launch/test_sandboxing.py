@@ -131,6 +131,22 @@ def test_every_child_hides_its_home_the_runtime_root_and_every_other_fleets_home
     assert checked_visible([config.workspace], hidden) == [config.workspace]
 
 
+def test_a_spawns_fence_is_the_one_hidden_and_an_empty_one_is_looked_up(tmp_path, monkeypatch):
+    config, world = _fenced_world(tmp_path, monkeypatch)
+    # As the spawn found them (the loadout's ``fenced``): a home registered since is not looked
+    # up again for this child...
+    fence = [str(world["xdg"]), str(world["other"])]
+    later = tmp_path / "later-home"
+    later.mkdir()
+    register_home(later)
+    hidden = hidden_paths(config, fence)
+    assert hidden == (tmp_path / "h", world["xdg"], world["other"])
+    # ...and a loadout without one never hides less: the registry is read now.
+    looked_up = hidden_paths(config, [])
+    assert later in looked_up
+    assert world["holder"] / "sessions" in looked_up
+
+
 def test_the_seatbelt_profile_denies_every_fleets_home_and_sockets_but_the_childs_egress(
     tmp_path, monkeypatch
 ):
