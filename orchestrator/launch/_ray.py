@@ -101,9 +101,31 @@ def _actor_class() -> Any:
     return _remote_cls
 
 
-def _open_in(host: Any, key: str) -> None:
-    """Make child *key*'s state in *host*. Blocking: runs in a worker thread."""
-    ray_module().get(host.open.remote(key), timeout=120)
+#: One step of a child on its node: a :class:`ChildActor` method's name and its arguments.
+Call = tuple[str, tuple[Any, ...]]
+
+
+def _open_in(host: Any, key: str, then: Sequence[Call]) -> list[Any]:
+    """Make child *key*'s state in *host*, then *then*'s steps; what they returned. Blocking:
+    runs in a worker thread."""
+    return list(ray_module().get(host.open.remote(key, list(then)), timeout=120))
+
+
+def _close(actor: Any) -> None:
+    """Child *actor* will not run (again): its node directory removed, then the actor ended.
+    Blocking: runs in a worker thread."""
+    with contextlib.suppress(Exception):
+        ray_module().get(actor.clean_up.remote(), timeout=60)
+    end_actor(actor)
+
+
+def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
+    """*calls* on child *actor*, in order: one round trip to a node host, a call each to a
+    child's own actor. Blocking: runs in a worker thread."""
+    ray = ray_module()
+    if isinstance(actor, HostedChild):
+        return list(ray.get(actor.calls(calls)))
+    return [ray.get(getattr(actor, name).remote(*args)) for name, args in calls]
 
 
 @attrs.define(eq=False)
@@ -139,24 +161,36 @@ class RayLauncher:
     _dirs: dict[str, str] = attrs.field(factory=dict, init=False)
     #: Per child with a node-side egress proxy: where its refusals go.
     _refused: dict[str, Callable[[str, str], None]] = attrs.field(factory=dict, init=False)
+    #: Per opened child: the steps that wait for its launch's first call to its node
+    #: (:meth:`write_files`, :meth:`open_egress`), made in the same round trip.
+    _queued: dict[str, list[Call]] = attrs.field(factory=dict, init=False)
 
-    async def _actor(self, key: str) -> Any:
+    async def _actor(self, key: str, then: Sequence[Call] = ()) -> tuple[Any, list[Any]]:
+        """Child *key*'s actor (or its state in its node's host) and what *then*'s steps on it
+        returned: in the host's opening round trip, or a call each on an actor of its own."""
         await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
         if self.node_host:
-            return await self._hosted(key)
+            return await self._hosted(key, then)
         options: dict[str, Any] = {
             "num_cpus": self.num_cpus,
             "resources": {**self.resources, SLOT: 1},
         }
         if self.memory:
             options["memory"] = self.memory
-        return _actor_class().options(**options).remote()
+        actor = _actor_class().options(**options).remote()
+        if not then:
+            return actor, []
+        try:
+            return actor, await trio.to_thread.run_sync(_steps, actor, then, abandon_on_cancel=True)
+        except BaseException:
+            end_actor(actor)
+            raise
 
-    async def _hosted(self, key: str) -> HostedChild:
+    async def _hosted(self, key: str, then: Sequence[Call]) -> tuple[HostedChild, list[Any]]:
         """A slot on a node (waiting, like Ray's queue, until one frees) and child *key*'s
-        state in that node's host (started there if it has none, or its host died). A node
-        whose host cannot start (it died, and Ray does not know yet) is passed over for a
-        while and the next one tried."""
+        state in that node's host (started there if it has none, or its host died), with
+        *then*'s steps made in the same round trip. A node whose host cannot start (it died,
+        and Ray does not know yet) is passed over for a while and the next one tried."""
         failures = 0
         while True:
             # Slots free from worker threads (a stop's): polled, not an Event of this loop.
@@ -167,9 +201,13 @@ class RayLauncher:
                 child.host, fresh = await trio.to_thread.run_sync(
                     host_on, node, abandon_on_cancel=True
                 )
-                await trio.to_thread.run_sync(_open_in, child.host, key, abandon_on_cancel=True)
+                done = await trio.to_thread.run_sync(
+                    _open_in, child.host, key, then, abandon_on_cancel=True
+                )
             except Exception as exc:
                 child.release()
+                if isinstance(exc, ray_module().exceptions.RayTaskError):
+                    raise  # the host answered: a step of the child's own failed there
                 if child.host is not None:
                     forget_host(node, child.host)  # dead: the next try starts a new one
                 if not fresh:  # a host known from before died: no fault of the node's
@@ -183,40 +221,41 @@ class RayLauncher:
             except BaseException:
                 child.release()
                 raise
-            return child
+            return child, done
 
     async def open_node(self, key: str) -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
         node's own temporary directory, before the child is placed; its path on that node
         (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
         Queues, like a launch, until a node has a free slot."""
-        actor = await self._actor(key)
-        ray = ray_module()
-        try:
-            directory = await trio.to_thread.run_sync(
-                ray.get, actor.make_node.remote(self.session, key), abandon_on_cancel=True
-            )
-        except BaseException:
-            end_actor(actor)
-            raise
+        actor, [directory] = await self._actor(key, [("make_node", (self.session, key))])
         self._opened[key] = actor
         self._dirs[key] = str(directory)
+        self._queued[key] = []
         return str(directory)
 
     async def write_files(self, key: str, files: Mapping[str, bytes]) -> None:
-        """Have child *key*'s actor write *files* (its loadout) in its node directory."""
-        ray = ray_module()
-        await trio.to_thread.run_sync(
-            ray.get, self._opened[key].write_files.remote(dict(files)), abandon_on_cancel=True
-        )
+        """Have child *key*'s actor write *files* (its loadout) in its node directory, with
+        the next call to its node (its launch's first, or :meth:`restore`): a failure to write
+        them fails that call."""
+        self._queued[key].append(("write_files", (dict(files),)))
 
     async def restore(self, key: str, files: Mapping[str, bytes]) -> None:
         """Have revived child *key*'s actor write its kept context into its new node
-        directory's scratch (``ChildActor.restore``), before it starts."""
-        ray = ray_module()
-        await trio.to_thread.run_sync(
-            ray.get, self._opened[key].restore.remote(dict(files)), abandon_on_cancel=True
+        directory's scratch (``ChildActor.restore``), before it starts; now, with the steps
+        that waited for a call."""
+        await self._flush(key, [("restore", (dict(files),))])
+
+    async def _flush(self, key: str, then: Sequence[Call]) -> list[Any]:
+        """Child *key*'s waiting steps and *then*'s, in one round trip; what *then*'s returned."""
+        calls = [*self._queued.pop(key, []), *then]
+        self._queued[key] = []
+        if not calls:
+            return []
+        done = await trio.to_thread.run_sync(
+            _steps, self._opened[key], calls, abandon_on_cancel=True
         )
+        return done[len(calls) - len(then) :]
 
     def plan(self, key: str, plan: NodePlan) -> None:
         """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
@@ -227,13 +266,9 @@ class RayLauncher:
         self, key: str, path: str, allowed: Sequence[str], refused: Callable[[str, str], None]
     ) -> None:
         """Have child *key*'s actor (made by :meth:`open_node`) serve its egress proxy at
-        *path* on its node; its refusals go to *refused* once it is launched."""
-        ray = ray_module()
-        await trio.to_thread.run_sync(
-            ray.get,
-            self._opened[key].open_egress.remote(path, list(allowed)),
-            abandon_on_cancel=True,
-        )
+        *path* on its node (with its launch's first call); its refusals go to *refused* once it
+        is launched."""
+        self._queued[key].append(("open_egress", (path, list(allowed))))
         self._refused[key] = refused
 
     async def close_node(self, key: str) -> None:
@@ -242,16 +277,10 @@ class RayLauncher:
         self._refused.pop(key, None)
         self._plans.pop(key, None)
         self._dirs.pop(key, None)
+        self._queued.pop(key, None)
         if actor is None:
             return
-        ray = ray_module()
-
-        def close() -> None:
-            with contextlib.suppress(Exception):
-                ray.get(actor.clean_up.remote(), timeout=60)
-            end_actor(actor)
-
-        await trio.to_thread.run_sync(close, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(_close, actor, abandon_on_cancel=True)
 
     def _connect(self) -> None:
         ray = ray_module()
@@ -283,14 +312,20 @@ class RayLauncher:
             raise ValueError("ray launcher: a child on a node cannot inherit descriptors")
         actor = self._opened.pop(spec.key, None)
         plan = self._plans.pop(spec.key, None)
+        queued = self._queued.pop(spec.key, [])
+        opened = actor is not None  # its node directory exists
         if actor is None:
-            actor = await self._actor(spec.key)
+            actor, _ = await self._actor(spec.key)
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
-            info = await self._start(actor, spec, plan)
+            info = await self._start(actor, spec, plan, queued)
         except BaseException:
-            # Cancelled while queued (or the start failed): the actor must not start later.
-            end_actor(actor)
+            # Cancelled while queued (or the start failed): the actor must not start later,
+            # and a node directory it made goes (in the thread, if this task is cancelled).
+            if opened:
+                await trio.to_thread.run_sync(_close, actor, abandon_on_cancel=True)
+            else:
+                end_actor(actor)
             raise
         launched = LaunchedRay(
             pid=info["pid"],
@@ -311,43 +346,36 @@ class RayLauncher:
             nursery.start_soon(launched.poll_refusals, refused)
         return launched
 
-    async def _start(self, actor: Any, spec: LaunchSpec, plan: NodePlan | None) -> dict[str, Any]:
-        """Ship the workspace, certify the node's key, start the child: what the actor said."""
-        ray = ray_module()
+    async def _start(
+        self, actor: Any, spec: LaunchSpec, plan: NodePlan | None, queued: Sequence[Call]
+    ) -> dict[str, Any]:
+        """The steps that waited (the loadout, the egress proxy), the workspace, the node's key
+        and CSR in one round trip; the session CA signs the CSR; the child starts with the
+        signed files (a Unix-socket child's start is in the first round trip too): what the
+        actor said of the start."""
+        calls = list(queued)
         if spec.ship is not None:
-            await trio.to_thread.run_sync(
-                ray.get,
-                actor.receive.remote(spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only),
-                abandon_on_cancel=True,
+            calls.append(("receive", (spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only)))
+        if spec.tls:
+            if self.certify is None:
+                raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
+            calls.append(("request_certificate", (spec.tls, self.session, spec.key)))
+        plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
+
+        def start(files: dict[str, bytes]) -> Call:
+            return ("start", (spec.argv, spec.cwd, dict(spec.env), files, plain))
+
+        if not spec.tls:
+            calls.append(start({}))
+        done = await trio.to_thread.run_sync(_steps, actor, calls, abandon_on_cancel=True)
+        if spec.tls:
+            assert self.certify is not None  # noqa: S101 - checked above
+            leaf, ca = self.certify(spec.key, done[-1])
+            files = {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}
+            done = await trio.to_thread.run_sync(
+                _steps, actor, [start(files)], abandon_on_cancel=True
             )
-        files = await self._certificate(actor, spec)
-        info: dict[str, Any] = await trio.to_thread.run_sync(
-            ray.get,
-            actor.start.remote(
-                spec.argv,
-                spec.cwd,
-                dict(spec.env),
-                files,
-                None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain(),
-            ),
-            abandon_on_cancel=True,
-        )
+        info: dict[str, Any] = done[-1]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
             raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))
         return info
-
-    async def _certificate(self, actor: Any, spec: LaunchSpec) -> dict[str, bytes]:
-        """For a TLS child: the node makes its key and CSR, the session CA signs it; the files
-        the actor writes beside the key before the child starts (none for a Unix-socket child)."""
-        if not spec.tls:
-            return {}
-        if self.certify is None:
-            raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
-        ray = ray_module()
-        csr = await trio.to_thread.run_sync(
-            ray.get,
-            actor.request_certificate.remote(spec.tls, self.session, spec.key),
-            abandon_on_cancel=True,
-        )
-        leaf, ca = self.certify(spec.key, csr)
-        return {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}

@@ -68,12 +68,14 @@ class NodeHost:
         """The node this host runs on (a call that answers: the host is alive)."""
         return str(ray_module().get_runtime_context().get_node_id())
 
-    def open(self, key: str) -> None:
-        """Make child *key*'s state; one that exists (a key reused too soon) is refused."""
+    def open(self, key: str, then: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> list[Any]:
+        """Make child *key*'s state (one that exists, a key reused too soon, is refused), then
+        make *then*'s calls on it (:meth:`calls`): what they returned."""
         with self._lock:
             if key in self._children:
                 raise RuntimeError(f"child {key!r} is already on this node")
             self._children[key] = ChildActor(forks=self._forks)
+        return self.calls(key, then)
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
         """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would."""
@@ -82,6 +84,11 @@ class NodeHost:
         with self._lock:
             child = self._children[key]
         return getattr(child, name)(*args)
+
+    def calls(self, key: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """Child *key*'s methods, one after the other, in one round trip (a launch's steps are
+        a Ray call each otherwise); the first that raises ends the list."""
+        return [self.call(key, name, tuple(args)) for name, args in calls]
 
     def release(self, key: str) -> None:
         """Child *key* is done here: its process group stopped (if it still runs), its node
@@ -119,6 +126,10 @@ class HostedChild:
         if name not in _CALLS:
             raise AttributeError(name)
         return _Method(self, name)
+
+    def calls(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+        """The object ref of :meth:`NodeHost.calls` for this child: its steps in one call."""
+        return self.host.calls.remote(self.key, list(calls))
 
     def free_slot(self) -> None:
         """The child has ended: its node's slot frees (its state stays for a bring-back)."""

@@ -282,3 +282,47 @@ async def test_a_hostile_childs_context_comes_back_through_ray_without_links_or_
     assert not (again / "loadout.json").exists()
     await launcher.close_node("c2")
     assert not await trio.Path(again).exists()
+
+
+async def test_a_step_that_waited_for_the_launch_fails_it_and_leaves_nothing(
+    cluster, tmp_path, hosted
+):
+    """A loadout write waits for the launch's first round trip: one the node refuses (a path
+    outside the node directory) fails that launch, the node directory goes, and the node (its
+    host, with node hosts) still serves the next child."""
+    from orchestrator.launch import _ray_host  # noqa: PLC0415 - the hosts known here
+
+    launcher = launcher_for(hosted=hosted, session="t")
+    node = Path(await launcher.open_node("w1"))
+    await launcher.write_files("w1", {str(tmp_path / "loadout.json"): b"{}"})  # not yet sent
+    assert not (tmp_path / "loadout.json").exists()
+    hosts = dict(_ray_host._hosts)
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ray.exceptions.RayTaskError, match="is not in"):
+            await launcher.launch(spec(tmp_path, "print('never')", "w1"), lambda *_: None, nursery)
+    assert not (tmp_path / "loadout.json").exists()
+    await gone_path(node)
+    # A step of the child's own that fails is no sign of a dead host: none is replaced.
+    bad = launcher_for(hosted=hosted, session="no/such")
+    with pytest.raises(ray.exceptions.RayTaskError, match="not a session or child id"):
+        await bad.open_node("w2")
+    assert _ray_host._hosts == hosts
+    # The loadout of the next child is written with its launch, which runs it.
+    again = Path(await launcher.open_node("w3"))
+    await launcher.write_files("w3", {str(again / "loadout.json"): b"{}"})
+    code = "import os, sys; print(os.path.exists(sys.argv[1]))"
+    child = attrs.evolve(
+        spec(tmp_path, code, "w3"), argv=(sys.executable, "-c", code, str(again / "loadout.json"))
+    )
+    out: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        r = await launcher.launch(child, sink_into(out), nursery)
+        assert await r.wait() == 0
+    assert b"True\n" in out
+    assert _ray_host._hosts == hosts
+
+
+async def gone_path(path: Path, within: float = 10.0) -> None:
+    with trio.fail_after(within):
+        while await trio.Path(path).exists():  # noqa: ASYNC110 - removed by the node's actor
+            await trio.sleep(0.05)
