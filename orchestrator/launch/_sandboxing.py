@@ -15,6 +15,7 @@ get one, unless the user passed ``--allow-unsandboxed``; then the child runs unw
 ``peek`` and its handoff say so (``sandboxed: false`` and the reason).
 """
 
+import functools
 import os
 import sys
 import tempfile
@@ -172,11 +173,20 @@ def hidden_paths(config: Config, fenced: Sequence[str] = ()) -> tuple[Path, ...]
     Another fleet's home that holds this session's workspace keeps only its ``sessions``
     directory hidden (all of its state): hiding it whole would hide the repository too.
     """
-    own = Path(os.path.realpath(config.home))
-    workspace = Path(os.path.realpath(config.workspace))
-    found = [own]
-    for path in [Path(path) for path in fenced] or fenced_paths():
-        holds = path == workspace or path in workspace.parents
+    return _hidden(
+        os.path.realpath(config.home),
+        os.path.realpath(config.workspace),
+        tuple(fenced) or tuple(str(path) for path in fenced_paths()),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _hidden(own: str, workspace: str, fenced: tuple[str, ...]) -> tuple[Path, ...]:
+    """:func:`hidden_paths` of canonical strings: the same for every child of a batch."""
+    found = [Path(own)]
+    work = Path(workspace)
+    for path in map(Path, fenced):
+        holds = path == work or path in work.parents
         found.append(path / "sessions" if holds else path)
     return outermost(found)
 
