@@ -36,6 +36,7 @@ import trio
 
 import sandbox
 from orchestrator.launch._forkserver import UNKNOWN_STATUS, ForkServer, ForkServerError
+from orchestrator.launch._node_loop import NodeLoop
 
 __all__ = ["ForkedChild", "NodeForks"]
 
@@ -85,10 +86,10 @@ class NodeForks:
     """The fork servers of one node host (see the module docstring); blocking calls, made
     from the host's actor threads, run on a trio thread of its own started on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: NodeLoop) -> None:
         self._lock = threading.Lock()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
+        #: The host's one trio thread: the servers' readers and reapers run there.
+        self._loop = loop
         #: By sandboxed or not: the server, or ``None`` where none can be made here.
         self._servers: dict[bool, ForkServer | None] = {}
 
@@ -108,13 +109,13 @@ class NodeForks:
         asked only when the server is started), or ``None``: no server works here, and the
         caller starts the child itself."""
         server = self._server(python, view is not None, hidden)
-        if server is None or self._token is None:
+        if server is None:
             return None
         try:
             spawn = functools.partial(
                 self._spawn, server, args=list(args), cwd=cwd, env=dict(env), name=name, view=view
             )
-            return trio.from_thread.run(spawn, trio_token=self._token)
+            return self._loop.run(spawn)
         except ForkServerError as exc:
             log.info("%s: starting a fresh interpreter instead: %s", name, exc)
             return None
@@ -140,19 +141,17 @@ class NodeForks:
                     self._servers[sandboxed] = None
                     return None
                 wrapper = made
-            token = self._start_loop()
-            server = trio.from_thread.run_sync(self._make, python, wrapper, trio_token=token)
+            server = self._loop.run_sync(self._make, python, wrapper)
             self._servers[sandboxed] = server
             return server
 
     def _make(self, python: str, wrapper: tuple[str, ...]) -> ForkServer:
-        assert self._nursery is not None  # noqa: S101 - the loop runs
         kept = {name: os.environ[name] for name in _SERVER_ENV if name in os.environ}
         server = ForkServer(
             python=python,
             label=LABEL,
             env=kept,
-            nursery=self._nursery,
+            nursery=self._loop.nursery,
             wrapper=wrapper,
             die_with_parent=True,
         )
@@ -169,7 +168,6 @@ class NodeForks:
         name: str,
         view: Mapping[str, Any] | None,
     ) -> ForkedChild:
-        assert self._nursery is not None  # noqa: S101 - the loop runs
         read_end, write_end = os.pipe()
         try:
             pid, pidfd = await server.spawn(
@@ -187,29 +185,5 @@ class NodeForks:
         finally:
             os.close(write_end)
         child = ForkedChild(pid, os.fdopen(read_end, "rb"))
-        self._nursery.start_soon(child._reap, server, pidfd)
+        self._loop.nursery.start_soon(child._reap, server, pidfd)
         return child
-
-    def _start_loop(self) -> trio.lowlevel.TrioToken:
-        """The host's trio thread (started once): the servers' readers and reapers run there."""
-        if self._token is not None:
-            return self._token
-        started = threading.Event()
-
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self._token = trio.lowlevel.current_trio_token()
-                started.set()
-                await trio.sleep_forever()
-
-        thread = threading.Thread(target=trio.run, args=(main,), name="fleet-forks", daemon=True)
-        thread.start()
-        started.wait(30)
-        token = self._loop_token()
-        if token is None:
-            raise RuntimeError("the node host's fork loop did not start")
-        return token
-
-    def _loop_token(self) -> trio.lowlevel.TrioToken | None:
-        return self._token

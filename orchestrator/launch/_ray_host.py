@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
@@ -60,9 +61,12 @@ class NodeHost:
     def __init__(self) -> None:
         self._children: dict[str, ChildActor] = {}
         self._lock = threading.Lock()
+        #: The node's one trio thread (:mod:`._node_loop`): the fork servers' readers and
+        #: reapers and every child's egress proxy run there.
+        self._loop = NodeLoop()
         #: The node's fork servers (:mod:`._ray_forks`), each started on the first child
         #: that can use it: a ``python -I -m child`` child here is a fork of one.
-        self._forks = NodeForks()
+        self._forks = NodeForks(self._loop)
 
     def ping(self) -> str:
         """The node this host runs on (a call that answers: the host is alive)."""
@@ -74,7 +78,7 @@ class NodeHost:
         with self._lock:
             if key in self._children:
                 raise RuntimeError(f"child {key!r} is already on this node")
-            self._children[key] = ChildActor(forks=self._forks)
+            self._children[key] = ChildActor(forks=self._forks, loop=self._loop)
         return self.calls(key, then)
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:

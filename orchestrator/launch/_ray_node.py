@@ -31,6 +31,7 @@ from orchestrator.launch import _context
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._forkserver import die_with_parent
 from orchestrator.launch._node_key import make_node_key
+from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import (
     CHILD_MODULE,
     NODE_HEX,
@@ -98,52 +99,36 @@ def _check_out(bundle: bytes, work_tree: str) -> None:
 
 
 class _NodeEgress:
-    """A child's :class:`EgressProxy` run by its actor on the node: trio in a thread."""
+    """A child's :class:`EgressProxy` on its node: a few tasks on the node's one trio thread
+    (:class:`NodeLoop`), shared by every child of a node host."""
 
-    def __init__(self, path: str, allowed: list[str]) -> None:
+    def __init__(self, path: str, allowed: list[str], loop: NodeLoop) -> None:
         self._refused: list[tuple[str, str]] = []
         self._changed = threading.Condition()
         self._closed = False
+        self._loop = loop
         self.proxy = EgressProxy(path=Path(path), allowed=allowlist(allowed), on_refused=self._on)
-        self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
-        self._thread = threading.Thread(target=self._run, name="fleet-egress", daemon=True)
-        self._error: BaseException | None = None
 
     def _on(self, target: str, reason: str) -> None:
         with self._changed:
             self._refused.append((target, reason))
             self._changed.notify_all()
 
+    def _ended(self, error: BaseException | None) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
     def start(self) -> None:
-        started = threading.Event()
-        self._started = started
-        self._thread.start()
-        if not started.wait(30) or self._error is not None:
-            raise RuntimeError(f"egress proxy on the node did not start: {self._error}")
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            with trio.CancelScope() as scope:
-                self._scope = scope
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(self.proxy.serve)
-                    self._started.set()
-
         try:
-            trio.run(main)
-        except BaseException as exc:  # reported by start, or the proxy ended
-            self._error = exc
-        finally:
-            self._started.set()
-            with self._changed:
-                self._closed = True
-                self._changed.notify_all()
+            self._scope = self._loop.start(self.proxy.serve, ended=self._ended)
+        except Exception as exc:
+            raise RuntimeError(f"egress proxy on the node did not start: {exc!r}") from None
 
     def admit(self, pid: int) -> None:
-        if self._token is not None:
-            trio.from_thread.run_sync(self.proxy.admit, pid, trio_token=self._token)
+        if self._scope is not None:
+            self._loop.run_sync(self.proxy.admit, pid)
 
     def refusals(self, wait: float) -> list[tuple[str, str]]:
         with self._changed:
@@ -153,20 +138,24 @@ class _NodeEgress:
             return got
 
     def close(self) -> None:
-        if self._token is not None and self._scope is not None:
+        if self._scope is not None:
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
-        self._thread.join(10)
+                self._loop.run_sync(self._scope.cancel)
+            with self._changed:
+                self._changed.wait_for(lambda: self._closed, timeout=10)
 
 
 class ChildActor:
     """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
 
-    def __init__(self, forks: "NodeForks | None" = None) -> None:
+    def __init__(self, forks: "NodeForks | None" = None, loop: NodeLoop | None = None) -> None:
         self.proc: Any = None
         #: Its node host's fork servers (:mod:`._ray_forks`): a child they can fork is a fork
         #: (``None``: an actor of its own, every child a fresh interpreter).
         self.forks = forks
+        #: Where its egress proxy runs: its node host's one trio thread (an actor of its own
+        #: starts its own on first use).
+        self.loop = NodeLoop() if loop is None else loop
         #: The child's node directory (:meth:`make_node`): removed when the child ends.
         self.node_dir = ""
         #: The child's egress proxy on this node (:meth:`open_egress`), if it has one.
@@ -322,7 +311,7 @@ class ChildActor:
         child :meth:`start` makes is admitted. Refusals wait for :meth:`refusals`."""
         if not self.node_dir or os.path.dirname(path) != self.node_dir:
             raise RuntimeError(f"{path!r} is not in the child's node directory")
-        self.egress = _NodeEgress(path, list(allowed))
+        self.egress = _NodeEgress(path, list(allowed), self.loop)
         self.egress.start()
 
     def refusals(self, wait: float) -> list[tuple[str, str]]:
