@@ -10,7 +10,10 @@ ratio of the two per repetition (alternated; the median), and the p50 of spawn c
 child's authenticated hello. A warm-up fleet (one scout a node) first starts the fork servers and
 the node hosts, as a running session has them. Memory: with 16 idle scouts placed, a child's USS
 (what it costs beyond the process it was forked from) and, remote, the node hosts' and their fork
-servers' RSS shared over their children.
+servers' RSS shared over their children. CPU a child: the whole machine's busy time over a fleet
+(every process, on the same cores: four simulated nodes share the baseline's CPUs) and the
+supervisor's own, each over the fleet's children (the supervisor's part is what a real cluster
+still pays on the supervisor's machine).
 
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
 (TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
@@ -211,6 +214,23 @@ class FleetRun:
     wall: float
     hello_s: list[float]
     forked: int
+    #: CPU seconds over the fleet: the whole machine's (every process: the supervisor, the
+    #: children, the node hosts, Ray's own) and the supervisor's process alone.
+    cpu_machine: float = 0.0
+    cpu_supervisor: float = 0.0
+
+
+def _machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 def make_workspace(base: Path) -> tuple[Path, Path, Path]:
@@ -269,6 +289,7 @@ async def _hello(sup: Supervisor, key: str, started: float, into: list[float]) -
 async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> FleetRun:
     """Spawn *n* scouts at once on *sup*, wait for every report, stop them all."""
     hellos: list[float] = []
+    machine, own = _machine_cpu(), _own_cpu()
     started = time.perf_counter()
     records = await sup.spawn(scouts(script, n, surface))
     keys = [r.key for r in records]
@@ -279,10 +300,13 @@ async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> Flee
     await sup.wait(keys, every=True)
     handoffs = await sup.stop(keys)
     wall = time.perf_counter() - started
+    machine, own = _machine_cpu() - machine, _own_cpu() - own
     for handoff in handoffs:
         if handoff["state"] != "stopped" or README.strip() not in handoff["last"]:
             raise RuntimeError(f"a scout did not report: {handoff}")
-    return FleetRun(wall=wall, hello_s=hellos, forked=forked)
+    return FleetRun(
+        wall=wall, hello_s=hellos, forked=forked, cpu_machine=machine, cpu_supervisor=own
+    )
 
 
 def _uss(pid: int) -> float:
@@ -415,6 +439,20 @@ def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any
         f"spawn->hello p50 local {local_p50 * 1000:.0f} ms, remote {remote_p50 * 1000:.0f} ms; "
         f"{forked}/{n} remote children forked"
     )
+    # CPU per child (ms): the machine's (everything, on the same cores) and the supervisor's.
+    cpu = {
+        f"{side}_{what}": round(
+            statistics.median(getattr(r, f"cpu_{what}") for r in runs) / n * 1000, 1
+        )
+        for side, runs in (("local", local), ("ray", remote))
+        for what in ("machine", "supervisor")
+    }
+    print(
+        f"CPU a child: local {cpu['local_machine']:.1f} ms in all "
+        f"({cpu['local_supervisor']:.1f} ms of the supervisor), "
+        f"ray {cpu['ray_machine']:.1f} ms in all ({cpu['ray_supervisor']:.1f} ms of the "
+        f"supervisor; the rest its node host, itself and Ray, on the same cores)"
+    )
     print(
         f"memory per idle scout: local {own_local:.1f} MB USS; remote {own:.1f} MB USS beyond "
         f"its node host, whose host and fork servers come to {share:.1f} MB RSS a child"
@@ -427,6 +465,7 @@ def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any
         "fleet_local_hello_p50_ms": round(local_p50 * 1000, 1),
         "fleet_ray_hello_p50_ms": round(remote_p50 * 1000, 1),
         "fleet_ray_forked": forked,
+        **{f"cpu_per_child_ms_{key}": value for key, value in cpu.items()},
         "local_child_uss_mb": round(own_local, 1),
         "ray_child_uss_mb": round(own, 1),
         "ray_host_share_rss_mb": round(share, 1),
