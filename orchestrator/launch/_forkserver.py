@@ -48,6 +48,8 @@ STATUS_TIMEOUT: Final = 5.0
 #: The status reported when the server is gone and nobody can tell the real one.
 UNKNOWN_STATUS: Final = 255
 MAX_MESSAGE: Final = 1 << 20
+#: How long a server that closed its socket may take to have an exit status to report.
+_EXIT_NOTE_S: Final = 1.0
 _FD_BYTES: Final = array.array("i").itemsize
 _PR_SET_PDEATHSIG: Final = 1
 
@@ -237,13 +239,14 @@ class ForkServer:
             with trio.fail_after(READY_TIMEOUT):
                 message, fds = await self._receive()
             if message is None or "ready" not in message:
-                self._fail(f"did not start (said {message!r}){self._exit_note()}")
+                note = await self._exit_note(closed=message is None)
+                self._fail(f"did not start (said {message!r}){note}")
                 return
             self._ready.set()
             while True:
                 message, fds = await self._receive()
                 if message is None:
-                    self._fail(f"ended{self._exit_note()}")
+                    self._fail(f"ended{await self._exit_note(closed=True)}")
                     return
                 self._dispatch(message, fds)
         except trio.TooSlowError:
@@ -284,10 +287,16 @@ class ForkServer:
             return None, []
         return json.loads(data), list(fds)
 
-    def _exit_note(self) -> str:
-        if self._popen is None or self._popen.poll() is None:
+    async def _exit_note(self, *, closed: bool) -> str:
+        """`` (exit N)`` when the server has ended. Once it has *closed* its end of the socket,
+        its exit status is waited for: the kernel gives it a moment after the process has
+        closed its descriptors (:data:`_EXIT_NOTE_S` at most)."""
+        if self._popen is None:
             return ""
-        return f" (exit {self._popen.returncode})"
+        with trio.move_on_after(_EXIT_NOTE_S if closed else 0):
+            while self._popen.poll() is None:  # noqa: ASYNC110 - no event for a child's exit here
+                await trio.sleep(0.01)
+        return "" if self._popen.returncode is None else f" (exit {self._popen.returncode})"
 
     def _fail(self, why: str, *, quiet: bool = False) -> None:
         if self.failure is None:

@@ -6,6 +6,7 @@ through ``faults.ended``.
 """
 
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -165,6 +166,29 @@ async def test_a_server_that_cannot_start_leaves_children_to_fresh_interpreters(
             assert sup.fork_server.failure == "did not start (said None) (exit 9)"
             assert "no fork server here" in (sup.paths.root / "fork-server.log").read_text()
             await sup.stop([record.key])
+    assert faults.processes() == []
+
+
+async def test_a_server_that_closes_its_socket_before_it_exits_is_reported_with_its_status(
+    faults, tmp_path: Path
+) -> None:
+    """The kernel gives a process's exit status a moment after it has closed its descriptors:
+    a server seen to close its end is waited for (briefly), so its failure says how it ended."""
+    python = tmp_path / "python"
+    python.write_text(
+        f"#!{shutil.which('bash')}\n"  # dash takes one-digit descriptors only
+        f'case "$*" in *child._forkserver*) eval "exec $4>&-"; {shutil.which("sleep")} 0.3; '
+        "exit 9;; esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    with trio.fail_after(CEILING):
+        async with open_supervisor(
+            faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))
+        ) as sup:
+            assert sup.fork_server is not None
+            assert not await sup.fork_server.ready()
+            assert sup.fork_server.failure == "did not start (said None) (exit 9)"
     assert faults.processes() == []
 
 
