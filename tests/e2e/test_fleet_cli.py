@@ -35,20 +35,25 @@ def _until_working(fleet, key: str) -> None:
     raise AssertionError(f"{key} never started working")
 
 
-def _child_pid(fleet, key: str) -> int:
+def _child_pid(fleet, key: str, within: float = 10.0) -> int:
     # Known by its run marker (its loadout and connection are inherited descriptors); a fork
-    # of a fork server carries the server's environment and is known by its name.
-    for process in psutil.process_iter(["pid", "cmdline", "environ", "name"]):
-        environ = process.info["environ"] or {}
-        cmdline = process.info["cmdline"] or []
-        if environ.get("FLEET_HOME") != str(fleet.home):
-            continue
-        if process.info["name"] == f"fleet {key}"[:15] or (
-            environ.get("FLEET_RUN", "").startswith(f"t/{key}/")
-            and cmdline[2:4] in (["-m", "child"], ["-m", "child._forkserver"])
-        ):
-            return process.pid
-    raise AssertionError(f"no process for {key}")
+    # of a fork server carries the server's environment and is known by its name, which it
+    # takes a moment after the server has answered the spawn (under load, after the verb).
+    deadline = time.monotonic() + within
+    while True:
+        for process in psutil.process_iter(["pid", "cmdline", "environ", "name"]):
+            environ = process.info["environ"] or {}
+            cmdline = process.info["cmdline"] or []
+            if environ.get("FLEET_HOME") != str(fleet.home):
+                continue
+            if process.info["name"] == f"fleet {key}"[:15] or (
+                environ.get("FLEET_RUN", "").startswith(f"t/{key}/")
+                and cmdline[2:4] in (["-m", "child"], ["-m", "child._forkserver"])
+            ):
+                return process.pid
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no process for {key}")
+        time.sleep(0.05)
 
 
 def test_three_scouts_in_parallel_return_only_final_text(fleet):
