@@ -11,6 +11,7 @@ be sandboxed safely. See ``docs/sandbox.md``.
 
 from sandbox._bwrap import HIDDEN_ROOTS
 from sandbox._errors import SandboxError
+from sandbox._paths import is_within
 from sandbox._probe import ProbeResult, probe
 from sandbox._spec import Policy, SandboxSpec, Wrapped
 from sandbox._wrap import exec_argv, wrap, wrap_fork_server
@@ -23,6 +24,7 @@ __all__ = [
     "SandboxSpec",
     "Wrapped",
     "exec_argv",
+    "is_within",
     "probe",
     "wrap",
     "wrap_fork_server",

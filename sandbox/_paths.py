@@ -39,8 +39,13 @@ class CanonicalPaths:
 
 
 def is_within(path: Path, ancestor: Path) -> bool:
-    """Whether ``path`` is ``ancestor`` or lies below it (both canonical)."""
-    return path == ancestor or ancestor in path.parents
+    """Whether ``path`` is ``ancestor`` or lies below it (both canonical: absolute, no ``..``,
+    no trailing slash but the root's). By their text: a sandbox's view compares every visible
+    path with every hidden one, and ``ancestor in path.parents`` made a path per parent."""
+    if path == ancestor:
+        return True
+    base = str(ancestor)
+    return str(path).startswith(base if base.endswith("/") else f"{base}/")
 
 
 def canonical(path: Path, role: str) -> Path:

@@ -241,10 +241,10 @@ def checked_visible(
             continue  # not here: nothing to show
         path = Path(os.path.realpath(name))
         for root in replaced:
-            if root == path or path in root.parents:
+            if sandbox.is_within(root, path):
                 raise PolicyError(f"visible path {str(name)!r} would show the host's {str(root)!r}")
         for root in hidden_real:
-            if path != root and root not in path.parents:
+            if not sandbox.is_within(path, root):
                 continue
             below = path.relative_to(root).parts
             if nodes and root == temp and below and not below[0].startswith(nodes):

@@ -128,6 +128,9 @@ def test_error_messages_are_one_line(layout):
         ("/a/bc", "/a/b", False),
         ("/a", "/a/b", False),
         ("/anything", "/", True),
+        ("/", "/", True),
+        ("/", "/a", False),
+        ("/a/b/", "/a", True),  # a trailing slash is dropped by Path: still below /a
     ],
 )
 def test_is_within_compares_components_not_string_prefixes(path, ancestor, within):
