@@ -194,10 +194,7 @@ class EgressProxy:
             return False
         if pid is None or pid == self.owner_pid:
             return pid is not None or sys.platform != "linux"
-        try:
-            return self.owner_pid in {parent.pid for parent in psutil.Process(pid).parents()}
-        except psutil.Error:
-            return False
+        return _descends(pid, self.owner_pid)
 
     async def _tunnel(self, client: trio.abc.Stream) -> None:
         try:
@@ -276,3 +273,22 @@ async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
             await sink.send_eof()
         else:
             await sink.aclose()
+
+
+#: How far up a connecting process's ancestry the launched one is looked for.
+_MAX_DEPTH = 64
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether *ancestor* is among *pid*'s parents: walked up one parent at a time and stopped
+    there (the launched process is a level or two up; its own ancestry, to pid 1, is not read)."""
+    try:
+        for _ in range(_MAX_DEPTH):
+            pid = psutil.Process(pid).ppid()
+            if pid == ancestor:
+                return True
+            if pid <= 1:
+                return False
+    except psutil.Error:
+        return False
+    return False

@@ -3,6 +3,7 @@
 import functools
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -214,6 +215,26 @@ async def test_a_process_outside_the_childs_tree_is_refused(connect, nursery, so
         assert await _status(stream) == b"HTTP/1.1 403 Forbidden"
         sibling.kill()
     assert refusals == [("", f"peer pid {os.getpid()} is not in this child's process tree")]
+
+
+async def test_a_descendant_of_the_admitted_process_gets_through(nursery, sock_dir, echo_port):
+    """The child's own processes (a shell's command, two levels down) are in its tree."""
+    proxy, refusals = await _proxy(nursery, sock_dir, [f"127.0.0.1:{echo_port}"])
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(sys.argv[1])\n"
+        "s.sendall(f'CONNECT 127.0.0.1:{sys.argv[2]} HTTP/1.1\\r\\n\\r\\n'.encode())\n"
+        "print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
+    )
+    # "; true": the shell waits for its command instead of becoming it.
+    shell = f'"{sys.executable}" -c "$0" "$1" "$2"; true'
+    with trio.fail_after(20):
+        done = await trio.run_process(
+            ["sh", "-c", shell, code, str(proxy.path), str(echo_port)], capture_stdout=True
+        )
+    assert done.stdout.decode().strip() == "HTTP/1.1 200 Connection established"
+    assert refusals == []
 
 
 async def test_the_socket_directory_must_be_private(connect, nursery, sock_dir):
