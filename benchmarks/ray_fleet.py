@@ -7,8 +7,9 @@ that both are forks of a preloaded fork server: locally the session's, on the cl
 host's (``ray_node_host``, four simulated nodes of ``ray.cluster_utils.Cluster``, 16
 ``agent_slot`` each). Wall from the spawn call to every child reaped after its report, the
 ratio of the two per repetition (alternated; the median), and the p50 of spawn call → the
-child's authenticated hello. A warm-up fleet (one scout a node) first starts the fork servers and
-the node hosts, as a running session has them. Memory: with 16 idle scouts placed, a child's USS
+child's authenticated hello (``--sandboxed``: every child sandboxed on both sides instead, the
+product's default; forks of the sandboxed fork servers). A warm-up fleet (one scout a node)
+first starts the fork servers and the node hosts, as a running session has them. Memory: with 16 idle scouts placed, a child's USS
 (what it costs beyond the process it was forked from) and, remote, the node hosts' and their fork
 servers' RSS shared over their children. CPU a child: the whole machine's busy time over a fleet
 (every process, on the same cores: four simulated nodes share the baseline's CPUs) and the
@@ -22,11 +23,13 @@ in this process. ``--launcher`` adds the launcher alone (``python -c`` children 
 ``ProcessLauncher`` against the ray launcher, an actor per child and a host per node). Last
 line: one JSON object.
 
-    .venv/bin/python benchmarks/ray_fleet.py [N] [--reps R] [--smoke] [--launcher [--host]]
+    .venv/bin/python benchmarks/ray_fleet.py [N] [--reps R] [--sandboxed] [--smoke]
+        [--launcher [--host]]
 """
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -214,6 +217,7 @@ class FleetRun:
     wall: float
     hello_s: list[float]
     forked: int
+    sandboxed: int = 0
     #: CPU seconds over the fleet: the whole machine's (every process: the supervisor, the
     #: children, the node hosts, Ray's own) and the supervisor's process alone.
     cpu_machine: float = 0.0
@@ -248,13 +252,15 @@ def make_workspace(base: Path) -> tuple[Path, Path, Path]:
     return repo, scout, idle
 
 
-def fleet_config(base: Path, repo: Path, session: str, address: str) -> Config:
+def fleet_config(
+    base: Path, repo: Path, session: str, address: str, *, sandboxed: bool = False
+) -> Config:
     return Config(
         home=base / "state",
         session=session,
         workspace=repo,
-        sandbox="off",
-        allow_unsandboxed=True,
+        sandbox="auto" if sandboxed else "off",
+        allow_unsandboxed=not sandboxed,
         lane=64,
         max_subagents=16,
         ray_address=address,
@@ -297,6 +303,7 @@ async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> Flee
         for key in keys:
             nursery.start_soon(_hello, sup, key, started, hellos)
     forked = sum(1 for key in keys if getattr(sup.runs[key].launched, "forked", False))
+    sandboxed = sum(1 for key in keys if sup.runs[key].record.sandboxed)
     await sup.wait(keys, every=True)
     handoffs = await sup.stop(keys)
     wall = time.perf_counter() - started
@@ -305,7 +312,12 @@ async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> Flee
         if handoff["state"] != "stopped" or README.strip() not in handoff["last"]:
             raise RuntimeError(f"a scout did not report: {handoff}")
     return FleetRun(
-        wall=wall, hello_s=hellos, forked=forked, cpu_machine=machine, cpu_supervisor=own
+        wall=wall,
+        hello_s=hellos,
+        forked=forked,
+        sandboxed=sandboxed,
+        cpu_machine=machine,
+        cpu_supervisor=own,
     )
 
 
@@ -341,15 +353,18 @@ async def idle_memory(sup: Supervisor, script: Path, k: int, surface: str) -> tu
     return own, share
 
 
-async def fleets(base: Path, address: str, n: int, nodes: int, reps: int) -> dict[str, Any]:
-    """*n* scouts through a local supervisor against the same on the cluster, alternated."""
+async def fleets(
+    base: Path, address: str, n: int, nodes: int, reps: int, *, sandboxed: bool = False
+) -> dict[str, Any]:
+    """*n* scouts through a local supervisor against the same on the cluster, alternated
+    (*sandboxed*: every child in its sandbox, the product's default, on both sides)."""
     repo, scout, idle = make_workspace(base)
     runs: dict[str, list[FleetRun]] = {"process": [], "ray": []}
     memory: dict[str, tuple[float, float]] = {}
     for rep in range(reps):
         order = ("process", "ray") if rep % 2 == 0 else ("ray", "process")
         for surface in order:
-            config = fleet_config(base, repo, f"{surface}{rep}", address)
+            config = fleet_config(base, repo, f"{surface}{rep}", address, sandboxed=sandboxed)
             async with open_supervisor(config) as sup:
                 sup.capacity = Capacity(
                     cap=max(n, 4 * nodes)
@@ -382,6 +397,11 @@ def main() -> None:
     parser.add_argument(
         "--host", action="store_true", help="with --launcher: the node host alone (no actors)"
     )
+    parser.add_argument(
+        "--sandboxed",
+        action="store_true",
+        help="every child sandboxed on both sides (the default path; forks of sandboxed servers)",
+    )
     args = parser.parse_args()
     smoke = args.smoke
     # --smoke: 2 scouts on one node, each path once (a quick check that every path still runs).
@@ -394,7 +414,14 @@ def main() -> None:
     result: dict[str, Any] = {}
     try:
         base = Path(tempfile.mkdtemp(prefix="fleet-bench-ray-"))
-        measured = trio.run(fleets, base, cluster.address, n, nodes, reps)
+        measured = trio.run(
+            functools.partial(fleets, sandboxed=args.sandboxed),
+            base,
+            cluster.address,
+            n,
+            nodes,
+            reps,
+        )
         result |= report_fleets(measured, n, nodes)
         if args.launcher or smoke:
             result |= launcher_level(n, nodes, smoke=smoke, host_only=args.host or smoke)
@@ -432,12 +459,13 @@ def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any
     own_local, _ = measured["memory"]["process"]
     own, share = measured["memory"]["ray"]
     forked = min(r.forked for r in remote)
+    sandboxed = min(r.sandboxed for r in (*local, *remote))
     print(
         f"{n} scouts through the supervisor: local {local_wall:.2f} s, "
         f"on {nodes} Ray nodes {remote_wall:.2f} s: "
         f"ratio {statistics.median(ratios):.2f} (runs {', '.join(f'{x:.2f}' for x in ratios)}); "
         f"spawn->hello p50 local {local_p50 * 1000:.0f} ms, remote {remote_p50 * 1000:.0f} ms; "
-        f"{forked}/{n} remote children forked"
+        f"{forked}/{n} remote children forked, {sandboxed}/{n} sandboxed on each side"
     )
     # CPU per child (ms): the machine's (everything, on the same cores) and the supervisor's.
     cpu = {
@@ -465,6 +493,7 @@ def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any
         "fleet_local_hello_p50_ms": round(local_p50 * 1000, 1),
         "fleet_ray_hello_p50_ms": round(remote_p50 * 1000, 1),
         "fleet_ray_forked": forked,
+        "fleet_sandboxed": sandboxed,
         **{f"cpu_per_child_ms_{key}": value for key, value in cpu.items()},
         "local_child_uss_mb": round(own_local, 1),
         "ray_child_uss_mb": round(own, 1),
