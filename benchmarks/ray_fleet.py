@@ -5,16 +5,16 @@ N; the product caps live children at 16), each a real child (``python -I -m chil
 backend, a scripted model: read the workspace's README, report), unsandboxed on both sides so
 that both are forks of a preloaded fork server: locally the session's, on the cluster its node
 host's (``ray_node_host``, four simulated nodes of ``ray.cluster_utils.Cluster``, 16
-``agent_slot`` each). Wall from the spawn call to every child reaped after its report, the
-ratio of the two per repetition (alternated; the median), and the p50 of spawn call → the
-child's authenticated hello (``--sandboxed``: every child sandboxed on both sides instead, the
-product's default; forks of the sandboxed fork servers). A warm-up fleet (one scout a node)
-first starts the fork servers and the node hosts, as a running session has them. Memory: with 16 idle scouts placed, a child's USS
-(what it costs beyond the process it was forked from) and, remote, the node hosts' and their fork
-servers' RSS shared over their children. CPU a child: the whole machine's busy time over a fleet
-(every process, on the same cores: four simulated nodes share the baseline's CPUs) and the
-supervisor's own, each over the fleet's children (the supervisor's part is what a real cluster
-still pays on the supervisor's machine).
+``agent_slot`` each). Wall from the spawn call to every child reaped after its report, the ratio
+of the two per repetition (alternated; the median), and the p50 of spawn call → the child's
+authenticated hello (``--sandboxed``: every child sandboxed on both sides instead, the product's
+default; forks of the sandboxed fork servers). A warm-up fleet (one scout a node) first starts
+the fork servers and the node hosts, as a running session has them. Memory: with 16 idle scouts
+placed, a child's USS (what it costs beyond the process it was forked from) and, remote, the
+node hosts' and their fork servers' RSS shared over their children. CPU a child: the whole
+machine's busy time over a fleet (every process, on the same cores: four simulated nodes share
+the baseline's CPUs) and the supervisor's own, each over the fleet's children (the supervisor's
+part is what a real cluster still pays on the supervisor's machine).
 
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
 (TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
