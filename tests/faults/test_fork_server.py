@@ -144,17 +144,24 @@ async def test_when_the_server_dies_children_go_on_and_new_ones_start_fresh(faul
     assert faults.processes() == []
 
 
+def _python_that(tmp_path: Path, as_server: str) -> Path:
+    """An interpreter that runs every child, but runs the shell commands *as_server* when it
+    is asked to be a fork server (bash: dash takes one-digit descriptors only)."""
+    python = tmp_path / "python"
+    python.write_text(
+        f"#!{shutil.which('bash')}\n"
+        f'case "$*" in *child._forkserver*) {as_server};; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    return python
+
+
 async def test_a_server_that_cannot_start_leaves_children_to_fresh_interpreters(
     faults, tmp_path: Path
 ) -> None:
     # An interpreter that runs every child but refuses to be a fork server.
-    python = tmp_path / "python"
-    python.write_text(
-        "#!/bin/sh\n"
-        'case "$*" in *child._forkserver*) echo "no fork server here" >&2; exit 9;; esac\n'
-        f'exec {sys.executable} "$@"\n'
-    )
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    python = _python_that(tmp_path, 'echo "no fork server here" >&2; exit 9')
     with trio.fail_after(CEILING):
         async with open_supervisor(
             faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))
@@ -174,14 +181,8 @@ async def test_a_server_that_closes_its_socket_before_it_exits_is_reported_with_
 ) -> None:
     """The kernel gives a process's exit status a moment after it has closed its descriptors:
     a server seen to close its end is waited for (briefly), so its failure says how it ended."""
-    python = tmp_path / "python"
-    python.write_text(
-        f"#!{shutil.which('bash')}\n"  # dash takes one-digit descriptors only
-        f'case "$*" in *child._forkserver*) eval "exec $4>&-"; {shutil.which("sleep")} 0.3; '
-        "exit 9;; esac\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    # $4 is the server's socket (``-I -m child._forkserver FD``): closed, then a pause.
+    python = _python_that(tmp_path, f'eval "exec $4>&-"; {shutil.which("sleep")} 0.3; exit 9')
     with trio.fail_after(CEILING):
         async with open_supervisor(
             faults.config(sandbox="off", allow_unsandboxed=True, python=str(python))
