@@ -105,10 +105,10 @@ def _actor_class() -> Any:
 Call = tuple[str, tuple[Any, ...]]
 
 
-def _open_in(host: Any, key: str, then: Sequence[Call]) -> list[Any]:
-    """Make child *key*'s state in *host*, then *then*'s steps; what they returned. Blocking:
-    runs in a worker thread."""
-    return list(ray_module().get(host.open.remote(key, list(then)), timeout=120))
+def _open_in(host: Any, ident: str, then: Sequence[Call]) -> list[Any]:
+    """Make a child's state *ident* (:attr:`HostedChild.ident`) in *host*, then *then*'s
+    steps; what they returned. Blocking: runs in a worker thread."""
+    return list(ray_module().get(host.open.remote(ident, list(then)), timeout=120))
 
 
 def _close(actor: Any) -> None:
@@ -202,7 +202,7 @@ class RayLauncher:
                     host_on, node, abandon_on_cancel=True
                 )
                 done = await trio.to_thread.run_sync(
-                    _open_in, child.host, key, then, abandon_on_cancel=True
+                    _open_in, child.host, child.ident, then, abandon_on_cancel=True
                 )
             except Exception as exc:
                 child.release()

@@ -16,6 +16,7 @@ child's first call, and :func:`forget_host` lets the next try start another).
 """
 
 import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -73,8 +74,9 @@ class NodeHost:
         return str(ray_module().get_runtime_context().get_node_id())
 
     def open(self, key: str, then: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> list[Any]:
-        """Make child *key*'s state (one that exists, a key reused too soon, is refused), then
-        make *then*'s calls on it (:meth:`calls`): what they returned."""
+        """Make the state of the child named *key* here (its :attr:`HostedChild.ident`: its
+        key and a nonce; one that exists is refused), then make *then*'s calls on it
+        (:meth:`calls`): what they returned."""
         with self._lock:
             if key in self._children:
                 raise RuntimeError(f"child {key!r} is already on this node")
@@ -115,7 +117,7 @@ class _Method:
         self._child, self._name = child, name
 
     def remote(self, *args: Any) -> Any:
-        return self._child.host.call.remote(self._child.key, self._name, args)
+        return self._child.host.call.remote(self._child.ident, self._name, args)
 
 
 class HostedChild:
@@ -124,6 +126,10 @@ class HostedChild:
 
     def __init__(self, host: Any, key: str, node: str, slots: "Slots") -> None:
         self.host, self.key, self.node, self._slots = host, key, node, slots
+        #: Its state's name in the host: the key and a nonce. A revived child reuses its key,
+        #: and the release of its last life (sent without waiting) may reach the host after
+        #: the new life has opened; each touches only its own state.
+        self.ident = f"{key}#{secrets.token_hex(8)}"
         self._released = self._freed = False
 
     def __getattr__(self, name: str) -> _Method:
@@ -133,7 +139,7 @@ class HostedChild:
 
     def calls(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
         """The object ref of :meth:`NodeHost.calls` for this child: its steps in one call."""
-        return self.host.calls.remote(self.key, list(calls))
+        return self.host.calls.remote(self.ident, list(calls))
 
     def free_slot(self) -> None:
         """The child has ended: its node's slot frees (its state stays for a bring-back)."""
@@ -148,7 +154,7 @@ class HostedChild:
             return
         self._released = True
         with contextlib.suppress(Exception):  # the host is gone, and the child with it
-            self.host.release.remote(self.key)
+            self.host.release.remote(self.ident)
 
     def __del__(self) -> None:
         # As a child's own actor goes with its last handle, so does its state in the host.

@@ -326,3 +326,31 @@ async def gone_path(path: Path, within: float = 10.0) -> None:
     with trio.fail_after(within):
         while await trio.Path(path).exists():  # noqa: ASYNC110 - removed by the node's actor
             await trio.sleep(0.05)
+
+
+async def test_a_key_opened_again_gets_a_state_of_its_own(cluster, tmp_path):
+    """A revived child reuses its key, while its last life's state may still be in the host
+    (its release is sent without waiting, or not yet sent: a child that ended by itself keeps
+    its state until its handle goes). The new life opens beside it on the same host, and the
+    old one's release touches only the old state."""
+    from orchestrator.launch import _ray_host  # noqa: PLC0415 - the hosts known here
+
+    launcher = launcher_for(hosted=True, session="t")
+    out: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        first = await launcher.launch(
+            spec(tmp_path, "print('first life')", "k1"), sink_into(out), nursery
+        )
+        assert await first.wait() == 0  # ended by itself: its state is still in the host
+        hosts = dict(_ray_host._hosts)
+        node = Path(await launcher.open_node("k1"))
+        await trio.to_thread.run_sync(first.actor.release)  # the old life's release, now
+        await trio.sleep(1.0)  # long after it has reached the host
+        assert await trio.Path(node).exists()
+        assert _ray_host._hosts == hosts  # the same hosts: none was taken for dead
+        again = await launcher.launch(
+            spec(tmp_path, "print('second life')", "k1"), sink_into(out), nursery
+        )
+        assert await again.wait() == 0
+    assert out.count(b"first life\n") == 1
+    assert out.count(b"second life\n") == 1
