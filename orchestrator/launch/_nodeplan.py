@@ -138,7 +138,7 @@ def plan_for(
         scratch=loadout.scratch,
         egress=egress,
         visible=tuple(str(path) for path in model_view(loadout)),
-        hidden=tuple(str(path) for path in hidden_paths(config, loadout.fenced)),
+        hidden=tuple(str(path) for path in hidden_paths(config)),
     )
 
 

@@ -4,9 +4,9 @@ A per-child actor costs a Ray worker process per child (about 100 MB and tens of
 place on a loaded cluster). With ``ray_node_host`` the ray launcher (:mod:`._ray`) instead keeps
 one :class:`NodeHost` per node, placed with node affinity, started on the first child placed on
 that node and reused by every later one: a child there is one more process of the host, and its
-node directory, loadout, TLS key and egress proxy are what its own :class:`ChildActor` state would
-hold — the host keeps one such state per child, by key, so everything a child's actor did is
-done the same way, on the same node, without a worker of its own.
+node directory, loadout, TLS key and egress proxy are what its own :class:`ChildActor` state
+would hold — the host keeps one such state per child life (its key and a nonce), so everything a
+child's actor did is done the same way, on the same node, without a worker of its own.
 
 The supervisor counts slots itself (:class:`Slots`): a node's lane is its ``agent_slot``
 resource, a child beyond every lane waits for one to free (never fails for want of one). A host

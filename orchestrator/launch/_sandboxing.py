@@ -19,7 +19,7 @@ import functools
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -163,12 +163,13 @@ class Placement:
     view: Mapping[str, object] | None = None
 
 
-def hidden_paths(config: Config, fenced: Sequence[str] = ()) -> tuple[Path, ...]:
+def hidden_paths(config: Config) -> tuple[Path, ...]:
     """What no sandboxed child may see: its own state directory (every session in it), and
     every other fleet's of this user (:func:`orchestrator._runtime.fenced_paths`: the runtime
     root holding every fleet's sockets and secrets, the default state directory, every
-    registered ``FLEET_HOME``), canonical, none inside another. *fenced*: those other paths as
-    the child's spawn found them a moment ago (its loadout's ``fenced``; empty: look now).
+    registered ``FLEET_HOME``), canonical, none inside another. Looked up as it is now, at the
+    child's launch (a child queued since its spawn hides a fleet started meanwhile too); the
+    work on what was found is done once per fence.
 
     Another fleet's home that holds this session's workspace keeps only its ``sessions``
     directory hidden (all of its state): hiding it whole would hide the repository too.
@@ -176,7 +177,7 @@ def hidden_paths(config: Config, fenced: Sequence[str] = ()) -> tuple[Path, ...]
     return _hidden(
         os.path.realpath(config.home),
         os.path.realpath(config.workspace),
-        tuple(fenced) or tuple(str(path) for path in fenced_paths()),
+        tuple(str(path) for path in fenced_paths()),
     )
 
 
@@ -336,7 +337,7 @@ def place(
     if reason is not None:
         return unsandboxed(argv, reason)
     # The session's repository stays readable (a worker's git finds its objects there).
-    hidden = hidden_paths(config, loadout.fenced)
+    hidden = hidden_paths(config)
     try:
         extra = checked_visible([config.workspace, *model_view(loadout)], hidden)
     except PolicyError as exc:

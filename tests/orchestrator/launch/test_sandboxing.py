@@ -131,20 +131,17 @@ def test_every_child_hides_its_home_the_runtime_root_and_every_other_fleets_home
     assert checked_visible([config.workspace], hidden) == [config.workspace]
 
 
-def test_a_spawns_fence_is_the_one_hidden_and_an_empty_one_is_looked_up(tmp_path, monkeypatch):
+def test_a_fleet_started_after_a_look_is_hidden_at_the_next(tmp_path, monkeypatch):
+    """The work on a fence is kept, the fence is not: a child launched after another fleet
+    registered its home (one queued since its spawn) hides that home too."""
     config, world = _fenced_world(tmp_path, monkeypatch)
-    # As the spawn found them (the loadout's ``fenced``): a home registered since is not looked
-    # up again for this child...
-    fence = [str(world["xdg"]), str(world["other"])]
+    before = hidden_paths(config)
     later = tmp_path / "later-home"
     later.mkdir()
     register_home(later)
-    hidden = hidden_paths(config, fence)
-    assert hidden == (tmp_path / "h", world["xdg"], world["other"])
-    # ...and a loadout without one never hides less: the registry is read now.
-    looked_up = hidden_paths(config, [])
-    assert later in looked_up
-    assert world["holder"] / "sessions" in looked_up
+    assert later not in before
+    assert later in hidden_paths(config)
+    assert world["holder"] / "sessions" in hidden_paths(config)
 
 
 def test_the_seatbelt_profile_denies_every_fleets_home_and_sockets_but_the_childs_egress(
