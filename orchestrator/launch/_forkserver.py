@@ -293,10 +293,12 @@ class ForkServer:
         closed its descriptors (:data:`_EXIT_NOTE_S` at most)."""
         if self._popen is None:
             return ""
-        with trio.move_on_after(_EXIT_NOTE_S if closed else 0):
-            while self._popen.poll() is None:  # noqa: ASYNC110 - no event for a child's exit here
-                await trio.sleep(0.01)
-        return "" if self._popen.returncode is None else f" (exit {self._popen.returncode})"
+        if closed:
+            with trio.move_on_after(_EXIT_NOTE_S):
+                while self._popen.poll() is None:  # noqa: ASYNC110 - no event for its exit here
+                    await trio.sleep(0.01)
+        code = self._popen.poll()
+        return "" if code is None else f" (exit {code})"
 
     def _fail(self, why: str, *, quiet: bool = False) -> None:
         if self.failure is None:

@@ -84,7 +84,7 @@ class ForkedChild:
 
 class NodeForks:
     """The fork servers of one node host (see the module docstring); blocking calls, made
-    from the host's actor threads, run on a trio thread of its own started on first use."""
+    from the host's actor threads, run on the host's one trio thread (*loop*)."""
 
     def __init__(self, loop: NodeLoop) -> None:
         self._lock = threading.Lock()

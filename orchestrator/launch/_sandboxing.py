@@ -15,7 +15,6 @@ get one, unless the user passed ``--allow-unsandboxed``; then the child runs unw
 ``peek`` and its handoff say so (``sandboxed: false`` and the reason).
 """
 
-import functools
 import os
 import sys
 import tempfile
@@ -167,27 +166,17 @@ def hidden_paths(config: Config) -> tuple[Path, ...]:
     """What no sandboxed child may see: its own state directory (every session in it), and
     every other fleet's of this user (:func:`orchestrator._runtime.fenced_paths`: the runtime
     root holding every fleet's sockets and secrets, the default state directory, every
-    registered ``FLEET_HOME``), canonical, none inside another. Looked up as it is now, at the
-    child's launch (a child queued since its spawn hides a fleet started meanwhile too); the
-    work on what was found is done once per fence.
+    registered ``FLEET_HOME``), canonical, none inside another, looked up as it is now: at
+    the child's launch (a child queued since its spawn hides a fleet started meanwhile too).
 
     Another fleet's home that holds this session's workspace keeps only its ``sessions``
     directory hidden (all of its state): hiding it whole would hide the repository too.
     """
-    return _hidden(
-        os.path.realpath(config.home),
-        os.path.realpath(config.workspace),
-        tuple(str(path) for path in fenced_paths()),
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def _hidden(own: str, workspace: str, fenced: tuple[str, ...]) -> tuple[Path, ...]:
-    """:func:`hidden_paths` of canonical strings: the same for every child of a batch."""
-    found = [Path(own)]
-    work = Path(workspace)
-    for path in map(Path, fenced):
-        holds = path == work or path in work.parents
+    own = Path(os.path.realpath(config.home))
+    workspace = Path(os.path.realpath(config.workspace))
+    found = [own]
+    for path in fenced_paths():
+        holds = sandbox.is_within(workspace, path)
         found.append(path / "sessions" if holds else path)
     return outermost(found)
 

@@ -132,8 +132,8 @@ def test_every_child_hides_its_home_the_runtime_root_and_every_other_fleets_home
 
 
 def test_a_fleet_started_after_a_look_is_hidden_at_the_next(tmp_path, monkeypatch):
-    """The work on a fence is kept, the fence is not: a child launched after another fleet
-    registered its home (one queued since its spawn) hides that home too."""
+    """The fence is looked up at each launch: a child launched after another fleet registered
+    its home (one queued since its spawn) hides that home too."""
     config, world = _fenced_world(tmp_path, monkeypatch)
     before = hidden_paths(config)
     later = tmp_path / "later-home"
