@@ -125,7 +125,8 @@ class Launching:
         """Have *run*'s actor make its node directory on its node (named there, in the node's
         own temporary directory), put that directory's paths in its loadout, and have the
         actor write the loadout there; the loadout the child gets."""
-        node = await remote.open_node(run.key)
+        # Its key and CSR are made on its node in the same round trip, in its TLS directory.
+        node = await remote.open_node(run.key, tls=str(node_layout(Path()).tls))
         layout = node_layout(node_directory_of(node, self.sup.config.session, run.key))
         run.log.write(f"node directory {layout.root}")
         # A resume file's place is in the scratch, on its node (the journal names where the

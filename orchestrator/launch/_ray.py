@@ -14,16 +14,19 @@ killed behind our back (OOM, ``ray.kill``, its raylet dying) cannot leave the ch
 goes through the actor to the child's whole process group — TERM, then KILL after the grace —
 and only then is the actor ``ray.kill``-ed.
 
-Every call into Ray is blocking, so it runs in a worker thread
-(``trio.to_thread.run_sync(..., abandon_on_cancel=True)``): the trio loop is never blocked —
-except ``ray.init`` itself, which runs on one thread kept for the process's life (a local node
-dies with the thread that started it), with Ray told to wait for a lost GCS rather than end
-the supervisor: a lost node costs only its children.
+Every call into Ray is awaited without blocking the trio loop and without a worker thread
+(:mod:`._ray_refs`: Ray's future for the call wakes the waiting task); what may block —
+``ray.init``, starting a node's host, submitting a call with a large bundle — runs in a thread:
+``ray.init`` on one kept for the process's life (a local node dies with the thread that started
+it), with Ray told to wait for a lost GCS rather than end the supervisor: a lost node costs
+only its children.
 
 The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
 starts, its actor makes a key and CSR on the node (:mod:`._node_key`; the key never
 leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
-the leaf and the CA beside the key.
+the leaf and the CA beside the key. With :meth:`RayLauncher.open_node`'s *tls*, the key is
+made in the round trip that makes the node directory, and the signed files go with the start:
+a hosted child's launch is two round trips (open; the loadout, workspace and start).
 
 Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`):
 :meth:`RayLauncher.open_node` has a fresh actor make it in its node's own temporary directory
@@ -53,9 +56,17 @@ import trio
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan
-from orchestrator.launch._ray_host import HostedChild, Slots, end_actor, forget_host, host_on
+from orchestrator.launch._ray_host import (
+    HostedChild,
+    Slots,
+    end_actor,
+    forget_host,
+    host_on,
+    known_host,
+)
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._ray_node import ChildActor, ray_module
+from orchestrator.launch._ray_refs import resolved, submitted
 
 log = logging.getLogger("orchestrator")
 #: Nodes tried for a child's host before its launch fails.
@@ -105,27 +116,37 @@ def _actor_class() -> Any:
 Call = tuple[str, tuple[Any, ...]]
 
 
-def _open_in(host: Any, ident: str, then: Sequence[Call]) -> list[Any]:
+async def _open_in(host: Any, ident: str, then: Sequence[Call]) -> list[Any]:
     """Make a child's state *ident* (:attr:`HostedChild.ident`) in *host*, then *then*'s
-    steps; what they returned. Blocking: runs in a worker thread."""
-    return list(ray_module().get(host.open.remote(ident, list(then)), timeout=120))
+    steps; what they returned."""
+    ref = await submitted(lambda: host.open.remote(ident, list(then)), then)
+    return list(await resolved(ref, timeout=120))
 
 
 def _close(actor: Any) -> None:
-    """Child *actor* will not run (again): its node directory removed, then the actor ended.
-    Blocking: runs in a worker thread."""
+    """Child *actor* will not run (again): its node directory removed, then the actor ended
+    (a hosted child's in one call to its host). Blocking: runs in a worker thread, which a
+    cancelled launch abandons to finish on its own."""
+    ray = ray_module()
+    if isinstance(actor, HostedChild):
+        with contextlib.suppress(Exception):
+            ray.get(actor.finish(), timeout=60)
+        return
     with contextlib.suppress(Exception):
-        ray_module().get(actor.clean_up.remote(), timeout=60)
+        ray.get(actor.clean_up.remote(), timeout=60)
     end_actor(actor)
 
 
-def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
+async def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
     """*calls* on child *actor*, in order: one round trip to a node host, a call each to a
-    child's own actor. Blocking: runs in a worker thread."""
-    ray = ray_module()
+    child's own actor."""
     if isinstance(actor, HostedChild):
-        return list(ray.get(actor.calls(calls)))
-    return [ray.get(getattr(actor, name).remote(*args)) for name, args in calls]
+        return list(await resolved(await submitted(lambda: actor.calls(calls), calls)))
+    done = []
+    for name, args in calls:
+        method = getattr(actor, name)
+        done.append(await resolved(await submitted(lambda: method.remote(*args), args)))  # noqa: B023 - awaited here
+    return done
 
 
 @attrs.define(eq=False)
@@ -164,11 +185,14 @@ class RayLauncher:
     #: Per opened child: the steps that wait for its launch's first call to its node
     #: (:meth:`write_files`, :meth:`open_egress`), made in the same round trip.
     _queued: dict[str, list[Call]] = attrs.field(factory=dict, init=False)
+    #: Per child whose key :meth:`open_node` made: its TLS directory on the node and its CSR.
+    _csrs: dict[str, tuple[str, bytes]] = attrs.field(factory=dict, init=False)
 
     async def _actor(self, key: str, then: Sequence[Call] = ()) -> tuple[Any, list[Any]]:
         """Child *key*'s actor (or its state in its node's host) and what *then*'s steps on it
         returned: in the host's opening round trip, or a call each on an actor of its own."""
-        await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        if not ray_module().is_initialized():
+            await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
         if self.node_host:
             return await self._hosted(key, then)
         options: dict[str, Any] = {
@@ -181,7 +205,7 @@ class RayLauncher:
         if not then:
             return actor, []
         try:
-            return actor, await trio.to_thread.run_sync(_steps, actor, then, abandon_on_cancel=True)
+            return actor, await _steps(actor, then)
         except BaseException:
             end_actor(actor)
             raise
@@ -198,12 +222,12 @@ class RayLauncher:
                 await trio.sleep(0.05)
             child, fresh = HostedChild(None, key, node, self._slots), True
             try:
-                child.host, fresh = await trio.to_thread.run_sync(
-                    host_on, node, abandon_on_cancel=True
-                )
-                done = await trio.to_thread.run_sync(
-                    _open_in, child.host, child.ident, then, abandon_on_cancel=True
-                )
+                child.host, fresh = known_host(node), False
+                if child.host is None:
+                    child.host, fresh = await trio.to_thread.run_sync(
+                        host_on, node, abandon_on_cancel=True
+                    )
+                done = await _open_in(child.host, child.ident, then)
             except Exception as exc:
                 child.release()
                 if isinstance(exc, ray_module().exceptions.RayTaskError):
@@ -223,16 +247,24 @@ class RayLauncher:
                 raise
             return child, done
 
-    async def open_node(self, key: str) -> str:
+    async def open_node(self, key: str, tls: str = "") -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
         node's own temporary directory, before the child is placed; its path on that node
         (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
+        With *tls* (a directory relative to the node directory: where the launch's
+        ``spec.tls`` will be), the child's key and CSR are made there in the same round trip.
         Queues, like a launch, until a node has a free slot."""
-        actor, [directory] = await self._actor(key, [("make_node", (self.session, key))])
+        steps: list[Call] = [("make_node", (self.session, key))]
+        if tls:
+            steps.append(("request_certificate", (tls, self.session, key)))
+        actor, done = await self._actor(key, steps)
+        directory = str(done[0])
         self._opened[key] = actor
-        self._dirs[key] = str(directory)
+        self._dirs[key] = directory
         self._queued[key] = []
-        return str(directory)
+        if tls:
+            self._csrs[key] = (os.path.join(directory, tls), done[1])
+        return directory
 
     async def write_files(self, key: str, files: Mapping[str, bytes]) -> None:
         """Have child *key*'s actor write *files* (its loadout) in its node directory, with
@@ -252,9 +284,7 @@ class RayLauncher:
         self._queued[key] = []
         if not calls:
             return []
-        done = await trio.to_thread.run_sync(
-            _steps, self._opened[key], calls, abandon_on_cancel=True
-        )
+        done = await _steps(self._opened[key], calls)
         return done[len(calls) - len(then) :]
 
     def plan(self, key: str, plan: NodePlan) -> None:
@@ -278,6 +308,7 @@ class RayLauncher:
         self._plans.pop(key, None)
         self._dirs.pop(key, None)
         self._queued.pop(key, None)
+        self._csrs.pop(key, None)
         if actor is None:
             return
         await trio.to_thread.run_sync(_close, actor, abandon_on_cancel=True)
@@ -313,12 +344,13 @@ class RayLauncher:
         actor = self._opened.pop(spec.key, None)
         plan = self._plans.pop(spec.key, None)
         queued = self._queued.pop(spec.key, [])
+        csr = self._csrs.pop(spec.key, None)
         opened = actor is not None  # its node directory exists
         if actor is None:
             actor, _ = await self._actor(spec.key)
         # Queues until a node has a free slot: Ray holds the actor pending, it never fails.
         try:
-            info = await self._start(actor, spec, plan, queued)
+            info = await self._start(actor, spec, plan, queued, csr)
         except BaseException:
             # Cancelled while queued (or the start failed): the actor must not start later,
             # and a node directory it made goes (in the thread, if this task is cancelled).
@@ -347,34 +379,33 @@ class RayLauncher:
         return launched
 
     async def _start(
-        self, actor: Any, spec: LaunchSpec, plan: NodePlan | None, queued: Sequence[Call]
+        self,
+        actor: Any,
+        spec: LaunchSpec,
+        plan: NodePlan | None,
+        queued: Sequence[Call],
+        csr: tuple[str, bytes] | None = None,
     ) -> dict[str, Any]:
-        """The steps that waited (the loadout, the egress proxy), the workspace, the node's key
-        and CSR in one round trip; the session CA signs the CSR; the child starts with the
-        signed files (a Unix-socket child's start is in the first round trip too): what the
-        actor said of the start."""
+        """The steps that waited (the loadout, the egress proxy), the workspace and the start
+        in one round trip: what the actor said of the start. A TLS child's start carries its
+        signed leaf and the CA: for its CSR made by :meth:`open_node` (*csr*), signed now;
+        else its key and CSR are made first, in a round trip of their own."""
         calls = list(queued)
         if spec.ship is not None:
             calls.append(("receive", (spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only)))
+        files: dict[str, bytes] = {}
         if spec.tls:
             if self.certify is None:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
-            calls.append(("request_certificate", (spec.tls, self.session, spec.key)))
-        plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
-
-        def start(files: dict[str, bytes]) -> Call:
-            return ("start", (spec.argv, spec.cwd, dict(spec.env), files, plain))
-
-        if not spec.tls:
-            calls.append(start({}))
-        done = await trio.to_thread.run_sync(_steps, actor, calls, abandon_on_cancel=True)
-        if spec.tls:
-            assert self.certify is not None  # noqa: S101 - checked above
-            leaf, ca = self.certify(spec.key, done[-1])
+            if csr is None or csr[0] != spec.tls:
+                calls.append(("request_certificate", (spec.tls, self.session, spec.key)))
+                *done, request = await _steps(actor, calls)
+                calls, csr = [], (spec.tls, request)
+            leaf, ca = self.certify(spec.key, csr[1])
             files = {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}
-            done = await trio.to_thread.run_sync(
-                _steps, actor, [start(files)], abandon_on_cancel=True
-            )
+        plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
+        calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), files, plain)))
+        done = await _steps(actor, calls)
         info: dict[str, Any] = done[-1]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
             raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))

@@ -26,7 +26,15 @@ from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
-__all__ = ["HostedChild", "NodeHost", "Slots", "end_actor", "forget_host", "host_on"]
+__all__ = [
+    "HostedChild",
+    "NodeHost",
+    "Slots",
+    "end_actor",
+    "forget_host",
+    "host_on",
+    "known_host",
+]
 
 #: The methods of a child's state that the supervisor may call through its node's host.
 _CALLS = frozenset(
@@ -96,6 +104,14 @@ class NodeHost:
         a Ray call each otherwise); the first that raises ends the list."""
         return [self.call(key, name, tuple(args)) for name, args in calls]
 
+    def finish(self, key: str, calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> list[Any]:
+        """Child *key*'s last *calls* (its stop), then :meth:`release`, whatever they did: what
+        they returned. A child's end is one round trip, not a stop, a clean-up and a release."""
+        try:
+            return self.calls(key, calls)
+        finally:
+            self.release(key)
+
     def release(self, key: str) -> None:
         """Child *key* is done here: its process group stopped (if it still runs), its node
         directory removed, its state forgotten."""
@@ -140,6 +156,13 @@ class HostedChild:
     def calls(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
         """The object ref of :meth:`NodeHost.calls` for this child: its steps in one call."""
         return self.host.calls.remote(self.ident, list(calls))
+
+    def finish(self, calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> Any:
+        """The object ref of :meth:`NodeHost.finish` for this child: its last steps and its
+        release in one call; its slot frees now."""
+        self.free_slot()
+        self._released = True
+        return self.host.finish.remote(self.ident, list(calls))
 
     def free_slot(self) -> None:
         """The child has ended: its node's slot frees (its state stays for a bring-back)."""
@@ -244,6 +267,12 @@ def forget_host(node: str, host: Any) -> None:
     with _hosts_lock:
         if _hosts.get(node) is host:
             del _hosts[node]
+
+
+def known_host(node: str) -> Any:
+    """The node host known on *node*, or ``None``: :func:`host_on` without its thread."""
+    with _hosts_lock:
+        return _hosts.get(node)
 
 
 def host_on(node: str) -> tuple[Any, bool]:

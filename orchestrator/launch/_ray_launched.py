@@ -5,7 +5,6 @@ its node directory swept from its node when the actor itself was lost (:mod:`._r
 """
 
 import logging
-import math
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -17,19 +16,12 @@ from orchestrator.launch._context import ContextRefused
 from orchestrator.launch._launcher import OutputSink
 from orchestrator.launch._ray_host import HostedChild, end_actor
 from orchestrator.launch._ray_node import ReturnRefused, ray_module
+from orchestrator.launch._ray_refs import resolved
 from orchestrator.launch._ray_sweep import sweep_on_node
 
 __all__ = ["LaunchedRay"]
 
 log = logging.getLogger("orchestrator")
-
-
-def _held() -> trio.CapacityLimiter:
-    """A limiter of its own for a call that holds its thread for the child's life (the exit
-    watch) or seconds at a time (the refusals poll). Under trio's default limiter (40 threads
-    for the whole process) 40 remote children's watches held every thread, and every later Ray
-    call (the next child's launch, a stop, a context fetch) waited for one that never freed."""
-    return trio.CapacityLimiter(math.inf)
 
 
 @attrs.define(eq=False)
@@ -68,11 +60,11 @@ class LaunchedRay:
     _swept: bool = False
 
     async def _watch(self, sink: OutputSink) -> None:
-        ray = ray_module()
+        # Awaited without a thread (:mod:`._ray_refs`): a watch once held one of trio's 40
+        # worker threads for its child's life, and from the 41st remote child every Ray call
+        # waited for a thread that never freed.
         try:
-            code, out = await trio.to_thread.run_sync(
-                ray.get, self._done, abandon_on_cancel=True, limiter=_held()
-            )
+            code, out = await resolved(self._done)
             if out:
                 sink("stdout", out)
             self.returncode = code
@@ -115,6 +107,23 @@ class LaunchedRay:
     async def terminate(self, grace: float) -> None:
         ray = ray_module()
 
+        async def finish(child_running: bool) -> bool:
+            """A hosted child that ships nothing back ends in one round trip: its stop (if it
+            still runs), its node directory's removal and its release; whether its host was
+            gone (its node directory is then swept)."""
+            assert isinstance(self.actor, HostedChild)  # noqa: S101 - the caller's test
+            try:
+                done = await resolved(
+                    self.actor.finish([("stop", (grace,))] if child_running else []),
+                    timeout=grace + 70,
+                )
+            except Exception as exc:
+                log.info("ray child %s: stop through its host failed: %s", self.pid, exc)
+                return True
+            if child_running:
+                self._stopped = int(done[0])
+            return False
+
         def stop(child_running: bool) -> bool:
             try:
                 if child_running:
@@ -135,9 +144,12 @@ class LaunchedRay:
 
         if not self._killed:
             self._killed = True
-            orphaned = await trio.to_thread.run_sync(
-                stop, not self.exited.is_set(), abandon_on_cancel=True
-            )
+            if isinstance(self.actor, HostedChild) and not self.ships_back:
+                orphaned = await finish(not self.exited.is_set())
+            else:
+                orphaned = await trio.to_thread.run_sync(
+                    stop, not self.exited.is_set(), abandon_on_cancel=True
+                )
             if orphaned:
                 self._sweep_soon()
         with trio.move_on_after(grace + 15):
@@ -158,33 +170,23 @@ class LaunchedRay:
         """What the child's backend resumes from, fetched from its node (``ChildActor.context``):
         its files, or the one line why they are not sent (over the cap). Raises when the
         actor or its node is gone."""
-        ray = ray_module()
-
-        def fetch() -> dict[str, bytes] | str:
-            try:
-                got: dict[str, bytes] = ray.get(
-                    self.actor.context.remote(backend, resume), timeout=60
-                )
-            except Exception as exc:
-                refused = getattr(exc, "cause", None)
-                if not isinstance(refused, ContextRefused):
-                    raise
-                return str(refused)
-            return got
-
-        return await trio.to_thread.run_sync(fetch, abandon_on_cancel=True)
+        try:
+            got: dict[str, bytes] = await resolved(
+                self.actor.context.remote(backend, resume), timeout=60
+            )
+        except Exception as exc:
+            refused = getattr(exc, "cause", None)
+            if not isinstance(refused, ContextRefused):
+                raise
+            return str(refused)
+        return got
 
     async def poll_refusals(self, refused: Callable[[str, str], None]) -> None:
         """Hand each egress refusal of the child's node-side proxy to *refused* (the
         supervisor's reject and run log) until the child has ended and the actor is gone."""
-        ray = ray_module()
         while True:
             try:
-                got = await trio.to_thread.run_sync(
-                    lambda: ray.get(self.actor.refusals.remote(5.0), timeout=30),
-                    abandon_on_cancel=True,
-                    limiter=_held(),
-                )
+                got = await resolved(self.actor.refusals.remote(5.0), timeout=30)
             except Exception:  # the actor is gone, and its proxy with it
                 return
             for target, reason in got:
@@ -194,12 +196,8 @@ class LaunchedRay:
 
     async def forget(self, path: str) -> None:
         """Have the actor delete the child's loadout file *path* on its node (after hello)."""
-        ray = ray_module()
         try:
-            gone = await trio.to_thread.run_sync(
-                lambda: ray.get(self.actor.forget.remote(path), timeout=60),
-                abandon_on_cancel=True,
-            )
+            gone = await resolved(self.actor.forget.remote(path), timeout=60)
         except Exception as exc:  # the actor is gone: its node directory goes with the child
             log.info("ray child %s: loadout not deleted on its node: %s", self.pid, exc)
             return

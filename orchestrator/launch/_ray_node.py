@@ -338,7 +338,16 @@ class ChildActor:
 
     def request_certificate(self, directory: str, session: str, owner: str) -> bytes:
         """Make the child's TLS directory and key here on the node (:mod:`._node_key`); the
-        CSR (never the key)."""
+        CSR (never the key). A relative *directory* is below the child's node directory (so
+        the key can be made in the round trip that makes that directory)."""
+        if not os.path.isabs(directory):
+            if (
+                not self.node_dir
+                or os.path.normpath(directory) != directory
+                or (directory.startswith(".."))
+            ):
+                raise RuntimeError(f"{directory!r} is not below the child's node directory")
+            directory = os.path.join(self.node_dir, directory)
         try:
             return make_node_key(directory, session, owner)
         except OSError as exc:
