@@ -354,3 +354,63 @@ async def test_a_key_opened_again_gets_a_state_of_its_own(cluster, tmp_path):
         assert await again.wait() == 0
     assert out.count(b"first life\n") == 1
     assert out.count(b"second life\n") == 1
+
+
+async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
+    cluster, tmp_path, monkeypatch
+):
+    """A hosted TLS child's key and CSR are made in the round trip that opens its node
+    directory, its loadout, CA-signed leaf and start go in the next, and its end (stop,
+    clean-up, release) is one more: the supervisor's Ray calls are what a remote child costs
+    beyond a local one. The key stays on the node; the leaf names the child."""
+    from cryptography import x509  # noqa: PLC0415
+
+    from orchestrator.launch import _ray, _ray_host  # noqa: PLC0415
+    from orchestrator.remote._ca import SessionCA, owner_of  # noqa: PLC0415
+
+    trips: list[str] = []
+    for name in ("_open_in", "_steps"):
+        real = getattr(_ray, name)
+
+        async def counted(*args, _real=real, _name=name):
+            trips.append(_name)
+            return await _real(*args)
+
+        monkeypatch.setattr(_ray, name, counted)
+    finish = _ray_host.HostedChild.finish
+
+    def finished(self, calls=()):
+        trips.append("finish")
+        return finish(self, calls)
+
+    monkeypatch.setattr(_ray_host.HostedChild, "finish", finished)
+    ca = SessionCA("t")
+    launcher = launcher_for(
+        hosted=True,
+        session="t",
+        certify=lambda owner, csr: (ca.sign(csr, owner), ca.certificate_pem),
+    )
+    node = Path(await launcher.open_node("t1", tls="scratch/tls"))
+    assert trips == ["_open_in"]
+    tls = node / "scratch" / "tls"
+    assert sorted(os.listdir(tls)) == ["key.pem"]  # made on the node, with the directory
+    await launcher.write_files("t1", {str(node / "loadout.json"): b"{}"})
+    code = "import os, sys, time; print(sorted(os.listdir(sys.argv[1])), flush=1); time.sleep(60)"
+    child = attrs.evolve(
+        spec(tmp_path, code, "t1"), argv=(sys.executable, "-c", code, str(tls)), tls=str(tls)
+    )
+    out: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        r = await launcher.launch(child, sink_into(out), nursery)
+        assert trips == ["_open_in", "_steps"]
+        leaf = x509.load_pem_x509_certificate((tls / "cert.pem").read_bytes())
+        assert owner_of(leaf, "t") == "t1"
+        assert (node / "loadout.json").read_bytes() == b"{}"
+        await trio.sleep(1.0)  # it has listed its TLS directory (its output comes at its end)
+        await r.terminate(1.0)
+        assert trips == ["_open_in", "_steps", "finish"]
+        assert r.returncode == -15  # stopped by its host, in that one round trip
+    assert b"['ca.pem', 'cert.pem', 'key.pem']" in b"".join(out)
+    await gone_path(node)
+    host = _ray_host.known_host(r.node)
+    assert await trio.to_thread.run_sync(lambda: ray.get(host.count.remote())) == 0

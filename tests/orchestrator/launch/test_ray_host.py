@@ -1,5 +1,7 @@
 """The node host's slot count (no cluster: the nodes are given as ``ray.nodes()`` lists them)."""
 
+import os
+
 import pytest
 
 from orchestrator._config import load_config
@@ -76,3 +78,23 @@ def test_node_host_and_placement_come_from_config_and_environment(tmp_path, monk
     monkeypatch.setenv("FLEET_RAY_PLACEMENT", "scatter")
     with pytest.raises(UsageError, match="spread or pack"):
         load_config(home=tmp_path, cwd=tmp_path)
+
+
+def test_a_childs_key_is_made_below_its_node_directory_and_its_finish_always_releases():
+    """The opening round trip makes the key in the node directory (a relative TLS directory
+    that climbs out is refused); :meth:`NodeHost.finish` releases the child's state and
+    removes its node directory even when its last step fails."""
+    host = NodeHost()
+    [directory, csr] = host.open(
+        "k#1", [("make_node", ("t", "k")), ("request_certificate", ("scratch/tls", "t", "k"))]
+    )
+    assert csr.startswith(b"-----BEGIN CERTIFICATE REQUEST-----")
+    assert os.listdir(os.path.join(directory, "scratch", "tls")) == ["key.pem"]
+    for climbing in ("../tls", "scratch/../../tls", "/abs/../tls"):
+        with pytest.raises(RuntimeError, match=r"not below|TLS key"):
+            host.call("k#1", "request_certificate", (climbing, "t", "k"))
+    assert not os.path.exists(os.path.join(os.path.dirname(directory), "tls"))
+    with pytest.raises(RuntimeError, match="not below"):
+        host.finish("k#1", [("request_certificate", ("../elsewhere", "t", "k"))])
+    assert host.count() == 0
+    assert not os.path.exists(directory)
