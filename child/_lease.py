@@ -62,6 +62,9 @@ async def hold_lease(
     *certificate*, a renewal past two thirds of the leaf's life carries a CSR too."""
     interval = lease_s / 3
     renewed = trio.current_time()
+    # The hello started the lease on the supervisor's side: the first renewal is due one
+    # interval later, not now (a renewal at once cost every child a round trip for nothing).
+    await trio.sleep(interval)
     while True:
         csr = certificate.csr() if certificate is not None and certificate.due() else ""
         try:

@@ -4,6 +4,7 @@ answering (a partition, a frozen supervisor), and never while the channel is mer
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import pytest
@@ -67,6 +68,23 @@ async def test_a_lease_renewed_in_time_never_runs_out() -> None:
             nursery.cancel_scope.cancel()
     assert expired == []
     assert supervisor.renewals >= 6  # every third of the lease
+
+
+async def test_the_first_renewal_waits_a_third_of_the_lease_after_the_hello() -> None:
+    """The hello started the lease on the supervisor's side: a renewal at once would cost
+    every child a round trip for nothing."""
+    supervisor, expired = Supervisor(), list[float]()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            child = await pair(nursery, supervisor)
+            nursery.start_soon(functools.partial(hold_lease, child, LEASE, expired=expired.append))
+            await trio.sleep(LEASE / 6)
+            assert supervisor.renewals == 0
+            with trio.fail_after(LEASE * 3):
+                while supervisor.renewals == 0:  # noqa: ASYNC110 - counted by the handler
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert expired == []
 
 
 async def test_a_child_unheard_for_a_whole_lease_gives_up() -> None:

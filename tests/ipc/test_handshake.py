@@ -271,3 +271,27 @@ async def test_a_hello_on_an_inherited_socketpair_binds_the_owner(wire, nursery)
     assert (server.owner, hello.body) == ("a1", ipc.Hello(pid=7))
     await client.aclose("done")
     await server.aclose("done")
+
+
+async def test_a_tls_dial_tries_each_address_and_leaves_no_socket_open():
+    """``open_tls_client`` dials the door directly (no happy-eyeballs nursery): a refused
+    address fails with its own error and closes its socket; a listening one connects, with
+    ``TCP_NODELAY`` set as ``trio.SocketStream`` sets it."""
+    from ipc._handshake import _dial  # noqa: PLC0415 - the door's dial
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ConnectionRefusedError):
+        await _dial("127.0.0.1", port)
+    assert len(os.listdir("/proc/self/fd")) == before
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        stream = await _dial("127.0.0.1", server.getsockname()[1])
+        async with stream:
+            assert stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            peer, _ = server.accept()
+            peer.sendall(b"hi")
+            assert await stream.receive_some(2) == b"hi"
+            peer.close()

@@ -33,8 +33,14 @@ def context_of(directory: Path) -> ssl.SSLContext:
     return client_context(directory / "key.pem", directory / "cert.pem", directory / "ca.pem")
 
 
-async def dial(server: ssl.SSLContext, client: ssl.SSLContext, hello_owner: str) -> str:
-    """One real TLS connection on 127.0.0.1; the server checks the peer against the hello."""
+async def dial(
+    server: ssl.SSLContext,
+    client: ssl.SSLContext,
+    hello_owner: str,
+    tickets: list[bool] | None = None,
+) -> str:
+    """One real TLS connection on 127.0.0.1; the server checks the peer against the hello.
+    *tickets* gets whether the client was given a session ticket by the server's answer."""
     result: list[str] = []
     done = trio.Event()
 
@@ -61,6 +67,9 @@ async def dial(server: ssl.SSLContext, client: ssl.SSLContext, hello_owner: str)
         try:
             await stream.send_all(hello_owner.encode())
             await stream.receive_some(10)
+            if tickets is not None:
+                session = stream._ssl_object.session
+                tickets.append(session is not None and session.has_ticket)
         except (trio.BrokenResourceError, ssl.SSLError, OSError):
             pass
         finally:
@@ -121,3 +130,13 @@ def test_leaf_lifetime_is_within_30_to_60_minutes(tmp_path):
     leaf = x509.load_pem_x509_certificate(ca.sign(make_key_and_csr(tmp_path, SESSION, "a1"), "a1"))
     life = leaf.not_valid_after_utc - leaf.not_valid_before_utc
     assert dt.timedelta(minutes=30) <= life <= dt.timedelta(minutes=60)
+
+
+async def test_the_door_gives_no_session_ticket(tmp_path):
+    """Every child is a new process with a key of its own: a ticket would never be used, and
+    each cost both ends work at every handshake."""
+    ca = SessionCA(SESSION)
+    tickets: list[bool] = []
+    server = ca.server_context("127.0.0.1")
+    assert await dial(server, context_of(node(tmp_path, ca, "a1")), "a1", tickets) == "ok"
+    assert tickets == [False]
