@@ -165,6 +165,13 @@ def _mount_point(target: str, *, directory: bool) -> None:
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
 
+def _gone(hidden: str) -> bool:
+    """Whether *hidden*, a path the plan hides, no longer exists: it hides nothing then, and its
+    mount point could not be made where a read-only tree holds it (``EROFS``). A fleet home
+    removed between the plan and the fork (another fleet's test run ending) failed the fork."""
+    return not os.path.lexists(hidden)
+
+
 def _bind(fd: int, target: str, *, directory: bool) -> None:
     _mount_point(target, directory=directory)
     _attach(fd, target)
@@ -239,9 +246,12 @@ def apply_ops(ops: Sequence[Sequence[str]]) -> None:
             elif op[0] == "--proc":
                 _proc(op[1])
             elif op[0] == "--tmpfs":
-                _tmpfs(op[1])
+                if not _gone(op[1]):
+                    _tmpfs(op[1])
             else:
                 fd, directory = clones[index]
+                if op[1] == os.devnull and _gone(op[2]):
+                    continue  # a hidden file that is gone
                 _bind(fd, op[2], directory=directory)
     finally:
         for fd, _directory in clones.values():

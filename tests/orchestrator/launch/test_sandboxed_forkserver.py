@@ -243,3 +243,53 @@ async def test_nothing_the_server_started_outlives_its_close(tmp_path: Path) -> 
             sleeper.wait(timeout=5)
     with contextlib.suppress(psutil.NoSuchProcess):
         assert sleeper.status() == psutil.STATUS_ZOMBIE, "the server's leftover still runs"
+
+
+async def test_a_hidden_path_gone_before_the_fork_hides_nothing_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    """A fleet home in the plan can be removed before the fork builds the view (another
+    fleet's run ends). Below a read-only visible tree its mount point cannot be made: the fork
+    failed with ``EROFS`` once in a full run. There is nothing left to hide: the child starts."""
+    config = _config(tmp_path)
+    wrapper = fork_server_wrapper(config)
+    assert wrapper is not None
+    visible = tmp_path / "visible"
+    visible.mkdir()
+    gone_dir, gone_file = visible / "fleet-home", visible / "fleet.token"
+    view = _view(
+        config,
+        ["--ro-bind", str(visible), str(visible)],
+        ["--tmpfs", str(gone_dir)],
+        ["--ro-bind", os.devnull, str(gone_file)],
+    )
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            forks = ForkServer(
+                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
+            )
+            forks.start()
+            assert await forks.ready(), forks.failure
+            out_r, out_w = os.pipe()
+            pair = socket.socketpair()
+            memfd = os.memfd_create("loadout")
+            try:
+                await forks.spawn(
+                    cwd="/",
+                    env={},
+                    name="t",
+                    stdio=(out_w, out_w),
+                    inherit=(pair[1].fileno(), memfd),
+                    view=view,
+                )
+            finally:
+                for fd in (out_w, memfd):
+                    os.close(fd)
+                pair[1].close()
+            with os.fdopen(out_r, "rb") as out:
+                said = await trio.to_thread.run_sync(out.read)
+            pair[0].close()
+            await forks.aclose()
+    assert b"could not start the child" not in said, said
+    assert not gone_dir.exists()
+    assert not gone_file.exists()
