@@ -412,5 +412,6 @@ async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
         assert r.returncode == -15  # stopped by its host, in that one round trip
     assert b"['ca.pem', 'cert.pem', 'key.pem']" in b"".join(out)
     await gone_path(node)
-    host = _ray_host.known_host(r.node)
-    assert await trio.to_thread.run_sync(lambda: ray.get(host.count.remote())) == 0
+    host, ident = r.actor.host, r.actor.ident
+    with pytest.raises(ray.exceptions.RayTaskError, match="KeyError"):  # its state is gone
+        await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "forget", ("x",))))
