@@ -33,13 +33,13 @@ Why each flag is there (traps verified on these machines, see docs/sandbox.md):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox._paths import is_within
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from sandbox._paths import CanonicalPaths
 
@@ -52,6 +52,7 @@ ISOLATION_FLAGS = (
 NAMESPACE_FLAGS = ("--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL")
 # The mounts above replace these trees, hiding whatever the host had below them.
 HIDDEN_ROOTS = ("/tmp", "/dev", "/proc")  # noqa: S108
+_TMP = Path("/tmp")  # noqa: S108 - the view's own tmpfs
 
 
 def mount_ops(paths: CanonicalPaths) -> tuple[tuple[str, ...], ...]:
@@ -75,6 +76,7 @@ def mount_ops(paths: CanonicalPaths) -> tuple[tuple[str, ...], ...]:
     ops += [
         ("--tmpfs", str(hidden)) if hidden.is_dir() else ("--ro-bind", "/dev/null", str(hidden))
         for hidden in paths.hidden
+        if _shown(hidden, paths)
     ]
     ops += [("--ro-bind", str(kept), str(kept)) for kept in below]
     ops += [("--ro-bind", str(s), str(s)) for s in paths.sockets if s not in below]
@@ -152,6 +154,17 @@ def server_argv(
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return (*argv, "--", *command)
+
+
+def _shown(hidden: Path, paths: CanonicalPaths) -> bool:
+    """Whether *hidden* would show in the view without a mount of its own. Below ``/tmp`` it
+    is already gone under the view's own ``/tmp``, unless a path bound again there holds it.
+    Every fleet home registered under ``/tmp`` (a box that runs test suites had 89) cost
+    every sandboxed child a mount each, and the view's every visible path a check against it."""
+    if not is_within(hidden, _TMP):
+        return True
+    bound = (*paths.exposed, *(() if paths.egress is None else (paths.egress,)))
+    return any(is_within(hidden, root) for root in bound)
 
 
 def _under_hidden(path: Path, hidden: Sequence[Path]) -> bool:

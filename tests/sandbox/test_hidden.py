@@ -9,15 +9,12 @@ import os
 import socket
 import stat
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
 from sandbox import Policy, ProbeResult, SandboxSpec, wrap
 from sandbox._seccomp import nosuid_filter
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 SEATBELT = ProbeResult(available=True, launcher="sandbox-exec", reason="", version="14.5")
 BWRAP = ProbeResult(available=True, launcher="bwrap", reason="", version="0.8.0")
@@ -41,8 +38,7 @@ def _state(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
 
 def test_bwrap_hides_then_binds_back_in_order(tmp_path):
     state, session, scratch, sock = _state(tmp_path)
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    repo = tmp_path  # a visible tree that holds the state dir: it must be hidden again
     spec = SandboxSpec(
         policy=Policy.READ_ONLY,
         scratch=scratch,
@@ -69,10 +65,39 @@ def test_a_hidden_file_is_replaced_by_dev_null(tmp_path):
     secret.write_text("x")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=scratch, hidden=(secret,))
+    spec = SandboxSpec(
+        policy=Policy.READ_ONLY, scratch=scratch, visible=(tmp_path,), hidden=(secret,)
+    )
     argv = wrap(["/bin/true"], spec, platform="linux", probe_result=BWRAP).argv
     at = argv.index(str(secret.resolve()))
     assert argv[at - 2 : at] == ("--ro-bind", "/dev/null")
+
+
+def test_a_hidden_path_under_tmp_gets_a_mount_only_where_a_bound_tree_holds_it(tmp_path):
+    """The view's own ``/tmp`` is a fresh tmpfs: a fleet home below ``/tmp`` that no bound
+    path holds is gone already and costs no mount (a box that runs test suites registered
+    89, a mount each in every sandboxed child); one inside a visible tree is hidden after that
+    tree's bind, as before. Outside ``/tmp`` every hidden path gets its mount."""
+    other, token, work, scratch = (
+        tmp_path / name for name in ("other-home", "token", "work", "scratch")
+    )
+    inside = work / "fleet-home"
+    for directory in (other, inside, scratch):
+        directory.mkdir(parents=True)
+    token.write_text("x")
+    spec = SandboxSpec(
+        policy=Policy.READ_ONLY, scratch=scratch, visible=(work,), hidden=(other, inside, token)
+    )
+    argv = wrap(["/bin/true"], spec, platform="linux", probe_result=BWRAP).argv
+    assert str(other.resolve()) not in argv  # gone under the view's /tmp already
+    assert str(token.resolve()) not in argv
+    at = argv.index(str(inside.resolve()))
+    assert argv[at - 1] == "--tmpfs"
+    assert argv.index(str(work.resolve())) < at  # hidden after the tree that holds it
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    away = SandboxSpec(policy=Policy.READ_ONLY, scratch=scratch, hidden=(home,))
+    argv = wrap(["/bin/true"], away, platform="linux", probe_result=BWRAP).argv
+    assert argv[argv.index(str(home)) - 1] == "--tmpfs"
 
 
 async def test_inside_bwrap_the_state_dir_shows_only_what_is_bound_back(tmp_path, attempt):
