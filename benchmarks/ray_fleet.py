@@ -14,7 +14,8 @@ placed, a child's USS (what it costs beyond the process it was forked from) and,
 node hosts' and their fork servers' RSS shared over their children. CPU a child: the whole
 machine's busy time over a fleet (every process, on the same cores: four simulated nodes share
 the baseline's CPUs) and the supervisor's own, each over the fleet's children (the supervisor's
-part is what a real cluster still pays on the supervisor's machine).
+part is what a real cluster still pays on the supervisor's machine), with the children's own
+(reaped by their fork servers) and the node hosts' (with the Git they run) apart.
 
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
 (TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
@@ -222,6 +223,10 @@ class FleetRun:
     #: children, the node hosts, Ray's own) and the supervisor's process alone.
     cpu_machine: float = 0.0
     cpu_supervisor: float = 0.0
+    #: The children's own (reaped by their fork servers, here or on the nodes) and the node
+    #: hosts' (with what they reaped: Git); the rest of the machine's is Ray's and the system's.
+    cpu_children: float = 0.0
+    cpu_hosts: float = 0.0
 
 
 def _machine_cpu() -> float:
@@ -235,6 +240,23 @@ def _machine_cpu() -> float:
 def _own_cpu() -> float:
     times = psutil.Process().cpu_times()
     return times.user + times.system
+
+
+def _group_cpu() -> tuple[float, float]:
+    """CPU seconds so far of every fork server's reaped children (the fleet's children, here
+    and on the nodes) and of the node hosts (their own and their reaped Git)."""
+    children = hosts = 0.0
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        if "child._forkserver" in command:
+            children += times.children_user + times.children_system
+        elif "NodeHost" in command:
+            hosts += times.user + times.system + times.children_user + times.children_system
+    return children, hosts
 
 
 def make_workspace(base: Path) -> tuple[Path, Path, Path]:
@@ -295,6 +317,7 @@ async def _hello(sup: Supervisor, key: str, started: float, into: list[float]) -
 async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> FleetRun:
     """Spawn *n* scouts at once on *sup*, wait for every report, stop them all."""
     hellos: list[float] = []
+    children, hosts = _group_cpu()  # before the clocks start: its own cost is not counted
     machine, own = _machine_cpu(), _own_cpu()
     started = time.perf_counter()
     records = await sup.spawn(scouts(script, n, surface))
@@ -308,6 +331,8 @@ async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> Flee
     handoffs = await sup.stop(keys)
     wall = time.perf_counter() - started
     machine, own = _machine_cpu() - machine, _own_cpu() - own
+    now_children, now_hosts = _group_cpu()
+    children, hosts = now_children - children, now_hosts - hosts
     for handoff in handoffs:
         if handoff["state"] != "stopped" or README.strip() not in handoff["last"]:
             raise RuntimeError(f"a scout did not report: {handoff}")
@@ -318,6 +343,8 @@ async def run_fleet(sup: Supervisor, script: Path, n: int, surface: str) -> Flee
         sandboxed=sandboxed,
         cpu_machine=machine,
         cpu_supervisor=own,
+        cpu_children=children,
+        cpu_hosts=hosts,
     )
 
 
@@ -477,13 +504,14 @@ def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any
             statistics.median(getattr(r, f"cpu_{what}") for r in runs) / n * 1000, 1
         )
         for side, runs in (("local", local), ("ray", remote))
-        for what in ("machine", "supervisor")
+        for what in ("machine", "supervisor", "children", "hosts")
     }
     print(
         f"CPU a child: local {cpu['local_machine']:.1f} ms in all "
-        f"({cpu['local_supervisor']:.1f} ms of the supervisor), "
-        f"ray {cpu['ray_machine']:.1f} ms in all ({cpu['ray_supervisor']:.1f} ms of the "
-        f"supervisor; the rest its node host, itself and Ray, on the same cores)"
+        f"({cpu['local_supervisor']:.1f} ms of the supervisor, {cpu['local_children']:.1f} ms "
+        f"its own), ray {cpu['ray_machine']:.1f} ms in all ({cpu['ray_supervisor']:.1f} ms of "
+        f"the supervisor, {cpu['ray_children']:.1f} ms its own, {cpu['ray_hosts']:.1f} ms its "
+        f"node host's; the rest Ray's and the system's, on the same cores)"
     )
     print(
         f"memory per idle scout: local {own_local:.1f} MB USS; remote {own:.1f} MB USS beyond "
