@@ -224,8 +224,9 @@ class RayLauncher:
             try:
                 child.host, fresh = known_host(node), False
                 if child.host is None:
+                    lanes = self._slots.lanes(node, SLOT)
                     child.host, fresh = await trio.to_thread.run_sync(
-                        host_on, node, abandon_on_cancel=True
+                        host_on, node, lanes, abandon_on_cancel=True
                     )
                 done = await _open_in(child.host, child.ident, then)
             except Exception as exc:

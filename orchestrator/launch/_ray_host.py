@@ -34,6 +34,7 @@ __all__ = [
     "forget_host",
     "host_on",
     "known_host",
+    "threads_for",
 ]
 
 #: The methods of a child's state that the supervisor may call through its node's host.
@@ -55,9 +56,20 @@ _CALLS = frozenset(
         "stop",
     }
 )
-#: Threads of a host: each child's ``wait`` holds one for its life, its refusals poll another
-#: for up to 5 s at a time; the rest serve starts and stops.
-_CONCURRENCY = 512
+#: Threads of a host beyond three a slot (:func:`threads_for`): the calls that never block.
+_SPARE_THREADS = 16
+
+
+def threads_for(slots: int) -> int:
+    """The threads (Ray's ``max_concurrency``) of the host of a node with *slots* lanes. Each
+    live child's ``wait`` holds one for its life and its refusals poll another for up to 5 s
+    at a time (a third a slot: a poll may outlast its child by that long while the slot's
+    next child holds two), and the spare ones serve opens, starts and stops, which never
+    block on a child. A fixed 512 gave every host 535 threads whatever its lanes (87 now at
+    16 lanes)."""
+    return 3 * max(int(slots), 1) + _SPARE_THREADS
+
+
 #: How long a node whose host could not start is passed over.
 AVOID_S = 60.0
 #: How long the cluster's node list is kept before it is asked for again.
@@ -212,6 +224,13 @@ class Slots:
             self._listed, self._listed_at = list(ray_module().nodes()), now
         return self._listed
 
+    def lanes(self, node: str, slot: str) -> int:
+        """*node*'s *slot* resource as last listed (0 if it is not listed)."""
+        for listed in self._listed:
+            if str(listed.get("NodeID")) == node:
+                return int((listed.get("Resources") or {}).get(slot, 0))
+        return 0
+
     def avoid(self, node: str, seconds: float = AVOID_S) -> None:
         """Pass *node* over for *seconds* (Ray may still list a dead node as alive)."""
         with self._lock:
@@ -228,7 +247,11 @@ class Slots:
         *needs*: further resources the node must have. Spread: the least used node first;
         otherwise pack: the most used one that still has room. *nodes*: ``ray.nodes()``."""
         free: list[tuple[int, str]] = []
-        for node in self._nodes() if nodes is None else nodes:
+        if nodes is None:
+            nodes = self._nodes()
+        else:
+            self._listed = [dict(node) for node in nodes]  # what lanes() reads
+        for node in nodes:
             have = node.get("Resources") or {}
             if not node.get("Alive") or have.get(slot, 0) <= 0:
                 continue
@@ -275,10 +298,10 @@ def known_host(node: str) -> Any:
         return _hosts.get(node)
 
 
-def host_on(node: str) -> tuple[Any, bool]:
-    """The node host on *node*: the one known (a dead one fails its first call, and the caller
-    :func:`forget_host` s it), else a new one; and whether it is new. Blocking: runs in a
-    worker thread."""
+def host_on(node: str, slots: int) -> tuple[Any, bool]:
+    """The node host on *node* (*slots* lanes: its threads, :func:`threads_for`): the one
+    known (a dead one fails its first call, and the caller :func:`forget_host` s it), else a
+    new one; and whether it is new. Blocking: runs in a worker thread."""
     global _host_cls  # noqa: PLW0603 - ray.remote once per process
     ray = ray_module()
     from ray.util.scheduling_strategies import (  # noqa: PLC0415 - optional extra
@@ -288,13 +311,14 @@ def host_on(node: str) -> tuple[Any, bool]:
     with _hosts_lock:
         lock = _node_locks.setdefault(node, threading.Lock())
         if _host_cls is None:
-            _host_cls = ray.remote(max_concurrency=_CONCURRENCY, max_restarts=0)(NodeHost)
+            _host_cls = ray.remote(max_restarts=0)(NodeHost)
     with lock:
         known = _hosts.get(node)
         if known is not None:
             return known, False
         host = _host_cls.options(
             num_cpus=0,
+            max_concurrency=threads_for(slots),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
         ).remote()
         ray.get(host.ping.remote(), timeout=300)

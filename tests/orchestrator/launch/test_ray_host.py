@@ -98,3 +98,19 @@ def test_a_childs_key_is_made_below_its_node_directory_and_its_finish_always_rel
         host.finish("k#1", [("request_certificate", ("../elsewhere", "t", "k"))])
     assert host.count() == 0
     assert not os.path.exists(directory)
+
+
+def test_a_hosts_threads_follow_its_nodes_lanes():
+    """Three a lane (a child's exit watch, its refusals poll, and a poll outlasting its child
+    while the lane's next child holds two) and spare ones for the calls that never block; a
+    node listed without lanes still gets a working host."""
+    from orchestrator.launch._ray_host import threads_for  # noqa: PLC0415
+
+    assert threads_for(16) == 64
+    assert threads_for(1) == 19
+    assert threads_for(0) == 19
+    slots = Slots()
+    assert take(slots) == "a"  # lists the nodes
+    assert slots.lanes("a", "agent_slot") == 2
+    assert slots.lanes("plain", "agent_slot") == 0
+    assert slots.lanes("nowhere", "agent_slot") == 0
