@@ -131,6 +131,7 @@ def _close(actor: Any) -> None:
     if isinstance(actor, HostedChild):
         with contextlib.suppress(Exception):
             ray.get(actor.finish(), timeout=60)
+        actor.free_slot()
         return
     with contextlib.suppress(Exception):
         ray.get(actor.clean_up.remote(), timeout=60)
@@ -400,7 +401,7 @@ class RayLauncher:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
             if csr is None or csr[0] != spec.tls:
                 calls.append(("request_certificate", (spec.tls, self.session, spec.key)))
-                *done, request = await _steps(actor, calls)
+                *_, request = await _steps(actor, calls)
                 calls, csr = [], (spec.tls, request)
             leaf, ca = self.certify(spec.key, csr[1])
             files = {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}

@@ -171,8 +171,8 @@ class HostedChild:
 
     def finish(self, calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> Any:
         """The object ref of :meth:`NodeHost.finish` for this child: its last steps and its
-        release in one call; its slot frees now."""
-        self.free_slot()
+        release in one call. Its slot frees once the caller has that call's answer (or its
+        child's exit is seen), as after a stop and a release."""
         self._released = True
         return self.host.finish.remote(self.ident, list(calls))
 

@@ -119,7 +119,9 @@ class LaunchedRay:
                 )
             except Exception as exc:
                 log.info("ray child %s: stop through its host failed: %s", self.pid, exc)
+                self.actor.free_slot()  # its host is gone, and the child with it
                 return True
+            self.actor.free_slot()  # stopped and released: its lane is free
             if child_running:
                 self._stopped = int(done[0])
             return False
