@@ -126,11 +126,14 @@ def plan_for(
     loadout_file: str,
     egress: str = "",
 ) -> NodePlan:
-    """The supervisor's plan for remote child *loadout* (its paths already its node's)."""
+    """The supervisor's plan for remote child *loadout* (its paths already its node's). With
+    the sandbox off there is no view, so nothing to hide: the fence is not looked up (the
+    registry's every home read, a realpath each, for each child)."""
+    off = config.sandbox == "off"
     return NodePlan(
         owner=loadout.owner,
         policy=loadout.sandbox,
-        sandbox_off=config.sandbox == "off",
+        sandbox_off=off,
         allow_unsandboxed=config.allow_unsandboxed,
         argv_tail=argv_tail,
         loadout_file=loadout_file,
@@ -138,7 +141,7 @@ def plan_for(
         scratch=loadout.scratch,
         egress=egress,
         visible=tuple(str(path) for path in model_view(loadout)),
-        hidden=tuple(str(path) for path in hidden_paths(config)),
+        hidden=() if off else tuple(str(path) for path in hidden_paths(config)),
     )
 
 
