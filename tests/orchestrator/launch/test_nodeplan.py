@@ -19,7 +19,6 @@ import pytest
 
 import sandbox
 from orchestrator._errors import OperationFailed, PolicyError
-from orchestrator._runtime import register_home
 from orchestrator.launch._nodeplan import NodePlan, node_directory_of, realise
 from orchestrator.launch._ray_node import ChildActor
 
@@ -103,15 +102,10 @@ def test_the_plan_is_wrapped_here_with_this_interpreter(actor):
 
 
 @pytest.mark.skipif(not sandbox.probe().available, reason="needs a working sandbox")
-def test_the_node_hides_its_own_fence_whatever_the_plan_says(actor, tmp_path, monkeypatch):
+def test_the_node_hides_its_own_fence_whatever_the_plan_says(actor, another_fleet):
     """Another fleet of the user on the node (its home registered there) and the node's
     runtime root are hidden though the supervisor's plan does not name them."""
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
-    other = tmp_path / "other-fleet"
-    other.mkdir()
-    register_home(other)
+    xdg, other = another_fleet
     made = realise(plan_in(actor.node_dir), node_dir=actor.node_dir, egress="", env={})
     assert hidden_in(made.argv, other)
     assert hidden_in(made.argv, xdg)

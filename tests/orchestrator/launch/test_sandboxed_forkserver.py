@@ -50,8 +50,12 @@ def _view(config: Config, *extra: list[str]) -> dict[str, object]:
     return {"ops": ops, "cwd": str(scratch)}
 
 
-async def _spawn(forks: ForkServer, view: dict[str, object] | None) -> tuple[int, int]:
-    out_r, out_w = os.pipe()
+async def _spawn(
+    forks: ForkServer, view: dict[str, object] | None, output: int | None = None
+) -> tuple[int, int]:
+    """Fork a child of *forks* with *view*; its output to *output* (a pipe's write end,
+    closed here), or to a pipe nobody reads."""
+    out_r, out_w = (-1, output) if output is not None else os.pipe()
     pair = socket.socketpair()
     memfd = os.memfd_create("loadout")
     try:
@@ -65,7 +69,8 @@ async def _spawn(forks: ForkServer, view: dict[str, object] | None) -> tuple[int
         )
     finally:
         for fd in (out_r, out_w, memfd):
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         for end in pair:
             end.close()
 
@@ -271,24 +276,9 @@ async def test_a_hidden_path_gone_before_the_fork_hides_nothing_and_fails_nothin
             forks.start()
             assert await forks.ready(), forks.failure
             out_r, out_w = os.pipe()
-            pair = socket.socketpair()
-            memfd = os.memfd_create("loadout")
-            try:
-                await forks.spawn(
-                    cwd="/",
-                    env={},
-                    name="t",
-                    stdio=(out_w, out_w),
-                    inherit=(pair[1].fileno(), memfd),
-                    view=view,
-                )
-            finally:
-                for fd in (out_w, memfd):
-                    os.close(fd)
-                pair[1].close()
+            await _spawn(forks, view, output=out_w)
             with os.fdopen(out_r, "rb") as out:
                 said = await trio.to_thread.run_sync(out.read)
-            pair[0].close()
             await forks.aclose()
     assert b"could not start the child" not in said, said
     assert not gone_dir.exists()

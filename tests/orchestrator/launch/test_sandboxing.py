@@ -184,17 +184,12 @@ def test_outermost_keeps_the_first_of_each_tree_in_order() -> None:
     assert outermost(many) == (*many[:7], *many[8:200], Path("/homes/h7"))
 
 
-def test_a_remote_plan_looks_the_fence_up_only_for_a_sandbox(tmp_path, monkeypatch):
+def test_a_remote_plan_looks_the_fence_up_only_for_a_sandbox(tmp_path, monkeypatch, another_fleet):
     """A node plan with the sandbox off has no view to hide anything from: the registry of
     fleet homes is not read for it. With a sandbox, another fleet's home is in its plan."""
     from orchestrator.launch import _nodeplan  # noqa: PLC0415 - the plan's own lookup
 
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
-    other = tmp_path / "other-fleet"
-    other.mkdir()
-    register_home(other)
+    _, other = another_fleet
     config = Config(home=tmp_path / "h", session="t", workspace=tmp_path)
     plan = _nodeplan.plan_for(config, loadout(tmp_path), argv_tail=(), loadout_file="/x")
     assert str(other) in plan.hidden
