@@ -50,6 +50,16 @@ def _view(config: Config, *extra: list[str]) -> dict[str, object]:
     return {"ops": ops, "cwd": str(scratch)}
 
 
+async def _started(nursery: trio.Nursery, wrapper: tuple[str, ...]) -> ForkServer:
+    """A sandboxed fork server under *wrapper*, started and ready."""
+    forks = ForkServer(
+        python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
+    )
+    forks.start()
+    assert await forks.ready(), forks.failure
+    return forks
+
+
 async def _spawn(
     forks: ForkServer, view: dict[str, object] | None, output: int | None = None
 ) -> tuple[int, int]:
@@ -207,11 +217,7 @@ async def test_the_servers_view_hides_every_fleets_runtime_directory_but_its_own
     own = str(config.paths.egress)
     with trio.fail_after(CEILING):
         async with trio.open_nursery() as nursery:
-            forks = ForkServer(
-                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
-            )
-            forks.start()
-            assert await forks.ready(), forks.failure
+            forks = await _started(nursery, wrapper)
             for unseen in (other / "control.token", xdg / "fleet" / "homes", other):
                 with pytest.raises(ForkServerError, match="cannot see"):
                     await _spawn(forks, _view(config, ["--ro-bind", str(unseen), "/x"]))
@@ -235,11 +241,7 @@ async def test_nothing_the_server_started_outlives_its_close(tmp_path: Path) -> 
     )
     with trio.fail_after(CEILING):
         async with trio.open_nursery() as nursery:
-            forks = ForkServer(
-                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
-            )
-            forks.start()
-            assert await forks.ready(), forks.failure
+            forks = await _started(nursery, wrapper)
             while not marker.exists() or not marker.read_text().strip():  # noqa: ASYNC110
                 await trio.sleep(0.01)
             sleeper = psutil.Process(int(marker.read_text()))
@@ -270,11 +272,7 @@ async def test_a_hidden_path_gone_before_the_fork_hides_nothing_and_fails_nothin
     )
     with trio.fail_after(CEILING):
         async with trio.open_nursery() as nursery:
-            forks = ForkServer(
-                python=PYTHON, label="t", env=dict(os.environ), nursery=nursery, wrapper=wrapper
-            )
-            forks.start()
-            assert await forks.ready(), forks.failure
+            forks = await _started(nursery, wrapper)
             out_r, out_w = os.pipe()
             await _spawn(forks, view, output=out_w)
             with os.fdopen(out_r, "rb") as out:
