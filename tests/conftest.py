@@ -49,7 +49,6 @@ RUN_ENV = "FLT_TEST_RUN"
 LEFTOVER_GRACE_S = 10.0
 _RUN = pytest.StashKey[str]()
 _OWN_BASETEMP = pytest.StashKey[str]()
-_OWN_RUNTIME = pytest.StashKey[str]()
 _PASSED = pytest.StashKey[bool]()
 #: Set in the wrapper's own pytest: there, and only there, the driver modules are collected.
 DRIVER_ENV = "FLEET_TEST_RAY_DRIVER"
@@ -100,12 +99,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # Set before xdist starts its workers, so they and all they start carry it. A pytest
         # run inside a test (the Ray drivers, fault_soak) marks its own processes.
         config.stash[_RUN] = os.environ[RUN_ENV] = f"{os.getpid()}-{secrets.token_hex(4)}"
-        # A runtime root of the run's own: every fleet a test starts registers its home in the
-        # user's registry, which every sandbox of the user then hides (a developer's real
-        # fleets too; 90 homes of earlier runs lingered on one box, a lookup each per launch).
-        config.stash[_OWN_RUNTIME] = os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(
-            prefix="flx-", dir="/tmp"
-        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -158,10 +151,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if marker is not None:
         with contextlib.suppress(OSError):
             os.unlink(_ray_lock(marker))
-    for key in (_OWN_BASETEMP, _OWN_RUNTIME):
-        own = config.stash.get(key, None)
-        if own is not None and config.stash.get(_PASSED, False):
-            shutil.rmtree(own, ignore_errors=True)
+    own = config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _left_behind(marker: str) -> list[psutil.Process]:
