@@ -73,10 +73,11 @@ def mount_ops(paths: CanonicalPaths) -> tuple[tuple[str, ...], ...]:
     # holds a hidden path is bound before the hiding tmpfs, what lies below one after it.
     below = [p for p in (*paths.visible, *paths.sockets) if _under_hidden(p, paths.hidden)]
     ops += [("--ro-bind", str(kept), str(kept)) for kept in paths.visible if kept not in below]
+    bound = (*paths.exposed, *(() if paths.egress is None else (paths.egress,)))
     ops += [
         ("--tmpfs", str(hidden)) if hidden.is_dir() else ("--ro-bind", "/dev/null", str(hidden))
         for hidden in paths.hidden
-        if _shown(hidden, paths)
+        if _shown(hidden, bound)
     ]
     ops += [("--ro-bind", str(kept), str(kept)) for kept in below]
     ops += [("--ro-bind", str(s), str(s)) for s in paths.sockets if s not in below]
@@ -156,14 +157,13 @@ def server_argv(
     return (*argv, "--", *command)
 
 
-def _shown(hidden: Path, paths: CanonicalPaths) -> bool:
+def _shown(hidden: Path, bound: Sequence[Path]) -> bool:
     """Whether *hidden* would show in the view without a mount of its own. Below ``/tmp`` it
     is already gone under the view's own ``/tmp``, unless a path bound again there holds it.
     Every fleet home registered under ``/tmp`` (a box that runs test suites had 89) cost
     every sandboxed child a mount each, and the view's every visible path a check against it."""
     if not is_within(hidden, _TMP):
         return True
-    bound = (*paths.exposed, *(() if paths.egress is None else (paths.egress,)))
     return any(is_within(hidden, root) for root in bound)
 
 

@@ -43,6 +43,7 @@ own interpreter, probes and wraps it there, and says whether it sandboxed the ch
 """
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -66,7 +67,7 @@ from orchestrator.launch._ray_host import (
 )
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._ray_node import ChildActor, ray_module
-from orchestrator.launch._ray_refs import resolved, submitted
+from orchestrator.launch._ray_refs import called
 
 log = logging.getLogger("orchestrator")
 #: Nodes tried for a child's host before its launch fails.
@@ -119,8 +120,7 @@ Call = tuple[str, tuple[Any, ...]]
 async def _open_in(host: Any, ident: str, then: Sequence[Call]) -> list[Any]:
     """Make a child's state *ident* (:attr:`HostedChild.ident`) in *host*, then *then*'s
     steps; what they returned."""
-    ref = await submitted(lambda: host.open.remote(ident, list(then)), then)
-    return list(await resolved(ref, timeout=120))
+    return list(await called(functools.partial(host.open.remote, ident, list(then)), then, 120))
 
 
 def _close(actor: Any) -> None:
@@ -142,12 +142,11 @@ async def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
     """*calls* on child *actor*, in order: one round trip to a node host, a call each to a
     child's own actor."""
     if isinstance(actor, HostedChild):
-        return list(await resolved(await submitted(lambda: actor.calls(calls), calls)))
-    done = []
-    for name, args in calls:
-        method = getattr(actor, name)
-        done.append(await resolved(await submitted(lambda: method.remote(*args), args)))  # noqa: B023 - awaited here
-    return done
+        return list(await called(functools.partial(actor.calls, calls), calls))
+    return [
+        await called(functools.partial(getattr(actor, name).remote, *args), args)
+        for name, args in calls
+    ]
 
 
 @attrs.define(eq=False)

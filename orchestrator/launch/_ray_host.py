@@ -224,9 +224,9 @@ class Slots:
             self._listed, self._listed_at = list(ray_module().nodes()), now
         return self._listed
 
-    def lanes(self, node: str, slot: str) -> int:
-        """*node*'s *slot* resource as last listed (0 if it is not listed)."""
-        for listed in self._listed:
+    def lanes(self, node: str, slot: str, nodes: Sequence[Mapping[str, Any]] | None = None) -> int:
+        """*node*'s *slot* resource (0 if it is not listed). *nodes*: ``ray.nodes()``."""
+        for listed in self._nodes() if nodes is None else nodes:
             if str(listed.get("NodeID")) == node:
                 return int((listed.get("Resources") or {}).get(slot, 0))
         return 0
@@ -247,11 +247,7 @@ class Slots:
         *needs*: further resources the node must have. Spread: the least used node first;
         otherwise pack: the most used one that still has room. *nodes*: ``ray.nodes()``."""
         free: list[tuple[int, str]] = []
-        if nodes is None:
-            nodes = self._nodes()
-        else:
-            self._listed = [dict(node) for node in nodes]  # what lanes() reads
-        for node in nodes:
+        for node in self._nodes() if nodes is None else nodes:
             have = node.get("Resources") or {}
             if not node.get("Alive") or have.get(slot, 0) <= 0:
                 continue

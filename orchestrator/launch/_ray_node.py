@@ -341,11 +341,11 @@ class ChildActor:
         CSR (never the key). A relative *directory* is below the child's node directory (so
         the key can be made in the round trip that makes that directory)."""
         if not os.path.isabs(directory):
-            if (
-                not self.node_dir
-                or os.path.normpath(directory) != directory
-                or (directory.startswith(".."))
-            ):
+            below = (
+                os.path.normpath(directory) == directory
+                and directory.split("/", maxsplit=1)[0] != ".."
+            )
+            if not self.node_dir or not below:
                 raise RuntimeError(f"{directory!r} is not below the child's node directory")
             directory = os.path.join(self.node_dir, directory)
         try:

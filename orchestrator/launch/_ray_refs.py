@@ -9,7 +9,7 @@ the child's whole life. :func:`resolved` instead asks Ray for the ref's
 or the error is the one ``ray.get`` would give (a task's error as an instance of its cause).
 
 A call is *submitted* on the trio thread (``.remote()`` only serialises its arguments and
-queues it) unless its arguments are large (:func:`submitted`): a workspace bundle of many MB is
+queues it) unless its arguments are large (:func:`called`): a workspace bundle of many MB is
 copied into the object store, which is not work for the event loop.
 """
 
@@ -21,7 +21,7 @@ import trio
 
 from orchestrator.launch._ray_node import ray_module
 
-__all__ = ["resolved", "submitted"]
+__all__ = ["called", "resolved"]
 
 #: Arguments larger than this (bytes, summed over the call's ``bytes`` values) are submitted
 #: from a worker thread.
@@ -63,9 +63,16 @@ def size_of(value: Any) -> int:
     return 0
 
 
-async def submitted(submit: Callable[[], Any], payload: Any = None) -> Any:
-    """``submit()`` (a ``.remote(...)`` call) and its object ref: on this thread, or from a
-    worker thread when *payload* (its arguments) is larger than :data:`HEAVY_BYTES`."""
+async def called(
+    submit: Callable[[], Any],
+    payload: Any = None,
+    timeout: float | None = None,  # noqa: ASYNC109 - ray.get's
+) -> Any:
+    """What the call ``submit()`` (a ``.remote(...)``) returns, :func:`resolved`. It is
+    submitted on this thread, or from a worker thread when *payload* (its arguments) is
+    larger than :data:`HEAVY_BYTES`."""
     if size_of(payload) > HEAVY_BYTES:
-        return await trio.to_thread.run_sync(submit)
-    return submit()
+        ref = await trio.to_thread.run_sync(submit)
+    else:
+        ref = submit()
+    return await resolved(ref, timeout)

@@ -110,7 +110,6 @@ def test_a_hosts_threads_follow_its_nodes_lanes():
     assert threads_for(1) == 19
     assert threads_for(0) == 19
     slots = Slots()
-    assert take(slots) == "a"  # lists the nodes
-    assert slots.lanes("a", "agent_slot") == 2
-    assert slots.lanes("plain", "agent_slot") == 0
-    assert slots.lanes("nowhere", "agent_slot") == 0
+    assert slots.lanes("a", "agent_slot", NODES) == 2
+    assert slots.lanes("plain", "agent_slot", NODES) == 0
+    assert slots.lanes("nowhere", "agent_slot", NODES) == 0
