@@ -52,7 +52,8 @@ ISOLATION_FLAGS = (
 NAMESPACE_FLAGS = ("--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL")
 # The mounts above replace these trees, hiding whatever the host had below them.
 HIDDEN_ROOTS = ("/tmp", "/dev", "/proc")  # noqa: S108
-_TMP = Path("/tmp")  # noqa: S108 - the view's own tmpfs
+#: The trees the view replaces with its own, where nothing of the host's shows unless bound.
+_REPLACED = (Path("/tmp"), Path("/dev"))  # noqa: S108 - the view's own tmpfs and devices
 
 
 def mount_ops(paths: CanonicalPaths) -> tuple[tuple[str, ...], ...]:
@@ -158,11 +159,12 @@ def server_argv(
 
 
 def _shown(hidden: Path, bound: Sequence[Path]) -> bool:
-    """Whether *hidden* would show in the view without a mount of its own. Below ``/tmp`` it
-    is already gone under the view's own ``/tmp``, unless a path bound again there holds it.
-    Every fleet home registered under ``/tmp`` (a box that runs test suites had 89) cost
-    every sandboxed child a mount each, and the view's every visible path a check against it."""
-    if not is_within(hidden, _TMP):
+    """Whether *hidden* would show in the view without a mount of its own. Below ``/tmp`` (or
+    ``/dev``: a Ray node's ``/dev/shm``) it is already gone under the view's own tree, unless a
+    path bound again there holds it. Every fleet home registered under ``/tmp`` (a box that
+    runs test suites had 89) cost every sandboxed child a mount each, and the view's every
+    visible path a check against it."""
+    if not any(is_within(hidden, root) for root in _REPLACED):
         return True
     return any(is_within(hidden, root) for root in bound)
 

@@ -123,7 +123,7 @@ class Launching:
         self, run: ChildRun, loadout: ipc.Loadout, remote: RayLauncher
     ) -> ipc.Loadout:
         """Have *run*'s actor make its node directory on its node (named there, in the node's
-        own temporary directory), put that directory's paths in its loadout, and have the
+        root of them), put that directory's paths in its loadout, and have the
         actor write the loadout there; the loadout the child gets."""
         # Its key and CSR are made on its node in the same round trip, in its TLS directory.
         node = await remote.open_node(run.key, tls=str(node_layout(Path()).tls))

@@ -59,8 +59,9 @@ class NodeLayout:
 def node_directory(session: str, key: str) -> Path:
     """A stand-in for child *key*'s node directory, in its loadout from the spawn until its
     launch: nothing is made at this path. At launch its actor makes the real one in its own
-    node's temporary directory and names it (``ChildActor.make_node``), and the loadout's
-    paths are moved there before the loadout is written on the node (``core._launching``)."""
+    node's root of them (memory when it can) and names it (``ChildActor.make_node``), and the
+    loadout's paths are moved there before the loadout is written on the node
+    (``core._launching``)."""
     name = f"fleet-node-{session}-{key}-{secrets.token_hex(16)}"
     return Path(tempfile.gettempdir()) / name
 

@@ -29,12 +29,12 @@ made in the round trip that makes the node directory, and the signed files go wi
 a hosted child's launch is two round trips (open; the loadout, workspace and start).
 
 Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`):
-:meth:`RayLauncher.open_node` has a fresh actor make it in its node's own temporary directory
-(0700, a fresh random name) and returns its path, which the supervisor puts in the child's
-loadout before the actor writes the loadout there (:meth:`RayLauncher.write_files`); the
-workspace arrives as a git bundle, the child's egress proxy is served there by the actor (its
-refusals polled back, :meth:`LaunchedRay.poll_refusals`), and the actor removes it all when
-the child ends.
+:meth:`RayLauncher.open_node` has a fresh actor make it in its node's root of them (memory when it
+can; ``_nodeplan.node_root``) (0700, a fresh random name) and returns its path, which the supervisor
+puts in the child's loadout before the actor writes the loadout there
+(:meth:`RayLauncher.write_files`); the workspace arrives as a git bundle, the child's egress proxy
+is served there by the actor (its refusals polled back, :meth:`LaunchedRay.poll_refusals`), and the
+actor removes it all when the child ends.
 
 The child's sandbox is made on its node too: the supervisor sends a plain plan
 (:meth:`RayLauncher.plan`, :mod:`._nodeplan`) and the actor builds the command with the node's
@@ -250,7 +250,8 @@ class RayLauncher:
 
     async def open_node(self, key: str, tls: str = "") -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
-        node's own temporary directory, before the child is placed; its path on that node
+        node's root of them (``_nodeplan.node_root``), before the child is placed; its path on
+        that node
         (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
         With *tls* (a directory relative to the node directory: where the launch's
         ``spec.tls`` will be), the child's key and CSR are made there in the same round trip.

@@ -26,7 +26,6 @@ import functools
 import logging
 import os
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ import trio
 import sandbox
 from orchestrator.launch._forkserver import UNKNOWN_STATUS, ForkServer, ForkServerError
 from orchestrator.launch._node_loop import NodeLoop
+from orchestrator.launch._nodeplan import node_roots
 
 __all__ = ["ForkedChild", "NodeForks"]
 
@@ -129,12 +129,12 @@ class NodeForks:
                 return None if known is None or known.failure is not None else known
             wrapper: tuple[str, ...] = ()
             if sandboxed:
-                # Its view keeps the node's temporary directory (every child's node directory,
+                # Its view keeps the node's roots of node directories (every child's,
                 # writable: scratch and a worker's checkout are bound from there); each fork
-                # hides it again but for its own paths.
+                # hides them again but for its own paths.
                 made = sandbox.wrap_fork_server(
                     hidden=[Path(h) for h in hidden()],
-                    writable=[Path(tempfile.gettempdir())],
+                    writable=[Path(root) for root in node_roots()],
                     readable=[],
                 )
                 if made is None:

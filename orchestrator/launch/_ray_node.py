@@ -1,7 +1,8 @@
 """The node's side of the ray launcher: the actor that owns one child (:mod:`._ray`).
 
 It runs on the child's node: it makes the child's node directory (0700, fresh, in the node's
-own temporary directory) and writes its loadout there, checks the workspace bundle out into it,
+root of them, :func:`._nodeplan.node_root`) and writes its loadout there, checks the workspace
+bundle out into it,
 makes the child's TLS key there, serves the child's egress proxy from it (:class:`EgressProxy`,
 trio in a thread), plans the child's sandbox on the node (:mod:`._nodeplan`) and starts and
 stops the child, brings a worker's changes back as a bundle, and removes the directory when the
@@ -38,6 +39,7 @@ from orchestrator.launch._nodeplan import (
     NODE_PREFIX,
     NodePlan,
     NodeStart,
+    node_root,
     realise,
 )
 from orchestrator.launch._read_trees import ReadTrees
@@ -264,16 +266,17 @@ class ChildActor:
         return total
 
     def make_node(self, session: str, key: str) -> str:
-        """Make child *key*'s node directory in this node's own temporary directory: a fresh,
-        unpredictable name (``fleet-node-SESSION-KEY-<32 hex>``), 0700, new (one that exists
-        is refused, so nothing planted or linked there is followed), checked to be ours and
-        0700, with its scratch and (empty) checkout inside; its path (the supervisor puts its
-        paths in the child's loadout, which :meth:`write_files` then writes there)."""
+        """Make child *key*'s node directory in this node's root of them
+        (:func:`._nodeplan.node_root`): a fresh, unpredictable name
+        (``fleet-node-SESSION-KEY-<32 hex>``), 0700, new (one that exists is refused, so nothing
+        planted or linked there is followed), checked to be ours and 0700, with its scratch and
+        (empty) checkout inside; its path (the supervisor puts its paths in the child's loadout,
+        which :meth:`write_files` then writes there)."""
         for part in (session, key):
             if not _NAME_PART.fullmatch(part):
                 raise RuntimeError(f"node directory: {part!r} is not a session or child id")
         name = f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
-        directory = os.path.join(tempfile.gettempdir(), name)
+        directory = os.path.join(node_root(), name)
         os.mkdir(directory, 0o700)  # FileExistsError for anything already there
         self.node_dir = directory
         info = os.lstat(directory)

@@ -1,20 +1,19 @@
 """Removing a remote child's node directory after its actor was lost while its node lives on.
 
-A child's actor removes the child's node directory when the child ends (:mod:`._ray_node`). An
-actor that is itself lost — the OOM killer, a ``ray.kill`` behind our back — cannot: its child
-dies with it (``PR_SET_PDEATHSIG``), but the directory (the checkout, the scratch, the node's
-copy of what the child wrote) would stay in the node's temporary directory. The supervisor then
-sends one small task pinned to that node (``NodeAffinitySchedulingStrategy``, not soft) to
-remove it. On a node that is gone too the task cannot be placed, and it says why in one line.
+A child's actor removes the child's node directory when the child ends (:mod:`._ray_node`). An actor
+that is itself lost — the OOM killer, a ``ray.kill`` behind our back — cannot: its child dies with
+it (``PR_SET_PDEATHSIG``), but the directory (the checkout, the scratch, the node's copy of what the
+child wrote) would stay in the node's root of them (``_nodeplan.node_root``). The supervisor then
+sends one small task pinned to that node (``NodeAffinitySchedulingStrategy``, not soft) to remove
+it. On a node that is gone too the task cannot be placed, and it says why in one line.
 """
 
 import os
 import stat
-import tempfile
 from typing import Any
 
 from orchestrator._trees import remove_tree
-from orchestrator.launch._nodeplan import NODE_PREFIX
+from orchestrator.launch._nodeplan import NODE_PREFIX, node_roots
 from orchestrator.launch._ray_node import ray_module
 
 __all__ = ["remove_node_directory", "sweep_on_node"]
@@ -25,12 +24,13 @@ _task: Any = None
 def remove_node_directory(directory: str) -> str:
     """On the node: remove *directory* if it is a node directory of ours; ``""`` when it is
     gone (or never was), else why it was left alone."""
+    roots = node_roots()
     if (
         not os.path.isabs(directory)
-        or os.path.dirname(directory) != tempfile.gettempdir()
+        or os.path.dirname(directory) not in roots
         or not os.path.basename(directory).startswith(NODE_PREFIX)
     ):
-        return f"{directory!r} is not a node directory in {tempfile.gettempdir()}"
+        return f"{directory!r} is not a node directory in {' or '.join(roots)}"
     try:
         info = os.lstat(directory)
     except FileNotFoundError:

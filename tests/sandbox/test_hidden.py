@@ -6,15 +6,21 @@ Real bubblewrap for the Linux view; the Seatbelt profile is checked as text.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sandbox import Policy, ProbeResult, SandboxSpec, wrap
 from sandbox._seccomp import nosuid_filter
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 SEATBELT = ProbeResult(available=True, launcher="sandbox-exec", reason="", version="14.5")
 BWRAP = ProbeResult(available=True, launcher="bwrap", reason="", version="0.8.0")
@@ -98,6 +104,37 @@ def test_a_hidden_path_under_tmp_gets_a_mount_only_where_a_bound_tree_holds_it(t
     away = SandboxSpec(policy=Policy.READ_ONLY, scratch=scratch, hidden=(home,))
     argv = wrap(["/bin/true"], away, platform="linux", probe_result=BWRAP).argv
     assert argv[argv.index(str(home)) - 1] == "--tmpfs"
+
+
+@pytest.fixture
+def in_shm() -> Iterator[Path]:
+    """Two Ray children's node directories in this machine's memory file system."""
+    root = Path(tempfile.mkdtemp(prefix="fleet-node-t-shm-", dir="/dev/shm"))
+    for name in ("mine/scratch", "sibling/scratch"):
+        (root / name).mkdir(parents=True)
+    (root / "sibling" / "scratch" / "key.pem").write_text("sibling's key")
+    yield root
+    shutil.rmtree(root)
+
+
+async def test_a_node_directory_in_dev_shm_shows_only_to_its_child(in_shm, attempt):
+    """A Ray node keeps its children's directories in ``/dev/shm``: a view hides the whole
+    memory root without a mount of its own (the view's ``/dev`` is its own), and the child's
+    own scratch comes back writable, nothing of a sibling's."""
+    scratch, sibling = in_shm / "mine" / "scratch", in_shm / "sibling" / "scratch"
+    spec = SandboxSpec(policy=Policy.READ_ONLY, scratch=scratch, hidden=(Path("/dev/shm"),))
+    argv = wrap(["/bin/true"], spec, platform="linux", probe_result=BWRAP).argv
+    assert "/dev/shm" not in argv  # no mount: gone under the view's own /dev already
+    result = await attempt(
+        spec,
+        f"read:{sibling / 'key.pem'}",
+        f"create:{sibling / 'planted'}",
+        f"create:{scratch / 'out'}",
+    )
+    assert result[f"read:{sibling / 'key.pem'}"] == "ENOENT", result
+    assert result[f"create:{sibling / 'planted'}"] in ("ENOENT", "EROFS"), result
+    assert result[f"create:{scratch / 'out'}"] == "ok", result
+    assert not (sibling / "planted").exists()
 
 
 async def test_inside_bwrap_the_state_dir_shows_only_what_is_bound_back(tmp_path, attempt):

@@ -24,6 +24,7 @@ from ray.cluster_utils import Cluster
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
+from orchestrator.launch._nodeplan import node_root
 from tests.e2e.conftest import make_repo
 from tests.fakes.model_server import ModelServer
 
@@ -165,7 +166,9 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
     other.close()
     assert sandboxed[hostile.key] is True
     # On a node host both are forks of its sandboxed fork server, whose own view keeps the
-    # node's whole temporary directory: each fork's view hides it again but for its own paths.
+    # node's whole root of node directories (its memory file system here): each fork's view
+    # hides it again but for its own paths.
+    assert str(sibling_node.parent) == str(hostile_node.parent) == node_root()
     forked = "forked from its node's fork server"
     assert (forked in log) is hosted, log
     assert (forked in log_of.read_text()) is hosted

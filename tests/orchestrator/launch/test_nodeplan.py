@@ -19,7 +19,14 @@ import pytest
 
 import sandbox
 from orchestrator._errors import OperationFailed, PolicyError
-from orchestrator.launch._nodeplan import NodePlan, node_directory_of, realise
+from orchestrator.launch import _nodeplan
+from orchestrator.launch._nodeplan import (
+    NodePlan,
+    node_directory_of,
+    node_root,
+    node_roots,
+    realise,
+)
 from orchestrator.launch._ray_node import ChildActor
 
 
@@ -55,13 +62,69 @@ def plan_in(node: str, **changes: Any) -> NodePlan:
     return attrs.evolve(plan, **changes)
 
 
-def test_the_node_directory_is_fresh_private_and_in_the_nodes_own_temp_dir(actor):
+def test_the_node_directory_is_fresh_private_and_in_the_nodes_root_of_them(actor):
     node = Path(actor.node_dir)
-    assert node.parent == Path(tempfile.gettempdir())
+    assert str(node.parent) == node_root()
+    assert node_root() in node_roots()
     assert node.name.startswith("fleet-node-t-a1-")
     assert (node.stat().st_mode & 0o777) == 0o700
     assert sorted(p.name for p in node.iterdir()) == ["checkout", "loadout.json", "scratch"]
     assert node_directory_of(str(node), "t", "a1") == node
+
+
+@pytest.fixture
+def memory(tmp_path, monkeypatch) -> Path:
+    """A memory root of ours with room (this machine's own is not what these tests judge)."""
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    monkeypatch.setattr(_nodeplan, "MEMORY_ROOT", str(root))
+    monkeypatch.setattr(_nodeplan, "MEMORY_FREE", 1)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    yield root
+    tempfile.tempdir = None
+
+
+def test_node_directories_go_to_memory_when_it_has_room(memory):
+    assert node_root() == str(memory)
+    assert node_roots() == (str(memory), tempfile.gettempdir())
+    actor = ChildActor()
+    try:
+        assert Path(actor.make_node("t", "a1")).parent == memory
+    finally:
+        actor.clean_up()
+
+
+def test_a_memory_root_that_is_full_a_link_or_nobodys_is_passed_over(memory, monkeypatch, tmp_path):
+    monkeypatch.setattr(_nodeplan, "MEMORY_FREE", 1 << 62)  # more than any machine has
+    assert node_root() == tempfile.gettempdir()
+    assert str(memory) in node_roots()  # full, its directories are still hidden and swept
+    monkeypatch.setattr(_nodeplan, "MEMORY_FREE", 1)
+    link = tmp_path / "link"
+    link.symlink_to(memory)
+    monkeypatch.setattr(_nodeplan, "MEMORY_ROOT", str(link))
+    assert node_root() == tempfile.gettempdir()  # never through a link
+    other = tmp_path / "other"
+    other.mkdir()
+    other.chmod(0o777)  # writable by all, but not sticky: another user could swap its entries
+    if os.getuid() == 0:
+        os.chown(other, 65534, 65534)
+    else:
+        other = Path("/")
+    monkeypatch.setattr(_nodeplan, "MEMORY_ROOT", str(other))
+    assert node_root() == tempfile.gettempdir()
+    monkeypatch.setattr(_nodeplan, "MEMORY_ROOT", str(tmp_path / "gone"))
+    assert node_root() == tempfile.gettempdir()
+    assert node_roots() == (tempfile.gettempdir(),)
+
+
+def test_a_tmpdir_given_to_the_node_wins_over_memory(memory, monkeypatch, tmp_path):
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    monkeypatch.setenv("TMPDIR", str(chosen))
+    tempfile.tempdir = None
+    assert node_root() == str(chosen)
+    assert node_roots() == (str(memory), str(chosen))
 
 
 @pytest.mark.parametrize("bad", ["t/../x", "../../etc", ""])
@@ -97,8 +160,12 @@ def test_the_plan_is_wrapped_here_with_this_interpreter(actor):
     assert made.env["A"] == "1"
     assert made.env["FLEET_SANDBOXED"] == "1"
     assert made.env["TMPDIR"] == os.path.join(actor.node_dir, "scratch")
-    # This node's temp dir (every other child's node directory) is hidden in the view.
-    assert ("--tmpfs", tempfile.gettempdir()) in zip(made.argv, made.argv[1:], strict=False)
+    # This node's temp dir (every other child's node directory) is hidden in the view; its
+    # memory root is under the view's own /dev (no mount of its own), but for the child's paths.
+    pairs = list(zip(made.argv, made.argv[1:], strict=False))
+    assert ("--tmpfs", tempfile.gettempdir()) in pairs
+    assert ("--dev", "/dev") in pairs
+    assert not [pair for pair in pairs if pair[0] == "--tmpfs" and pair[1].startswith("/dev")]
 
 
 @pytest.mark.skipif(not sandbox.probe().available, reason="needs a working sandbox")
