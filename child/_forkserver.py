@@ -19,12 +19,12 @@ The server is single-threaded, never starts trio, and speaks JSON messages, one 
 * server → supervisor ``{"exit": pid, "status": code}`` when it reaps a child (``code`` as
   :attr:`subprocess.Popen.returncode` has it: negative for a signal).
 
-A request may instead carry ``"args": [...]``, the child's own argv (``python -m child``'s, e.g.
-a loadout file), with two descriptors attached (stdout and stderr) and none inherited: a child
-on a Ray node, whose loadout is a file of its node directory and whose connection it dials
-itself (``orchestrator/launch/_ray_forks.py``). ``"die_with_server": true`` gives the fork
-``PR_SET_PDEATHSIG`` = SIGKILL against the server (and checks the server is still its parent),
-so a server that dies — with the node host that started it — takes its forks with it.
+A request may instead carry ``"dial": true``, with three descriptors attached (stdout, stderr
+and the sealed loadout): a child on a Ray node, which inherits its loadout alone and dials its
+connection itself (``--loadout-fd M``; ``orchestrator/launch/_ray_forks.py``).
+``"die_with_server": true`` gives the fork ``PR_SET_PDEATHSIG`` = SIGKILL against the server
+(and checks the server is still its parent), so a server that dies — with the node host that
+started it — takes its forks with it.
 
 The server exits when the supervisor's end closes; children already forked keep running
 (each in its own session) and end, as any child does, when their IPC connection ends.
@@ -165,9 +165,11 @@ def _die_with(server: int) -> None:
 
 
 def _child_argv(request: Mapping[str, Any], kept: Sequence[int]) -> list[str]:
-    """The child runtime's argv: the request's own, or the inherited connection and loadout."""
-    if "args" in request:
-        return [str(arg) for arg in request["args"]]
+    """The child runtime's argv: its inherited loadout (a child that dials), or its inherited
+    connection and loadout."""
+    if request.get("dial"):
+        [loadout] = kept
+        return ["--loadout-fd", str(loadout)]
     connection, loadout = kept
     return ["--fd", str(connection), "--loadout-fd", str(loadout)]
 
@@ -223,12 +225,11 @@ def _close_all_but(keep: set[int]) -> None:
 
 
 def _check_fds(request: Mapping[str, Any], fds: Sequence[int]) -> None:
-    if "args" in request:
-        args = request["args"]
-        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-            raise ValueError("args must be a list of strings")
-        if len(fds) != 2 or min(fds) < 3:
-            raise ValueError(f"expected 2 descriptors (stdout, stderr), got {len(fds)}")
+    if request.get("dial") not in (None, True):
+        raise ValueError("dial must be true or absent")
+    if request.get("dial"):
+        if len(fds) != 3 or min(fds) < 3:
+            raise ValueError(f"expected 3 descriptors (stdout, stderr, loadout), got {len(fds)}")
         return
     if len(fds) != 4 or min(fds) < 3:
         raise ValueError(

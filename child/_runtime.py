@@ -1,7 +1,8 @@
 """The child's runtime: read the loadout, connect, hello, serve commands, run the backend.
 
 A local child inherits its connection and loadout as descriptors (``--fd N --loadout-fd M``); a
-pane's child reads a loadout file and connects to the supervisor's socket.
+pane's child reads a loadout file and connects to the supervisor's socket; a Ray node's child
+inherits its loadout alone (``--loadout-fd M``) and dials the supervisor's door.
 
 One turn runs at a time. Activity events are coalesced and sent at most every
 :data:`EVENT_INTERVAL` seconds (tool start/end are never dropped; streamed-text updates are);
@@ -351,6 +352,19 @@ async def run(loadout_path: str) -> int:
     loadout = ipc.Loadout.from_file(loadout_path)
     with contextlib.suppress(OSError):
         os.unlink(loadout_path)
+    return await dial(loadout)
+
+
+async def run_sealed(loadout_fd: int) -> int:
+    """Run a child whose loadout is an inherited descriptor (a sealed memfd, closed once read)
+    and whose connection it dials itself: a Ray node's child. Its loadout is never a file that
+    the backend it starts next, in the same sandbox, could read."""
+    return await dial(ipc.Loadout.from_fd(loadout_fd))
+
+
+async def dial(loadout: ipc.Loadout) -> int:
+    """Dial the socket *loadout* names (the session's, or a Ray door over mutual TLS) and serve
+    as the child it describes: the exit code."""
     with contextlib.suppress(OSError):
         os.chdir(loadout.workspace)  # tools resolve relative paths against the workspace
     hello = ipc.Hello(pid=os.getpid(), backend=loadout.backend)
@@ -362,16 +376,16 @@ async def run(loadout_path: str) -> int:
         credentials, context = Credentials.take(
             pathlib.Path(loadout.tls), loadout.session, loadout.owner
         )
-        async with open_egress(loadout) as loadout:
+        async with open_egress(loadout) as relayed:
             channel, _ = await ipc.open_tls_client(
-                loadout.socket,
+                relayed.socket,
                 context,
-                owner=loadout.owner,
-                token=loadout.token,
+                owner=relayed.owner,
+                token=relayed.token,
                 hello=hello,
-                request_timeout=loadout.request_timeout,
+                request_timeout=relayed.request_timeout,
             )
-            return await Runtime(loadout=loadout, channel=channel, certificate=credentials).serve()
+            return await Runtime(loadout=relayed, channel=channel, certificate=credentials).serve()
     channel, _ = await ipc.open_client(
         loadout.socket,
         owner=loadout.owner,
@@ -379,8 +393,8 @@ async def run(loadout_path: str) -> int:
         hello=hello,
         request_timeout=loadout.request_timeout,
     )
-    async with open_egress(loadout) as loadout:
-        return await Runtime(loadout=loadout, channel=channel).serve()
+    async with open_egress(loadout) as relayed:
+        return await Runtime(loadout=relayed, channel=channel).serve()
 
 
 async def run_inherited(connection_fd: int, loadout_fd: int) -> int:
@@ -413,11 +427,17 @@ async def run_inherited(connection_fd: int, loadout_fd: int) -> int:
         return await Runtime(loadout=loadout, channel=channel).serve()
 
 
-USAGE: Final = "usage: python -m child <loadout> | python -m child --fd N --loadout-fd M"
+USAGE: Final = (
+    "usage: python -m child <loadout> | python -m child --fd N --loadout-fd M"
+    " | python -m child --loadout-fd M"
+)
 
 
-def _inherited(args: Sequence[str]) -> tuple[int, int] | None:
-    """``--fd N --loadout-fd M`` as ``(N, M)``; ``None`` for any other argv."""
+def _inherited(args: Sequence[str]) -> tuple[int, ...] | None:
+    """``--fd N --loadout-fd M`` as ``(N, M)``, ``--loadout-fd M`` as ``(M,)``; ``None`` for
+    any other argv."""
+    if len(args) == 2 and args[0] == "--loadout-fd" and args[1].isdigit():
+        return (int(args[1]),)
     if len(args) != 4 or args[0] != "--fd" or args[2] != "--loadout-fd":
         return None
     if not (args[1].isdigit() and args[3].isdigit()):
@@ -434,8 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="child %(levelname)s %(message)s")
     os.environ["FLEET_CHILD"] = "1"
     try:
+        if fds is not None and len(fds) == 1:
+            return trio.run(run_sealed, fds[0])
         if fds is not None:
-            return trio.run(run_inherited, *fds)
+            return trio.run(run_inherited, fds[0], fds[1])
         return trio.run(run, args[0])
     except ipc.IpcError as exc:
         print(f"child: {exc}", file=sys.stderr)

@@ -41,6 +41,7 @@ from ipc._handshake import (
 )
 from ipc._listener import Listener, ensure_private_dir
 from ipc._loadout import (
+    MAX_LOADOUT_BYTES,
     Loadout,
     ModelChoice,
     ModelSpec,
@@ -83,6 +84,7 @@ __all__ = [
     "HELLO_TIMEOUT",
     "MAX_DROPS",
     "MAX_FRAME",
+    "MAX_LOADOUT_BYTES",
     "MESSAGE_TYPES",
     "NO_DEADLINE_TYPES",
     "TLS_SCHEME",

@@ -234,14 +234,16 @@ def _read_pipe(fd: int, where: str) -> bytes:
     return b"".join(chunks)
 
 
-def sealed_loadout(loadout: Loadout) -> int:
-    """A descriptor holding *loadout* for a child to inherit (see :meth:`Loadout.from_fd`).
+def sealed_loadout(loadout: Loadout | bytes) -> int:
+    """A descriptor holding *loadout* (or its JSON, as a loadout file has it: a Ray node's) for
+    a child to inherit (see :meth:`Loadout.from_fd`).
 
     A sealed memfd where the platform has one, else the read end of a pipe already holding
     every byte (its capacity raised to fit where it can be). The caller passes it to exactly
     one child and closes its own copy; the descriptor is not inheritable until then.
     """
-    data = loadout.to_json()
+    data = loadout if isinstance(loadout, bytes) else loadout.to_json()
+    where = "bytes" if isinstance(loadout, bytes) else loadout.owner
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is not None:
         try:
@@ -269,9 +271,7 @@ def sealed_loadout(loadout: Loadout) -> int:
             while view:
                 view = view[os.write(write, view) :]
         except BlockingIOError:
-            raise LoadoutError(
-                f"loadout {loadout.owner}: {len(data)} bytes do not fit in a pipe"
-            ) from None
+            raise LoadoutError(f"loadout {where}: {len(data)} bytes do not fit in a pipe") from None
     except BaseException:
         os.close(read)
         raise

@@ -4,7 +4,7 @@ The supervisor wires itself in as the host of every run; a run never imports it.
 generic in the run type so this module needs nothing of :mod:`orchestrator.core._run`.
 """
 
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
@@ -74,8 +74,6 @@ class RunHost(Protocol[R_contra]):
 class RemoteHost(Protocol):
     """What spawning needs for children on other nodes (``core._remote.Remote``)."""
 
-    @property
-    def forget_loadout(self) -> dict[str, Callable[[], Awaitable[None]]]: ...
     async def fields_for(
         self, key: str, node: "Path", fields: dict[str, Any]
     ) -> dict[str, Any]: ...

@@ -8,7 +8,6 @@ Ray node gets its node directory (named on its node), the workspace as a bundle 
 its node plans (:mod:`orchestrator.launch._nodeplan`), and dials the TLS door.
 """
 
-import functools
 import os
 import socket
 import time
@@ -100,7 +99,6 @@ class Launching:
 
     async def launch(self, run: ChildRun, nursery: trio.Nursery) -> Launched:
         """Start *run*'s process through the session's launcher, sandboxed by its policy."""
-        sup = self.sup
         asked = time.monotonic()  # what "the workspace as it is now" means for this launch
         loadout = run.card if run.card is not None else ipc.Loadout.from_file(run.loadout)
         launcher = self.launcher_for(run.record.surface)
@@ -114,9 +112,6 @@ class Launching:
                 with trio.CancelScope(shield=True):
                     await remote.close_node(run.key)
             raise
-        if remote is not None:
-            assert isinstance(launched, LaunchedRay)  # noqa: S101 - the ray launcher's
-            sup.remote.forget_loadout[run.key] = functools.partial(launched.forget, run.loadout)
         return launched
 
     async def _open_node(

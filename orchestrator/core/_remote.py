@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 import ipc
-from orchestrator.core._admission import unlink_quietly
 from orchestrator.core._terms import RemoteTerms
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Callable, Mapping
 
     import trio
 
@@ -95,8 +94,6 @@ class Remote:
     request_timeout: float = 30.0
     #: A remote child's lease (``child._lease``): seconds it may go unheard before it quits.
     lease_s: float = 30.0
-    #: Per remote child: deletes its loadout file on its node (its actor does), at its hello.
-    forget_loadout: dict[str, Callable[[], Awaitable[None]]] = attrs.field(factory=dict, init=False)
     _ca: SessionCA | None = attrs.field(default=None, init=False)
     _door: TlsDoor | None = attrs.field(default=None, init=False)
 
@@ -146,7 +143,6 @@ class Remote:
         )
 
     def release(self, key: str) -> None:
-        self.forget_loadout.pop(key, None)
         if self._door is not None:
             self._door.release(key)
 
@@ -157,10 +153,5 @@ class Remote:
             await channel.aclose("unknown owner")
             return
         run.terms.vouched(seconds)  # the channel lives no longer than its certificate
-        forget = self.forget_loadout.pop(channel.owner, None)
-        if forget is None:
-            unlink_quietly(run.loadout)
-        else:
-            # The loadout file is on the child's node: its actor deletes it, off the loop.
-            self.nursery.start_soon(forget)
+        # Its loadout was never a file here, and on its node it was gone before it started.
         await run.attach(channel, hello)

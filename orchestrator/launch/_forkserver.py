@@ -29,7 +29,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -155,20 +155,20 @@ class ForkServer:
         env: Mapping[str, str],
         name: str,
         stdio: tuple[int, int],
-        inherit: tuple[int, int] | tuple[()],
+        inherit: tuple[int, int] | tuple[int],
         view: Mapping[str, Any] | None = None,
-        args: Sequence[str] | None = None,
+        dial: bool = False,
     ) -> tuple[int, int]:
         """Fork a child; its (host) pid and a pidfd for it (the caller closes it).
 
         *stdio* are the child's stdout and stderr, *inherit* its connection (a socket pair
         end) and its sealed loadout; the server keeps no copy of any of them. *view* (a
-        sandboxed server only): ``{"ops": bwrap mount operations, "cwd": dir}``. *args*
-        instead of *inherit* (empty): the child's own argv (``python -m child``'s), for a
-        child that inherits nothing (a Ray node's: a loadout file, a connection it dials).
+        sandboxed server only): ``{"ops": bwrap mount operations, "cwd": dir}``. With *dial*,
+        *inherit* is the sealed loadout alone: a child that dials its connection itself (a Ray
+        node's, ``--loadout-fd M``).
         """
-        if (args is None) != bool(inherit):
-            raise ValueError("fork server: a child inherits its descriptors or is given args")
+        if len(inherit) != (1 if dial else 2):
+            raise ValueError("fork server: a child inherits its connection and loadout, or dials")
         if not await self.ready():
             raise ForkServerError(f"fork server unavailable: {self.failure}")
         assert self._sock is not None  # noqa: S101 - set when ready
@@ -176,8 +176,8 @@ class ForkServer:
         reply = self._replies[request_id] = _Reply()
         message: dict[str, Any] = {"spawn": request_id, "cwd": cwd, "env": dict(env)}
         message["name"] = name
-        if args is not None:
-            message["args"] = list(args)
+        if dial:
+            message["dial"] = True
         if self.die_with_parent:
             message["die_with_server"] = True
         if view is not None:

@@ -91,7 +91,8 @@ class NodePlan:
     allow_unsandboxed: bool = attrs.field(validator=_BOOL)
     #: The child's argv after the interpreter (``-I -m child LOADOUT``).
     argv_tail: tuple[str, ...] = attrs.field(converter=_strings)
-    #: In the node directory: the loadout file, the checkout (its cwd; a worker's one
+    #: In the node directory: the loadout file (the node reads and removes it, and the child
+    #: inherits it: ``ChildActor.start``), the checkout (its cwd; a worker's one
     #: writable path besides scratch), the scratch, and the egress socket (``""``: none).
     loadout_file: str = attrs.field(validator=_STR)
     workspace: str = attrs.field(validator=_STR)
@@ -153,7 +154,8 @@ def _usable(root: str, free: int) -> bool:
 def node_directory_of(path: str, session: str, key: str) -> Path:
     """*path*, the node directory child *key*'s actor made, once the supervisor has checked it
     is one (absolute, plain, ``fleet-node-SESSION-KEY-<32 hex>``): the supervisor puts paths
-    below it in the loadout and, on its own machine, only ever unlinks the loadout there."""
+    below it in the loadout (its node reads the loadout file there and removes it before the
+    child starts)."""
     node = Path(path)
     prefix = f"{NODE_PREFIX}{session}-{key}-"
     random = node.name.removeprefix(prefix)
@@ -218,7 +220,8 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
     sandbox."""
     node = Path(node_dir)
     _check_paths(plan, node, egress)
-    argv = (os.path.abspath(sys.executable), *plan.argv_tail)
+    # The loadout is no argument: the child inherits it (``ChildActor.start``: --loadout-fd).
+    argv = (os.path.abspath(sys.executable), *CHILD_MODULE)
     try:
         reason = decide_unsandboxed(
             off=plan.sandbox_off, allowed=plan.allow_unsandboxed, where="on its node"
@@ -248,7 +251,7 @@ def realise(plan: NodePlan, *, node_dir: str, egress: str, env: Mapping[str, str
         shown = checked_visible(plan.visible, hidden, nodes=NODE_PREFIX)
     except PolicyError as exc:
         raise _refuse(plan, str(exc)) from None
-    visible = [*shown, Path(plan.loadout_file)]
+    visible = shown  # not the loadout: the child inherits it, no file of it is left to bind
     spec = child_spec(
         policy=POLICIES.get(plan.policy, POLICIES["read_only"]),
         workspace=Path(plan.workspace),
@@ -283,5 +286,5 @@ def _check_paths(plan: NodePlan, node: Path, egress: str) -> None:
         raise _refuse(plan, f"loadout {plan.loadout_file!r} is not the file {str(loadout)!r}")
     if plan.egress != egress:
         raise _refuse(plan, f"egress {plan.egress!r} is not the one served here ({egress!r})")
-    if plan.argv_tail[: len(CHILD_MODULE)] != CHILD_MODULE:
+    if tuple(plan.argv_tail) != (*CHILD_MODULE, plan.loadout_file):
         raise _refuse(plan, f"argv {list(plan.argv_tail)!r} is not the child's")

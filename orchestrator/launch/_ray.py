@@ -108,7 +108,7 @@ def _actor_class() -> Any:
     if _remote_cls is None:
         ray = ray_module()
         # max_concurrency 4: ``wait`` and the ``refusals`` poll block a thread each while
-        # ``stop`` and ``forget`` must still be served.
+        # ``stop`` and ``context`` must still be served.
         _remote_cls = ray.remote(max_concurrency=4, max_restarts=0)(ChildActor)
     return _remote_cls
 

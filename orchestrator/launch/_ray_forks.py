@@ -3,9 +3,10 @@
 A node host (:mod:`._ray_host`) keeps the same :class:`ForkServer` a supervisor keeps for its
 local children (``python -I -m child._forkserver``, :mod:`._forkserver`), one plain and one
 sandboxed at most, each started on the first child that can use it. A child whose node plan
-(:mod:`._nodeplan`) runs it as ``python -I -m child LOADOUT`` is then a fork of the server, given
-that argv (its loadout is the file in its node directory, its connection the TLS door it dials
-itself, through its egress proxy when sandboxed); a sandboxed child is a fork of the sandboxed
+(:mod:`._nodeplan`) runs it as ``python -I -m child LOADOUT`` is then a fork of the server that
+inherits its loadout as a sealed memfd (``--loadout-fd M``: the file in its node directory is
+gone before it runs) and dials its connection, the TLS door, itself (through its egress proxy
+when sandboxed); a sandboxed child is a fork of the sandboxed
 server that builds, before any code of its own runs, the very view its bwrap command line would
 have given it (``child/_enclose.py``). A child whose environment carries a credential is never
 forked (the request would leave it in the server's memory, and so in every later fork's), nor is
@@ -97,23 +98,24 @@ class NodeForks:
         self,
         *,
         python: str,
-        args: Sequence[str],
+        loadout: int,
         cwd: str,
         env: Mapping[str, str],
         name: str,
         view: Mapping[str, Any] | None = None,
         hidden: Callable[[], Sequence[str]] = tuple,
     ) -> ForkedChild | None:
-        """``python -I -m child ARGS`` as a fork of this node's server (the sandboxed one,
-        building *view*, when *view* is given; *hidden*: what that server's own view hides,
-        asked only when the server is started), or ``None``: no server works here, and the
-        caller starts the child itself."""
+        """``python -I -m child --loadout-fd M`` as a fork of this node's server, inheriting
+        *loadout* (a sealed memfd; the caller closes its own copy) as M: the sandboxed server,
+        building *view*, when *view* is given (*hidden*: what that server's own view hides,
+        asked only when the server is started). ``None``: no server works here, and the caller
+        starts the child itself."""
         server = self._server(python, view is not None, hidden)
         if server is None:
             return None
         try:
             spawn = functools.partial(
-                self._spawn, server, args=list(args), cwd=cwd, env=dict(env), name=name, view=view
+                self._spawn, server, loadout=loadout, cwd=cwd, env=dict(env), name=name, view=view
             )
             return self._loop.run(spawn)
         except ForkServerError as exc:
@@ -162,7 +164,7 @@ class NodeForks:
         self,
         server: ForkServer,
         *,
-        args: list[str],
+        loadout: int,
         cwd: str,
         env: dict[str, str],
         name: str,
@@ -175,9 +177,9 @@ class NodeForks:
                 env=env,
                 name=name,
                 stdio=(write_end, write_end),
-                inherit=(),
+                inherit=(loadout,),
                 view=view,
-                args=args,
+                dial=True,
             )
         except BaseException:
             os.close(read_end)

@@ -46,7 +46,6 @@ _CALLS = frozenset(
         "restore",
         "open_egress",
         "refusals",
-        "forget",
         "clean_up",
         "request_certificate",
         "receive",

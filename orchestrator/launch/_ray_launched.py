@@ -196,16 +196,6 @@ class LaunchedRay:
             if self.exited.is_set() and not got:
                 return
 
-    async def forget(self, path: str) -> None:
-        """Have the actor delete the child's loadout file *path* on its node (after hello)."""
-        try:
-            gone = await resolved(self.actor.forget.remote(path), timeout=60)
-        except Exception as exc:  # the actor is gone: its node directory goes with the child
-            log.info("ray child %s: loadout not deleted on its node: %s", self.pid, exc)
-            return
-        if not gone:
-            log.warning("ray child %s: loadout %s still on its node", self.pid, path)
-
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109 - the Launched protocol
         await trio.lowlevel.checkpoint()
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+import ipc
 from orchestrator._errors import PolicyError
 from orchestrator._runtime import fenced_paths
 from orchestrator._trees import remove_tree
@@ -322,15 +323,6 @@ class ChildActor:
         *wait* seconds for one; ``[]`` once the proxy is closed."""
         return [] if self.egress is None else self.egress.refusals(wait)
 
-    def forget(self, path: str) -> bool:
-        """Delete the child's loadout file at *path* (in its node directory) after its hello;
-        whether it is gone."""
-        if not self.node_dir or os.path.dirname(path) != self.node_dir:
-            raise RuntimeError(f"{path!r} is not in the child's node directory")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return not os.path.lexists(path)
-
     def clean_up(self) -> None:
         """Remove the child's node directory (its checkout, scratch, key); after bring_back."""
         if self.egress is not None:
@@ -367,7 +359,12 @@ class ChildActor:
         """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
         start the child: with a sandbox *plan* (:class:`NodePlan`), the command it makes here
         (*argv* and *cwd* unused), or ``{"refused": one line}`` and nothing started; without
-        one, *argv* as it is."""
+        one, *argv* as it is.
+
+        A planned child's loadout file is read and removed here, before the child starts: the
+        child inherits it as a sealed memfd (``--loadout-fd M``), read once and closed, so
+        neither it nor the backend it starts next (an agent CLI, in the same sandbox) finds a
+        file of it, and nothing is left to delete after its hello."""
         sandboxed, reason, made = False, "", None
         if plan is not None:
             egress = "" if self.egress is None else str(self.egress.proxy.path)
@@ -383,19 +380,26 @@ class ChildActor:
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
         ray = ray_module()
-        self.proc = None if made is None or plan is None else self._fork(made, plan)
-        forked = self.proc is not None
-        if self.proc is None:
-            self.proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe enough
-            )
+        sealed = -1 if plan is None else _sealed(NodePlan.from_plain(plan).loadout_file)
+        try:
+            self.proc = None if made is None or plan is None else self._fork(made, plan, sealed)
+            forked = self.proc is not None
+            if self.proc is None:
+                loadout = () if sealed < 0 else ("--loadout-fd", str(sealed))
+                self.proc = subprocess.Popen(
+                    [*argv, *loadout],
+                    cwd=cwd,
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=() if sealed < 0 else (sealed,),
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe
+                )
+        finally:
+            if sealed >= 0:
+                os.close(sealed)  # the child holds its own copy now (or never will)
         if self.egress is not None:
             self.egress.admit(self.proc.pid)
         ctx = ray.get_runtime_context()
@@ -408,7 +412,9 @@ class ChildActor:
             "forked": forked,
         }
 
-    def _fork(self, made: NodeStart, plain: Mapping[str, Any]) -> "ForkedChild | None":
+    def _fork(
+        self, made: NodeStart, plain: Mapping[str, Any], loadout: int
+    ) -> "ForkedChild | None":
         """The child as a fork of its node host's server (:mod:`._ray_forks`), when it is the
         plain child command and its plan says a fork will do (it carries no credential);
         ``None``: start it the ordinary way."""
@@ -422,7 +428,7 @@ class ChildActor:
             return None
         return self.forks.spawn(
             python=os.path.abspath(sys.executable),
-            args=plan.argv_tail[len(CHILD_MODULE) :],
+            loadout=loadout,
             cwd=made.cwd,
             env=made.env,
             name=f"fleet {plan.owner}",
@@ -458,6 +464,21 @@ class ChildActor:
             except subprocess.TimeoutExpired:
                 continue
         return int(self.proc.wait())
+
+
+def _sealed(path: str) -> int:
+    """The loadout file at *path* (the plan's, checked by :func:`realise`: the regular file in
+    the node directory) as a sealed memfd, the file removed."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(ipc.MAX_LOADOUT_BYTES + 1)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    if len(data) > ipc.MAX_LOADOUT_BYTES:
+        raise RuntimeError(f"loadout {path}: over {ipc.MAX_LOADOUT_BYTES} bytes")
+    return ipc.sealed_loadout(data)
 
 
 def _oversize(what: str, cap: int) -> str:

@@ -1,12 +1,14 @@
 """The child runtime's event pump on a real channel: a turn's events come before its settled."""
 
+import os
+
 import attrs
 import pytest
 import trio
 
 import ipc
 from child import _runtime
-from child._runtime import Runtime
+from child._runtime import Runtime, main
 from child.backends import TurnResult
 
 TOOLS_BEFORE_THE_END = 60
@@ -108,3 +110,17 @@ def test_usage_after_a_fallback_restart_adds_what_the_replaced_backend_spent():
     assert (total.cache_read_tokens, total.cost_usd, total.model) == (5, 0.5, "b")
     assert _runtime.added(None, now) is now
     assert _runtime.added(ipc.Usage(tokens=1), now).cost_usd is None
+
+
+def test_a_node_child_takes_its_loadout_alone_from_a_sealed_descriptor(capsys):
+    """``python -m child --loadout-fd M`` (a Ray node's fork, which dials its door itself)
+    reads its loadout from the descriptor, closes it, and fails a bad one in one line."""
+    fd = ipc.sealed_loadout(b"{}")
+    assert main(["--loadout-fd", str(fd)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"child: loadout fd {fd}: "), err
+    assert err.count("\n") == 1
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed once read
+    assert main(["--loadout-fd", "x"]) == 2
+    assert main(["--loadout-fd"]) == 2

@@ -59,6 +59,14 @@ out["read_sibling_key"] = attempt(
     lambda: open(os.path.join(sibling, "scratch", "tls", "cert.pem")).read()[:10]
 )
 out["sibling_egress"] = attempt(lambda: via(os.path.join(sibling, "egress.sock"), "x:1"))
+# Its own loadout (its token): never a file it can find, nor a descriptor of it or its child's.
+own_node = os.path.dirname(os.environ["TMPDIR"])
+out["own_loadout"] = attempt(lambda: open(os.path.join(own_node, "loadout.json")).read()[:10])
+def loadouts(pid):
+    fds = f"/proc/{pid}/fd"
+    return [n for n in attempt(lambda: os.listdir(fds)) if "fleet-loadout" in attempt(
+        lambda: os.readlink(os.path.join(fds, n)))]
+out["loadout_fds"] = loadouts("self") + loadouts(os.getppid())
 print(json.dumps(out))
 """
 
@@ -185,6 +193,10 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
     assert got["list_sibling"] == "error 2", got
     assert got["read_sibling_key"] == "error 2", got
     assert got["sibling_egress"] == "error 2", got
+    # Its node read its loadout file and removed it before it started: it inherited the
+    # loadout as a memfd, read once and closed, so the command it runs finds neither.
+    assert got["own_loadout"] == "error 2", got
+    assert got["loadout_fds"] == [], got
     assert not sibling_node.exists()
     assert not hostile_node.exists()
 

@@ -7,6 +7,7 @@ import sys
 
 import trio
 
+import ipc
 from orchestrator.launch._forkserver import ForkServer
 
 
@@ -60,14 +61,18 @@ async def test_many_spawns_at_once_each_get_their_fork_even_when_the_socket_is_f
                     assert await server.ready(), server.failure
 
                     async def one() -> None:
-                        _pid, pidfd = await server.spawn(
-                            cwd="/",
-                            env=env,
-                            name="t",
-                            stdio=(null, null),
-                            inherit=(),
-                            args=["--help"],
-                        )
+                        loadout = ipc.sealed_loadout(b"{}")  # a child that reads it and quits
+                        try:
+                            _pid, pidfd = await server.spawn(
+                                cwd="/",
+                                env=env,
+                                name="t",
+                                stdio=(null, null),
+                                inherit=(loadout,),
+                                dial=True,
+                            )
+                        finally:
+                            os.close(loadout)
                         pidfds.append(pidfd)
 
                     async with trio.open_nursery() as spawns:

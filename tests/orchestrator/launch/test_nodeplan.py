@@ -156,7 +156,10 @@ def test_the_plan_is_wrapped_here_with_this_interpreter(actor):
     assert made.reason == ""
     assert made.cwd == os.path.join(actor.node_dir, "checkout")
     assert os.path.abspath(sys.executable) in made.argv
-    assert made.argv[-4:] == ("-I", "-m", "child", os.path.join(actor.node_dir, "loadout.json"))
+    # The loadout is no argument and no path of the view: the child inherits it (--loadout-fd).
+    loadout = os.path.join(actor.node_dir, "loadout.json")
+    assert made.argv[-4:] == (os.path.abspath(sys.executable), "-I", "-m", "child")
+    assert loadout not in made.argv
     assert made.env["A"] == "1"
     assert made.env["FLEET_SANDBOXED"] == "1"
     assert made.env["TMPDIR"] == os.path.join(actor.node_dir, "scratch")
@@ -215,6 +218,8 @@ def test_unsandboxed_only_when_allowed_and_the_reason_says_so(actor):
         ({"workspace": "/etc"}, "workspace '/etc' is not"),
         ({"scratch": "/"}, "scratch '/' is not"),
         ({"argv_tail": ("-c", "print(1)")}, "is not the child's"),
+        ({"argv_tail": ("-I", "-m", "child", "/etc/passwd")}, "is not the child's"),
+        ({"argv_tail": ("-I", "-m", "child", "--fd", "3", "--loadout-fd", "4")}, "not the child"),
         ({"egress": "/tmp/someone-elses.sock"}, "is not the one served here"),
     ],
 )

@@ -414,4 +414,4 @@ async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
     await gone_path(node)
     host, ident = r.actor.host, r.actor.ident
     with pytest.raises(ray.exceptions.RayTaskError, match="KeyError"):  # its state is gone
-        await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "forget", ("x",))))
+        await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "clean_up", ())))
