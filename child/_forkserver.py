@@ -59,7 +59,7 @@ from typing import Any, Final, NoReturn
 import yaml
 
 import ipc
-from child import _enclose
+from child import _enclose, _tls
 
 MAX_MESSAGE: Final = 1 << 20
 #: Modules a child needs only in a terminal pane (never forked) or that are entry points.
@@ -84,10 +84,14 @@ def preload() -> None:
 
 def _warm_network() -> None:
     """Pay once, here, what a remote child's first dial would pay in every fork: OpenSSL's
-    first context (its configuration and providers: ~2 ms, a later one ~0.3 ms), and the first
-    ``getaddrinfo`` (libc's address-sorting configuration, and the import of the ``idna`` codec
-    Python encodes every host name with: ~2.5 ms). Nothing is kept: no context, no socket."""
-    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    first context, key, certificate, handshake and record (:func:`child._tls.warm`), and the
+    first ``getaddrinfo`` (libc's address-sorting configuration, and the import of the ``idna``
+    codec Python encodes every host name with: ~2.5 ms). Nothing is kept: no context, no
+    socket, no key of anyone's."""
+    try:
+        _tls.warm()
+    except (OSError, ssl.SSLError, ValueError) as exc:  # a dial still works, only dearer
+        print(f"child: fork server: TLS not warmed: {exc!r}", file=sys.stderr)
     with contextlib.suppress(OSError):
         socket.getaddrinfo("127.0.0.1", 0, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
 

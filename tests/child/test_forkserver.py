@@ -162,3 +162,43 @@ def test_preload_pays_a_first_dial_once_and_keeps_nothing_open() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "True []"
+
+
+def test_forks_of_a_warmed_server_draw_keys_of_their_own() -> None:
+    """The server shakes hands with itself once before its first fork (OpenSSL's and
+    ``cryptography``'s first key, certificate, handshake and record, so no remote child pays
+    them): its forks still never share randomness, its throwaway key is nobody's (a
+    certificate for ``warm`` no one trusts), and it says nothing on stderr."""
+    code = (
+        "import os, ssl, sys\n"
+        "from cryptography.hazmat.primitives import serialization as s\n"
+        "from cryptography.hazmat.primitives.asymmetric import ec\n"
+        "from child._forkserver import preload\n"
+        "preload()\n"
+        "drawn = []\n"
+        "for _ in range(4):\n"
+        "    r, w = os.pipe()\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        key = ec.generate_private_key(ec.SECP256R1()).public_key()\n"
+        "        point = key.public_bytes(s.Encoding.X962, s.PublicFormat.CompressedPoint)\n"
+        "        os.write(w, (point.hex() + ' ' + ssl.RAND_bytes(16).hex()).encode())\n"
+        "        os._exit(0)\n"
+        "    os.close(w)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    drawn.append(os.read(r, 4096).decode())\n"
+        "    os.close(r)\n"
+        "print('\\n'.join(drawn))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # warmed: no "TLS not warmed"
+    lines = done.stdout.split()
+    assert len(lines) == 8
+    assert len(set(lines)) == 8  # four keys and four draws, none the same
