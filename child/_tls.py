@@ -118,10 +118,11 @@ def warm() -> None:
     handshake and record (each algorithm's first fetch, the PEM decoders, the certificate
     parser). A throwaway key and a self-signed certificate for ``warm`` that nobody trusts shake
     hands with themselves in memory (no file: the key and certificate are read from a memfd) and
-    send one record each way. A remote child then paid 33.7 ms of CPU against 41.8 ms
-    (``benchmarks/ray_fleet.py``: its credentials, its dial and every record after). OpenSSL
-    reseeds its random generator in each fork (it notices the new process), so no two forks
-    draw the same keys. Linux only (memfd); elsewhere it does nothing."""
+    send one record each way. A remote child's credentials, dial and 20 round trips then cost
+    its fork 7.5 ms of CPU against 8.6 ms (0.85, the median of 10 rounds of 40 forks:
+    ``benchmarks/fork_tls.py``). OpenSSL reseeds its random generator in each fork (it notices
+    the new process), so no two forks draw the same keys. Linux only (memfd); elsewhere it does
+    nothing."""
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is None:
         return

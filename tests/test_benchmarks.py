@@ -35,6 +35,7 @@ CASES = [
         "fleet_memory", ["--hibernate"], id="fleet_memory-hibernate", marks=pytest.mark.needs("pi")
     ),
     pytest.param("fleet_overhead", [], id="fleet_overhead"),
+    pytest.param("fork_tls", [], id="fork_tls"),
     pytest.param(
         "fleet_overhead",
         ["--sandboxed"],
