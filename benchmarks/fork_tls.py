@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -52,7 +53,7 @@ def serve(forks: int) -> None:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
     listener.listen(64)
-    print(json.dumps({"socket": path, "directories": directories}), flush=True)
+    print(json.dumps({"socket": path, "directories": directories, "base": str(base)}), flush=True)
 
     def echo(conn: socket.socket) -> None:
         try:
@@ -92,6 +93,7 @@ def round_of(warm: bool, forks: int) -> dict[str, float]:
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(forks)], stdout=subprocess.PIPE, text=True
     )
+    told: dict[str, Any] = {}
     try:
         assert server.stdout is not None
         told = json.loads(server.stdout.readline())
@@ -119,6 +121,8 @@ def round_of(warm: bool, forks: int) -> dict[str, float]:
     finally:
         server.kill()
         server.wait()
+        if told:
+            shutil.rmtree(told["base"], ignore_errors=True)
 
 
 def forks(told: dict[str, Any]) -> dict[str, float]:

@@ -33,6 +33,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,7 @@ async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
             ratios.append(tls / unix)
         door.release(OWNER)
         nursery.cancel_scope.cancel()
+    shutil.rmtree(scratch, ignore_errors=True)
     return statistics.median(unix_rates), statistics.median(tls_rates), statistics.median(ratios)
 
 
@@ -444,14 +446,14 @@ def main() -> None:
     # A runtime root of the run's own (the nodes inherit it): every sandbox hides every fleet
     # home registered on the machine, and a box that runs test suites has dozens (89 once:
     # 5.9 ms to look up, and a mount each in every sandboxed child's view, on both sides).
-    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleet-bench-run-")
+    runtime = os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleet-bench-run-")
+    base = Path(tempfile.mkdtemp(prefix="fleet-bench-ray-"))
     cluster = Cluster()
     for _ in range(nodes):
         cluster.add_node(num_cpus=1, resources={"agent_slot": slots})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     result: dict[str, Any] = {}
     try:
-        base = Path(tempfile.mkdtemp(prefix="fleet-bench-ray-"))
         measured = trio.run(
             functools.partial(fleets, sandboxed=args.sandboxed),
             base,
@@ -466,6 +468,9 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # Its fleets' homes and its runtime root (each run left both behind: 58 on this box).
+        for leftover in (base, Path(runtime)):
+            shutil.rmtree(leftover, ignore_errors=True)
     unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 2 if smoke else 5)
     print(
         f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
