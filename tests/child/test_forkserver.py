@@ -140,6 +140,17 @@ def test_a_fork_gets_our_stdio_and_its_exit_is_reported(server: Server, tmp_path
         ours.close()
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """*code* in a fresh isolated interpreter, as the server's own starts."""
+    return subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
 def test_preload_pays_a_first_dial_once_and_keeps_nothing_open() -> None:
     """A remote child's first dial pays libc's first ``getaddrinfo`` (with the ``idna`` codec
     Python encodes host names with) and OpenSSL's first context; the server pays them before
@@ -153,13 +164,7 @@ def test_preload_pays_a_first_dial_once_and_keeps_nothing_open() -> None:
         "after = set(os.listdir('/proc/self/fd'))\n"
         "print('encodings.idna' in sys.modules, sorted(after - before))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", code],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "True []"
 
@@ -190,13 +195,7 @@ def test_forks_of_a_warmed_server_draw_keys_of_their_own() -> None:
         "    os.close(r)\n"
         "print('\\n'.join(drawn))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", code],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # warmed: no "TLS not warmed"
     lines = done.stdout.split()

@@ -112,9 +112,12 @@ def test_usage_after_a_fallback_restart_adds_what_the_replaced_backend_spent():
     assert _runtime.added(ipc.Usage(tokens=1), now).cost_usd is None
 
 
-def test_a_node_child_takes_its_loadout_alone_from_a_sealed_descriptor(capsys):
+def test_a_node_child_takes_its_loadout_alone_from_a_sealed_descriptor(capsys, monkeypatch):
     """``python -m child --loadout-fd M`` (a Ray node's fork, which dials its door itself)
     reads its loadout from the descriptor, closes it, and fails a bad one in one line."""
+    # ``main`` marks its process a fleet child: this test's worker is one only until it ends
+    # (every later CLI test in the worker would be refused as one).
+    monkeypatch.setenv("FLEET_CHILD", "0")
     fd = ipc.sealed_loadout(b"{}")
     assert main(["--loadout-fd", str(fd)]) == 3
     err = capsys.readouterr().err
@@ -124,3 +127,5 @@ def test_a_node_child_takes_its_loadout_alone_from_a_sealed_descriptor(capsys):
         os.fstat(fd)  # closed once read
     assert main(["--loadout-fd", "x"]) == 2
     assert main(["--loadout-fd"]) == 2
+    monkeypatch.undo()
+    assert "FLEET_CHILD" not in os.environ or os.environ["FLEET_CHILD"] != "1"

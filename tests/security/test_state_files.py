@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs("sandbox")]
 MARK = "HOSTILE-MARK-7f3a"
 
 PAYLOAD = r"""
-import json, os, sys
+import json, os, stat, sys
 targets, out = json.loads(sys.argv[1]), {"read": {}, "wrote": {}, "fds": {}, "env": {}}
 for path in [os.path.expandvars(t) for t in targets]:
     try:
@@ -60,9 +60,15 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()] + ["self"]:
             target = type(exc).__name__
         text = ""
         if target.startswith("/") or target.startswith("memfd:"):
+            # Regular files only, never blocking: run on the host, another test's tmux server
+            # holds /dev/ptmx, whose read waits forever.
             try:
-                with open(link, "rb") as f:
-                    text = f.read(65536).decode(errors="replace")
+                fd = os.open(link, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        text = os.read(fd, 65536).decode(errors="replace")
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 text = type(exc).__name__
         out["fds"][link] = [target, text]
