@@ -35,7 +35,6 @@ from orchestrator.launch._forkserver import die_with_parent
 from orchestrator.launch._node_key import make_node_key
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import (
-    CHILD_MODULE,
     NODE_HEX,
     NODE_PREFIX,
     NodePlan,
@@ -366,12 +365,11 @@ class ChildActor:
         neither it nor the backend it starts next (an agent CLI, in the same sandbox) finds a
         file of it, and nothing is left to delete after its hello."""
         sandboxed, reason, made = False, "", None
-        if plan is not None:
+        planned = None if plan is None else NodePlan.from_plain(plan)
+        if planned is not None:
             egress = "" if self.egress is None else str(self.egress.proxy.path)
             try:
-                made = realise(
-                    NodePlan.from_plain(plan), node_dir=self.node_dir, egress=egress, env=env
-                )
+                made = realise(planned, node_dir=self.node_dir, egress=egress, env=env)
             except PolicyError as exc:
                 self.clean_up()  # nothing of a child that never runs stays on the node
                 # The hint (the way past) travels apart: the parent sees it, a child never.
@@ -380,9 +378,11 @@ class ChildActor:
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
         ray = ray_module()
-        sealed = -1 if plan is None else _sealed(NodePlan.from_plain(plan).loadout_file)
+        sealed = -1 if planned is None else _sealed(planned.loadout_file)
         try:
-            self.proc = None if made is None or plan is None else self._fork(made, plan, sealed)
+            self.proc = (
+                None if made is None or planned is None else self._fork(made, planned, sealed)
+            )
             forked = self.proc is not None
             if self.proc is None:
                 loadout = () if sealed < 0 else ("--loadout-fd", str(sealed))
@@ -412,19 +412,11 @@ class ChildActor:
             "forked": forked,
         }
 
-    def _fork(
-        self, made: NodeStart, plain: Mapping[str, Any], loadout: int
-    ) -> "ForkedChild | None":
-        """The child as a fork of its node host's server (:mod:`._ray_forks`), when it is the
-        plain child command and its plan says a fork will do (it carries no credential);
-        ``None``: start it the ordinary way."""
-        plan = NodePlan.from_plain(plain)
-        if (
-            self.forks is None
-            or tuple(plan.argv_tail) != (*CHILD_MODULE, plan.loadout_file)
-            or (made.sandboxed and made.view is None)
-            or not plan.forkable
-        ):
+    def _fork(self, made: NodeStart, plan: NodePlan, loadout: int) -> "ForkedChild | None":
+        """The child as a fork of its node host's server (:mod:`._ray_forks`), when its plan
+        says a fork will do (it carries no credential; :func:`realise` has checked that its
+        command is the child's); ``None``: start it the ordinary way."""
+        if self.forks is None or (made.sandboxed and made.view is None) or not plan.forkable:
             return None
         return self.forks.spawn(
             python=os.path.abspath(sys.executable),
