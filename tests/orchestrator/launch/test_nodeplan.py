@@ -73,7 +73,7 @@ def test_the_node_directory_is_fresh_private_and_in_the_nodes_root_of_them(actor
 
 
 @pytest.fixture
-def memory(tmp_path, monkeypatch) -> Path:
+def memory(tmp_path, monkeypatch) -> Iterator[Path]:
     """A memory root of ours with room (this machine's own is not what these tests judge)."""
     root = tmp_path / "shm"
     root.mkdir(mode=0o700)
