@@ -24,6 +24,7 @@ from ipc._errors import (
     IpcError,
     ListenerError,
     LoadoutError,
+    MuxError,
     RemoteError,
     RequestError,
     RequestTimeout,
@@ -50,6 +51,7 @@ from ipc._loadout import (
     write_private,
 )
 from ipc._messages import decode_envelope, encode_envelope
+from ipc._mux import MuxLink, MuxStream
 from ipc._prepare import prepare_codecs
 from ipc._requests import DEFAULT_TIMEOUT, check_timeout
 from ipc._tlsstream import SocketTLSStream, tls_over
@@ -109,6 +111,9 @@ __all__ = [
     "Message",
     "ModelChoice",
     "ModelSpec",
+    "MuxError",
+    "MuxLink",
+    "MuxStream",
     "Ownership",
     "Progress",
     "Prompt",

@@ -10,6 +10,7 @@
     │   ├── RequestTimeout      its deadline passed
     │   └── ChannelClosed       the connection closed, was cancelled or its owner was reaped
     ├── ListenerError       the listening socket could not be set up safely
+    ├── MuxError            the peer of a multiplexed link broke its protocol; the link ended
     └── LoadoutError        a loadout file failed a safety or schema check
 """
 
@@ -73,3 +74,10 @@ class ListenerError(IpcError):
 
 class LoadoutError(IpcError):
     """A loadout file failed a safety or schema check; the message says which."""
+
+
+class MuxError(IpcError):
+    """The peer of a multiplexed link broke its protocol (:mod:`ipc._mux`).
+
+    The whole link has ended: every stream on it is broken and the connection is closed.
+    """

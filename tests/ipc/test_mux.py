@@ -1,0 +1,523 @@
+"""Many streams over one link (``ipc._mux``): real socket pairs, honest and hostile peers."""
+
+import os
+import random
+import socket
+import struct
+
+import pytest
+import trio
+
+import ipc
+from ipc import MuxError, MuxLink, MuxStream
+from ipc._mux import CLOSE, CREDIT, DATA, MAX_CHUNK, OPEN
+
+CEILING = 20
+HEADER = struct.Struct(">IBI")
+
+
+def rng(seed: int | str) -> random.Random:
+    return random.Random(seed)  # noqa: S311 - reproducible test bytes, not a secret
+
+
+def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    a, b = socket.socketpair()
+    return (
+        trio.SocketStream(trio.socket.from_stdlib_socket(a)),
+        trio.SocketStream(trio.socket.from_stdlib_socket(b)),
+    )
+
+
+def frame(stream_id: int, kind: int, payload: bytes = b"") -> bytes:
+    """A frame as a hand-written peer would send it (no checks)."""
+    return HEADER.pack(stream_id, kind, len(payload)) + payload
+
+
+def credit(stream_id: int, increment: int) -> bytes:
+    return frame(stream_id, CREDIT, struct.pack(">I", increment))
+
+
+def parse(data: bytes) -> list[tuple[int, int, bytes]]:
+    """Every frame in *data*, which must hold whole frames only."""
+    frames, start = [], 0
+    while start < len(data):
+        stream_id, kind, length = HEADER.unpack_from(data, start)
+        start += HEADER.size
+        frames.append((stream_id, kind, data[start : start + length]))
+        start += length
+    assert start == len(data)
+    return frames
+
+
+class Recording(trio.abc.Stream):
+    """A stream that keeps a copy of everything sent through it."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.sent = bytearray()
+
+    async def send_all(self, data):
+        self.sent += data
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self):
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None):
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+async def linked(nursery, on_open, *, wrap=lambda stream: stream, **options):
+    """An opener and an acceptor over a real socket pair, both serving in *nursery*."""
+    a, b = socket_pair()
+    opener = MuxLink(wrap(a), opener=True, **options)
+    acceptor = MuxLink(wrap(b), opener=False, **options)
+    await nursery.start(acceptor.run, on_open)
+    await nursery.start(opener.run)
+    return opener, acceptor
+
+
+async def echo(stream: MuxStream) -> None:
+    while data := await stream.receive_some():
+        await stream.send_all(data)
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        chunk = await stream.receive_some(size - len(got))
+        assert chunk, f"closed after {len(got)} of {size} bytes"
+        got += chunk
+    return bytes(got)
+
+
+async def receive_all(stream: trio.abc.ReceiveStream) -> bytes:
+    got = bytearray()
+    while chunk := await stream.receive_some():
+        got += chunk
+    return bytes(got)
+
+
+async def round_trip(stream: MuxStream, message: bytes) -> None:
+    await stream.send_all(message)
+    assert await receive_exactly(stream, len(message)) == message
+
+
+# -- honest peers ---------------------------------------------------------------------------
+
+
+async def test_fifty_streams_each_get_exactly_their_own_bytes_back(nursery):
+    opener, _ = await linked(nursery, echo)
+    sizes = rng(7)
+    payloads = {
+        f"child-{n}": rng(n).randbytes(200 * 1024 + sizes.randrange(1000)) for n in range(50)
+    }
+    streams = {name: opener.open(name) for name in payloads}
+    assert opener.open_streams == 50
+    got: dict[str, bytes] = {}
+
+    async def send(name: str) -> None:
+        data, start, chunks = payloads[name], 0, rng(name)
+        while start < len(data):
+            size = chunks.choice([1, 7, 100, 4096, 65535, 65536, 65537, 150_000])
+            await streams[name].send_all(data[start : start + size])
+            start += size
+
+    async def converse(name: str) -> None:
+        async with trio.open_nursery() as both:
+            both.start_soon(send, name)
+            got[name] = await receive_exactly(streams[name], len(payloads[name]))
+        await streams[name].aclose()
+
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as all_of_them:
+            for name in payloads:
+                all_of_them.start_soon(converse, name)
+    assert got == payloads
+    assert opener.open_streams == 0
+
+
+async def test_a_stalled_reader_holds_one_window_and_never_blocks_its_siblings(nursery):
+    window = 64 * 1024
+    drain = trio.Event()
+    at_acceptor: dict[str, MuxStream] = {}
+    drained: list[bytes] = []
+    done = trio.Event()
+
+    async def on_open(stream: MuxStream) -> None:
+        at_acceptor[stream.name] = stream
+        if stream.name == "stalled":
+            await drain.wait()
+            drained.append(await receive_all(stream))
+            done.set()
+        else:
+            await echo(stream)
+
+    opener, _ = await linked(nursery, on_open, window=window)
+    stalled, lively = opener.open("stalled"), opener.open("lively")
+    payload = rng(1).randbytes(3 * window + 123)
+    pushed = trio.Event()
+
+    async def push() -> None:
+        await stalled.send_all(payload)
+        pushed.set()
+        await stalled.aclose()
+
+    with trio.fail_after(CEILING):
+        nursery.start_soon(push)
+        for n in range(50):
+            await round_trip(lively, b"ping %d " % n * 40)
+        assert not pushed.is_set()  # its send waits for credit...
+        assert len(at_acceptor["stalled"]._buffer) == window  # ...with exactly a window buffered
+        assert stalled._credit == 0
+        drain.set()
+        await pushed.wait()
+        await done.wait()
+    assert drained == [payload]
+
+
+async def test_a_short_exchange_sends_no_credit_and_a_long_one_few(nursery):
+    recorded: list[Recording] = []
+
+    def wrap(stream: trio.abc.Stream) -> Recording:
+        recorded.append(Recording(stream))
+        return recorded[-1]
+
+    opener, _ = await linked(nursery, echo, wrap=wrap)
+    short, long_ = opener.open("short"), opener.open("long")
+    with trio.fail_after(CEILING):
+        for n in range(5):
+            await round_trip(short, bytes([n]) * 100)
+        await trio.sleep(0.05)  # anything the acceptor would still write
+        kinds = [kind for end in recorded for _, kind, _ in parse(bytes(end.sent))]
+        assert kinds.count(DATA) == 10
+        assert kinds.count(CREDIT) == 0
+
+        payload = rng(2).randbytes(1 << 20)
+        async with trio.open_nursery() as both:
+            both.start_soon(long_.send_all, payload)
+            got = bytearray()
+            while len(got) < len(payload):
+                got += await long_.receive_some(1000)  # a thousand small reads
+        assert got == payload
+    kinds = [kind for end in recorded for _, kind, _ in parse(bytes(end.sent))]
+    # 1 MiB each way, a grant per quarter window (64 KiB) consumed: 16 each way at most.
+    assert 8 <= kinds.count(CREDIT) <= 32
+
+
+async def test_max_streams_refuses_the_one_beyond_without_calling_on_open(nursery):
+    release = trio.Event()
+    called: list[str] = []
+    again_called = trio.Event()
+
+    async def on_open(stream: MuxStream) -> None:
+        called.append(stream.name)
+        if stream.name == "again":
+            again_called.set()
+        await release.wait()
+
+    opener, acceptor = await linked(nursery, on_open, max_streams=3)
+    streams = [opener.open(f"s{n}") for n in range(4)]
+    with trio.fail_after(CEILING):
+        assert await streams[3].receive_some() == b""  # CLOSE: too many streams
+        with pytest.raises(trio.BrokenResourceError, match="too many streams"):
+            await streams[3].send_all(b"x")
+        assert sorted(called) == ["s0", "s1", "s2"]
+        assert acceptor.open_streams == 3
+        release.set()  # their on_open returns: each is closed, making room
+        for stream in streams[:3]:
+            assert await stream.receive_some() == b""
+        again = opener.open("again")
+        await again.send_all(b"hi")
+        await again_called.wait()
+    assert sorted(called) == ["again", "s0", "s1", "s2"]
+
+
+async def test_the_peers_close_gives_the_rest_then_eof_and_an_own_close_refuses_use(nursery):
+    last_words = rng(3).randbytes(100_000)
+
+    async def on_open(stream: MuxStream) -> None:
+        await stream.send_all(last_words)
+        await stream.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.send_all(b"x")
+
+    opener, _ = await linked(nursery, on_open)
+    stream = opener.open("one")
+    with trio.fail_after(CEILING):
+        await stream.wait_send_all_might_not_block()  # the credit is there at once
+        assert await receive_all(stream) == last_words  # all of it, then the CLOSE
+        assert opener.open_streams == 0
+        assert await stream.receive_some() == b""
+        with pytest.raises(trio.BrokenResourceError, match="closed by the peer"):
+            await stream.send_all(b"too late")
+        await stream.aclose()
+        await stream.aclose()  # idempotent
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.receive_some()
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.send_all(b"x")
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.wait_send_all_might_not_block()
+
+
+async def test_an_own_close_wakes_a_parked_receiver_and_streams_are_trio_streams(nursery):
+    opener, _ = await linked(nursery, echo)
+    stream = opener.open("one")
+    with trio.fail_after(CEILING):
+        await stream.send_all(b"abcdef")
+        assert await receive_exactly(stream, 2) == b"ab"  # max_bytes is honoured
+        assert await stream.receive_some() == b"cdef"
+        with pytest.raises(ValueError, match="max_bytes"):
+            await stream.receive_some(0)
+        async with trio.open_nursery() as inner:
+
+            async def parked() -> None:
+                with pytest.raises(trio.ClosedResourceError):
+                    await stream.receive_some()
+
+            inner.start_soon(parked)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.BusyResourceError):
+                await stream.receive_some()
+            await stream.aclose()
+    a, b = socket_pair()
+    with pytest.raises(ValueError, match="opener"):
+        MuxLink(a, opener=False).open("x")
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_cancelled_send_waiting_for_credit_leaves_the_link_whole(nursery):
+    window = 32 * 1024
+    drain = trio.Event()
+    drained: list[bytes] = []
+    both_drained = trio.Event()
+    failures: list[BaseException] = []
+
+    async def on_open(stream: MuxStream) -> None:
+        if stream.name.startswith("stuck"):
+            await drain.wait()
+            drained.append(await receive_all(stream))
+            if len(drained) == 2:
+                both_drained.set()
+        else:
+            await echo(stream)
+
+    async def serve(link: MuxLink, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await link.run(on_open, task_status=task_status)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    a, b = socket_pair()
+    opener = MuxLink(a, opener=True, window=window)
+    await nursery.start(serve, MuxLink(b, opener=False, window=window))
+    await nursery.start(opener.run)
+    torn, whole, lively = opener.open("stuck-torn"), opener.open("stuck-whole"), opener.open("e")
+    with trio.fail_after(CEILING):
+        with trio.move_on_after(0.2) as scope:  # half queued, then waits for credit: cancelled
+            await torn.send_all(b"t" * (2 * window))
+        assert scope.cancelled_caught
+        with pytest.raises(trio.BrokenResourceError, match="cancelled halfway"):
+            await torn.send_all(b"more")
+
+        await whole.send_all(b"w" * window)  # exactly its credit: queued whole
+        with trio.move_on_after(0.2) as scope:  # nothing of it queued when cancelled
+            await whole.send_all(b"+")
+        assert scope.cancelled_caught
+
+        for n in range(20):
+            await round_trip(lively, b"%d" % n * 1000)
+        drain.set()
+        await whole.send_all(b"+")  # still usable: the credit comes back once drained
+        await whole.aclose()
+        await torn.aclose()
+        await both_drained.wait()
+    assert sorted(drained) == sorted([b"t" * window, b"w" * window + b"+"])
+    assert failures == []
+    await round_trip(lively, b"still here")
+
+
+async def test_a_channel_runs_over_mux_streams_hello_and_token_included(nursery, wire):
+    async def door(stream: MuxStream) -> None:
+        server, hello = await ipc.accept_hello(stream, wire.lookup, peer_checked=True)
+        await server.reply(hello.corr, ipc.Reply(ok=True))
+
+        async def handle(envelope: ipc.Envelope) -> ipc.Message:
+            return ipc.Reply(ok=True, data={"owner": envelope.owner, "stream": stream.name})
+
+        async def on_event(envelope: ipc.Envelope) -> None:
+            pass
+
+        await server.serve(handle, on_event)
+
+    opener, _ = await linked(nursery, door)
+    with trio.fail_after(CEILING):
+        for owner in ("a1", "a2"):
+            wire.owners.add(owner)
+            client, reply = await ipc.hello_on(
+                opener.open(f"child-{owner}"),
+                owner=owner,
+                token=wire.token(owner),
+                hello=ipc.Hello(pid=os.getpid(), backend="test"),
+            )
+            assert reply.ok
+            await nursery.start(client.serve, door, door)  # the client answers nothing here
+            answer = await client.request(ipc.Ownership(paths=["a"]))
+            assert answer == ipc.Reply(ok=True, data={"owner": owner, "stream": f"child-{owner}"})
+            await client.aclose()
+        with pytest.raises(ipc.HandshakeError):
+            await ipc.hello_on(
+                opener.open("impostor"),
+                owner="a1",
+                token="0" * 64,
+                hello=ipc.Hello(pid=os.getpid()),
+            )
+
+
+# -- the link's end -------------------------------------------------------------------------
+
+
+async def raw_acceptor(window: int = 256 * 1024):
+    """An opener link serving one end; the test plays the acceptor on the other."""
+    a, raw = socket_pair()
+    return MuxLink(a, opener=True, window=window), raw
+
+
+async def test_a_lost_connection_breaks_every_stream_after_its_buffered_data():
+    link, raw = await raw_acceptor()
+    one, two = link.open("one"), link.open("two")
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(link.run)  # returns: the EOF is clean, between frames
+            opens = parse(await raw.receive_some())
+            assert opens == [(1, OPEN, b"one"), (2, OPEN, b"two")]
+            await raw.send_all(frame(1, DATA, b"hello") + frame(2, DATA, b"world"))
+            await raw.aclose()
+        assert await one.receive_some() == b"hello"
+        assert await two.receive_some() == b"world"
+        for stream in (one, two):
+            with pytest.raises(trio.BrokenResourceError, match="mux link ended"):
+                await stream.receive_some()
+            with pytest.raises(trio.BrokenResourceError):
+                await stream.send_all(b"x")
+        with pytest.raises(trio.BrokenResourceError):
+            link.open("three")
+    assert link.open_streams == 0
+
+
+async def test_a_link_aclose_breaks_its_streams_and_ends_run(nursery):
+    opener, acceptor = await linked(nursery, echo)
+    stream = opener.open("one")
+    with trio.fail_after(CEILING):
+        await round_trip(stream, b"before")
+        await acceptor.aclose()
+        with pytest.raises(trio.BrokenResourceError):
+            await stream.receive_some()
+        with pytest.raises(trio.BrokenResourceError):
+            await stream.send_all(b"after")
+
+
+# -- hostile peers --------------------------------------------------------------------------
+
+WINDOW = 1024
+ATTACKS = {
+    "data beyond credit": frame(2, OPEN, b"a")
+    + frame(2, DATA, b"x" * (WINDOW - 1))
+    + frame(2, DATA, b"yy"),
+    "a 100 MB payload announced": frame(2, OPEN, b"a") + HEADER.pack(2, DATA, 100_000_000),
+    "data longer than a chunk": frame(2, OPEN, b"a") + HEADER.pack(2, DATA, MAX_CHUNK + 1),
+    "unknown kind": frame(2, OPEN, b"a") + frame(2, 9),
+    "reused id": frame(1, OPEN, b"again"),
+    "decreasing id": frame(3, OPEN, b"a") + frame(2, OPEN, b"b"),
+    "id zero": frame(0, OPEN, b"a"),
+    "data for a never-opened id": frame(7, DATA, b"x"),
+    "credit for a never-opened id": credit(7, 1),
+    "close for a never-opened id": frame(7, CLOSE),
+    "credit of zero": frame(2, OPEN, b"a") + credit(2, 0),
+    "credit to 2**31": frame(2, OPEN, b"a") + credit(2, (1 << 31) - WINDOW),
+    "short credit": frame(2, OPEN, b"a") + frame(2, CREDIT, b"\0\0\1"),
+    "empty data": frame(2, OPEN, b"a") + frame(2, DATA),
+    "empty name": frame(2, OPEN),
+    "oversized name": frame(2, OPEN, b"n" * 257),
+    "name not UTF-8": frame(2, OPEN, b"\xff\xfe"),
+    "oversized close reason": frame(1, CLOSE, b"r" * 257),
+    "eof inside a frame": frame(2, OPEN, b"a") + HEADER.pack(2, DATA, 10) + b"12345",
+}
+
+
+@pytest.mark.parametrize("attack", ATTACKS.values(), ids=ATTACKS.keys())
+async def test_a_violation_ends_the_link_and_breaks_every_other_stream(attack):
+    raw, sock = socket_pair()
+    link = MuxLink(sock, opener=False, window=WINDOW)
+    victim_opened = trio.Event()
+    outcome: dict[str, str] = {}
+
+    async def on_open(stream: MuxStream) -> None:
+        if stream.name != "victim":
+            return
+        victim_opened.set()
+        with pytest.raises(trio.BrokenResourceError) as caught:
+            await stream.receive_some()
+        outcome["receive"] = str(caught.value)
+        with pytest.raises(trio.BrokenResourceError):
+            await stream.send_all(b"x")
+        outcome["send"] = "broken"
+
+    async def attacker() -> None:
+        await raw.send_all(frame(1, OPEN, b"victim"))
+        await victim_opened.wait()
+        await raw.send_all(attack)
+        await raw.send_eof()  # only "eof inside a frame" gets this far
+
+    with trio.fail_after(5):  # a 100 MB payload is refused from its header, never awaited
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(attacker)
+            with pytest.raises(MuxError) as caught:
+                await link.run(on_open)
+        # The link closed its connection (after, at most, closing the stream "a" it served).
+        assert {kind for _, kind, _ in parse(await receive_all(raw))} <= {CLOSE}
+    assert outcome["send"] == "broken"
+    assert str(caught.value) in outcome["receive"]
+    assert "\n" not in str(caught.value)
+    assert link.open_streams == 0
+    await raw.aclose()
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [frame(1, OPEN, b"x"), frame(2, DATA, b"x"), credit(5, 1)],
+    ids=["open from the acceptor", "data for an id never opened", "credit beyond the last id"],
+)
+async def test_an_acceptor_cannot_open_or_invent_streams(attack):
+    link, raw = await raw_acceptor()
+    victim = link.open("victim")
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(raw.send_all, attack)
+            with pytest.raises(MuxError):
+                await link.run()
+        with pytest.raises(trio.BrokenResourceError):
+            await victim.receive_some()
+        with pytest.raises(trio.BrokenResourceError):
+            await victim.send_all(b"x")
+    await raw.aclose()
+
+
+async def test_frames_for_a_stream_closed_since_are_dropped(nursery):
+    link, raw = await raw_acceptor(window=WINDOW)
+    await nursery.start(link.run)
+    closed, alive = link.open("closed"), link.open("alive")
+    await closed.aclose()
+    with trio.fail_after(CEILING):
+        await raw.send_all(
+            frame(1, DATA, b"late") + credit(1, 5) + frame(1, CLOSE) + frame(2, DATA, b"ok")
+        )
+        assert await alive.receive_some() == b"ok"
+    assert link.open_streams == 1
+    await raw.aclose()
