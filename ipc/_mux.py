@@ -28,10 +28,11 @@ short conversation sends no CREDIT at all.
 The rules, because the peer may be hostile:
 
 - The link's reader never waits on a stream's consumer: a stalled stream holds at most its
-  window and never blocks its siblings. Frames go out through one writer task fed by a
-  queue, so a cancelled :meth:`MuxStream.send_all` never tears the link; the queue holds at
-  most the streams' credit in DATA, plus control frames (a peer that lets those pile past
-  :data:`_MAX_BACKLOG` without reading ends the link).
+  window and never blocks its siblings (an acceptor buffers at most ``max_streams`` windows
+  in all). Frames go out through one writer task fed by a queue, so a cancelled
+  :meth:`MuxStream.send_all` never tears the link; the queue holds at most the streams'
+  credit in DATA, plus control frames (a peer that lets the CREDIT and CLOSE frames its own
+  frames cause pile past :data:`_MAX_BACKLOG` bytes without reading ends the link).
 - A protocol violation ends the whole link with :class:`~ipc.MuxError`: DATA beyond its
   credit or empty, a payload longer than its kind allows (checked from the header, before the
   payload is read), an unknown kind, OPEN from the acceptor or with an id not above the last
@@ -75,6 +76,7 @@ OPEN: Final = 1
 DATA: Final = 2
 CREDIT: Final = 3
 CLOSE: Final = 4
+_REPLIES: Final = frozenset({CREDIT, CLOSE})
 
 _HEADER: Final = struct.Struct(">IBI")
 _CREDIT: Final = struct.Struct(">I")
@@ -87,8 +89,9 @@ _MAX_ID: Final = (1 << 32) - 1
 _RECEIVE_SIZE: Final = 65536
 #: The writer joins queued frames into writes of about this size.
 _WRITE_BATCH: Final = 256 * 1024
-#: Control frames (CREDIT, CLOSE) queued and not yet written beyond which the peer is taken
-#: to be flooding without reading: an honest peer's reader drains them as they come.
+#: CREDIT and CLOSE frames (what a peer's frames make us send) queued and not yet written
+#: beyond which the peer is taken to flood without reading: an honest peer's reader drains
+#: them as they come.
 _MAX_BACKLOG: Final = 4 * 1024 * 1024
 
 OnOpen = Callable[["MuxStream"], Awaitable[None]]
@@ -124,9 +127,9 @@ class MuxStream(trio.abc.Stream):
         self._why = ""  # what ended the stream, for the errors that say so
         self._buffer = bytearray()
         #: Bytes the peer may still send: buffered + consumed-not-granted + this == window.
-        self._receivable = link.window
+        self._receivable = link._window
         self._ungranted = 0
-        self._credit = link.window
+        self._credit = link._window
         self._send_torn = False
         self._readable: trio.Event | None = None
         self._writable: trio.Event | None = None
@@ -221,7 +224,7 @@ class MuxStream(trio.abc.Stream):
         if self._state != _OPEN:
             return
         self._ungranted += count
-        if self._ungranted >= max(1, self._link.window // 4):
+        if self._ungranted >= max(1, self._link._window // 4):
             self._link._queue(_HEADER.pack(self._id, CREDIT, 4) + _CREDIT.pack(self._ungranted))
             self._receivable += self._ungranted
             self._ungranted = 0
@@ -288,7 +291,7 @@ class MuxLink:
             raise ValueError(f"window must be 1..2**31-1 bytes, not {window}")
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, not {max_streams}")
-        self.window = window
+        self._window = window
         self._stream = stream
         self._opener = opener
         self._max_streams = max_streams
@@ -360,6 +363,7 @@ class MuxLink:
                     task_status.started()
                     await self._read_loop(on_open)
                     io.cancel_scope.cancel()
+                await trio.aclose_forcefully(self._stream)  # now, not once on_open tasks end
         finally:
             self._end(None)
             await trio.aclose_forcefully(self._stream)
@@ -394,7 +398,7 @@ class MuxLink:
         if self._ended:
             return
         self._outgoing.append(frame)
-        if frame[4] != DATA:
+        if frame[4] in _REPLIES:
             self._backlog += len(frame)
             if self._backlog > _MAX_BACKLOG:
                 self._end(
@@ -417,7 +421,7 @@ class MuxLink:
             size = 0
             while outgoing and size < _WRITE_BATCH:
                 frame = outgoing.popleft()
-                if frame[4] != DATA:
+                if frame[4] in _REPLIES:
                     self._backlog -= len(frame)
                 batch.append(frame)
                 size += len(frame)
@@ -450,7 +454,7 @@ class MuxLink:
     def _frames(self, buffer: bytearray, on_open: OnOpen | None) -> int:
         """Act on every whole frame in *buffer*; the offset of the first one not whole."""
         start, end = 0, len(buffer)
-        while end - start >= _HEADER.size:
+        while end - start >= _HEADER.size and not self._ended:  # ended by a frame's effect
             stream_id, kind, length = _HEADER.unpack_from(buffer, start)
             _check_length(stream_id, kind, length)  # before waiting for (or storing) it
             stop = start + _HEADER.size + length

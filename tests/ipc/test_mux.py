@@ -101,6 +101,11 @@ async def receive_all(stream: trio.abc.ReceiveStream) -> bytes:
     return bytes(got)
 
 
+async def until_broken(stream: MuxStream) -> None:
+    with pytest.raises(trio.BrokenResourceError):
+        await receive_all(stream)
+
+
 async def round_trip(stream: MuxStream, message: bytes) -> None:
     await stream.send_all(message)
     assert await receive_exactly(stream, len(message)) == message
@@ -521,3 +526,68 @@ async def test_frames_for_a_stream_closed_since_are_dropped(nursery):
         assert await alive.receive_some() == b"ok"
     assert link.open_streams == 1
     await raw.aclose()
+
+
+async def test_a_peer_that_floods_without_reading_ends_the_link(monkeypatch):
+    # Every OPEN beyond max_streams costs the acceptor a CLOSE to write; a peer that never
+    # reads them would make that queue grow without end.
+    monkeypatch.setattr("ipc._mux._MAX_BACKLOG", 50_000)
+    raw, sock = socket_pair()
+    link = MuxLink(sock, opener=False, max_streams=1)
+    flood = b"".join(frame(n, OPEN, b"f") for n in range(1, 200_000))
+
+    async def flooder() -> None:
+        with pytest.raises(trio.BrokenResourceError):
+            await raw.send_all(flood)  # it reads nothing back
+
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flooder)
+            with pytest.raises(MuxError, match="does not read"):
+                await link.run(until_broken)
+    await raw.aclose()
+
+
+async def test_a_reset_connection_raises_from_run_and_breaks_the_streams():
+    link, raw = await raw_acceptor()
+    stream = link.open("one")
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+
+            async def reset() -> None:
+                await trio.testing.wait_all_tasks_blocked()  # the OPEN sits unread at raw
+                await raw.aclose()  # closing with unread bytes resets the connection
+
+            nursery.start_soon(reset)
+            with pytest.raises(trio.BrokenResourceError, match="connection broke"):
+                await link.run()
+        with pytest.raises(trio.BrokenResourceError, match="connection broke"):
+            await stream.receive_some()
+
+
+async def test_cancelling_run_breaks_the_streams_and_closes_the_connection():
+    link, raw = await raw_acceptor()
+    stream = link.open("one")
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(link.run)
+            assert parse(await raw.receive_some()) == [(1, OPEN, b"one")]
+            nursery.cancel_scope.cancel()
+        with pytest.raises(trio.BrokenResourceError):
+            await stream.receive_some()
+        assert await raw.receive_some() == b""
+    await raw.aclose()
+
+
+async def test_an_acceptor_without_on_open_refuses_every_stream(nursery):
+    a, b = socket_pair()
+    opener = MuxLink(a, opener=True)
+    acceptor = MuxLink(b, opener=False)
+    await nursery.start(acceptor.run)
+    await nursery.start(opener.run)
+    stream = opener.open("one")
+    with trio.fail_after(CEILING):
+        assert await stream.receive_some() == b""
+        with pytest.raises(trio.BrokenResourceError, match="not accepting streams"):
+            await stream.send_all(b"x")
+    assert acceptor.open_streams == 0
