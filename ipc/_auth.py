@@ -58,6 +58,22 @@ def valid_identifier(value: str) -> bool:
     return OWNER_RE.fullmatch(value) is not None
 
 
+#: A node link's owner (a Ray node host's one connection to the door): ``host.`` and hex. An
+#: owner id never holds a dot, so no child's certificate or hello passes for a link's, nor a
+#: link's for a child's.
+LINK_OWNER_RE: Final = re.compile(r"^host\.[0-9a-f]{16,64}$")
+
+
+def new_link_owner() -> str:
+    """A fresh node link owner."""
+    return f"host.{secrets.token_hex(8)}"
+
+
+def is_link_owner(value: str) -> bool:
+    """Whether *value* names a node link, not a child."""
+    return LINK_OWNER_RE.fullmatch(value) is not None
+
+
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a connected Unix socket.
 

@@ -18,7 +18,7 @@ from ipc._errors import ChannelClosed, FrameError, HandshakeError, SchemaError
 from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._messages import decode_envelope
 from ipc._requests import DEFAULT_TIMEOUT
-from ipc._tlsstream import tls_over
+from ipc._tlsstream import SocketTLSStream, tls_over
 from ipc._types import Envelope, Hello, Reply
 
 TLS_SCHEME = "tls://"
@@ -147,18 +147,7 @@ async def open_tls_client(
     """Dial a supervisor's TLS listener (``tls://HOST:PORT``) with *context* (the node's
     client certificate, trusting only the session CA) and send the hello, as
     :func:`open_client` does. The TLS handshake shares the hello's deadline."""
-    host, port = tls_address(address)
-    try:
-        with trio.fail_after(request_timeout):
-            tcp = await _dial(host, port)
-            stream = tls_over(tcp, context, server_hostname=host)
-            try:
-                await stream.do_handshake()
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-        raise HandshakeError(f"TLS connection to {address} failed: {exc!r}", reason="tls") from None
+    stream = await connect_tls(address, context, timeout=request_timeout)
     return await hello_on(
         stream,
         owner=owner,
@@ -168,6 +157,29 @@ async def open_tls_client(
         request_timeout=request_timeout,
         where=address,
     )
+
+
+async def connect_tls(
+    address: str,
+    context: ssl.SSLContext,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the dial and handshake share one deadline
+) -> SocketTLSStream:
+    """A TLS connection to ``tls://HOST:PORT``, its handshake done with *context* within
+    *timeout* seconds; :class:`HandshakeError` (reason ``tls``) in one line otherwise."""
+    host, port = tls_address(address)
+    try:
+        with trio.fail_after(timeout):
+            tcp = await _dial(host, port)
+            stream = tls_over(tcp, context, server_hostname=host)
+            try:
+                await stream.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        raise HandshakeError(f"TLS connection to {address} failed: {exc!r}", reason="tls") from None
+    return stream
 
 
 async def _dial(host: str, port: int) -> trio.SocketStream:
