@@ -95,7 +95,9 @@ OWNER = "a1"
 PAYLOAD = ipc.Ownership(paths=["src/app.py", "docs/*.md"])
 
 
-async def _serve_channel(channel: ipc.Channel, hello: ipc.Envelope, seconds: float = 0.0) -> None:
+async def _serve_channel(
+    channel: ipc.Channel, hello: ipc.Envelope, seconds: float = 0.0, link: str = ""
+) -> None:
     await channel.reply(hello.corr, ipc.Reply(ok=True))
 
     async def handler(envelope: ipc.Envelope) -> ipc.Message:

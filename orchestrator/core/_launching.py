@@ -20,7 +20,7 @@ import trio
 import ipc
 from orchestrator.core._admission import accept_own, inherited_pair
 from orchestrator.core._context import kept_context
-from orchestrator.core._remote import REMOTE_SURFACES, node_layout
+from orchestrator.core._remote import REMOTE_SURFACES, door_target, node_layout
 from orchestrator.core._run import ChildRun
 from orchestrator.core._shipping import ReaderShipments
 from orchestrator.launch._cmux import CmuxLauncher
@@ -88,6 +88,9 @@ class Launching:
                     address=sup.config.ray_address or None,
                     slots=sup.config.max_subagents,
                     certify=sup.remote.certify,
+                    placed=sup.remote.placed,
+                    vouch=sup.remote.vouch,
+                    nursery=sup.nursery,
                     session=sup.config.session,
                     node_host=sup.config.ray_node_host,
                     spread=sup.config.ray_placement != "pack",
@@ -136,6 +139,10 @@ class Launching:
             tls=str(layout.tls),
             resume=resume,
         )
+        if remote.carries and loadout.socket.startswith(ipc.TLS_SCHEME):
+            # Its node host's link carries its channel: the door is no egress of its own.
+            door = door_target(loadout.socket)
+            loadout = attrs.evolve(loadout, egress=[t for t in loadout.egress if t != door])
         run.card, run.loadout = loadout, str(layout.loadout)
         await remote.write_files(run.key, {run.loadout: loadout.to_json()})
         if loadout.restarted:  # a revive: the context kept on our side goes to its new node
@@ -217,6 +224,7 @@ class Launching:
                 # (a fork would leave the secret in the server's memory for the next child).
                 view=None if carries_credentials(env) else placement.view,
                 tls=loadout.tls,
+                door=loadout.socket if loadout.socket.startswith(ipc.TLS_SCHEME) else "",
                 ship=await self._shipment(run, loadout, asked),
             )
             launched = await launcher.launch(spec, run.log.output, nursery)
@@ -224,6 +232,8 @@ class Launching:
                 self._record_sandbox(run, launched.sandboxed, launched.unsandboxed_reason)
                 if launched.forked:
                     run.log.write("forked from its node's fork server")
+                if launched.carried:
+                    run.log.write("its channel rides its node host's link")
         except BaseException:
             if pair is not None:
                 pair[0].close()

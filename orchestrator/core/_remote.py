@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
+import trio
 
 import ipc
 from orchestrator.core._terms import RemoteTerms
@@ -25,9 +26,14 @@ from orchestrator.remote._door import TlsDoor
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    import trio
-
-__all__ = ["REMOTE_SURFACES", "NodeLayout", "Remote", "node_directory", "node_layout"]
+__all__ = [
+    "REMOTE_SURFACES",
+    "NodeLayout",
+    "Remote",
+    "door_target",
+    "node_directory",
+    "node_layout",
+]
 
 
 class _Attachable(Protocol):
@@ -65,6 +71,12 @@ def node_directory(session: str, key: str) -> Path:
     return Path(tempfile.gettempdir()) / name
 
 
+def door_target(address: str) -> str:
+    """The door ``tls://HOST:PORT`` as an egress allowlist's ``HOST:PORT``."""
+    host, port = ipc.tls_address(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def node_layout(node: Path) -> NodeLayout:
     """What lives in *node*: the loadout file, the scratch (its TLS dir inside, readable by the
     child), and the checkout beside it (not in the scratch: a reader's checkout is bound
@@ -96,6 +108,10 @@ class Remote:
     lease_s: float = 30.0
     _ca: SessionCA | None = attrs.field(default=None, init=False)
     _door: TlsDoor | None = attrs.field(default=None, init=False)
+    #: Per child started on a node host: the owner of the link its channel must come over.
+    _placed: dict[str, str] = attrs.field(factory=dict, init=False)
+    #: Per node link: when (trio's clock) its latest leaf runs out.
+    _link_until: dict[str, float] = attrs.field(factory=dict, init=False)
 
     @property
     def ca(self) -> SessionCA:
@@ -105,21 +121,23 @@ class Remote:
 
     async def fields_for(self, key: str, node: Path, fields: dict[str, Any]) -> dict[str, Any]:
         """The loadout fields of remote child *key*: the door's address (opening it), the door
-        on its egress allowlist, and its paths in its *node* directory (:func:`node_layout`):
-        the checkout its node makes from the workspace's bundle, its scratch and TLS dir."""
+        on its egress allowlist (taken off again at launch when its node host's link carries
+        its channel: ``core._launching``), and its paths in its *node* directory
+        (:func:`node_layout`): the checkout its node makes from the workspace's bundle, its
+        scratch and TLS dir."""
         if self._door is None:
             self._door = TlsDoor(
                 ca=self.ca,
                 token_for=self.token_for,
                 attach=self._attach,
+                carries=self.carries,
                 refuse=self.refuse,
                 host=self.host,
                 hello_timeout=self.hello_timeout,
                 request_timeout=self.request_timeout,
             )
         address = await self._door.open_for(key, self.nursery)
-        host, port = ipc.tls_address(address)
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        target = door_target(address)
         # Nothing is made here: the node's actor makes the node directory and all in it.
         layout = node_layout(node)
         return {
@@ -142,16 +160,44 @@ class Remote:
             owner=key, lease_s=lease_s, sign=lambda owner, csr: self.ca.sign(csr, owner)
         )
 
+    @property
+    def door_address(self) -> str:
+        """The door's ``tls://HOST:PORT`` while it is open, else ``""``."""
+        return "" if self._door is None else self._door.address
+
+    def placed(self, link: str, key: str) -> None:
+        """Child *key* starts on the node host whose link is *link*: its stream is taken from
+        that link only (:meth:`carries`), until it is released."""
+        self._placed[key] = link
+
+    def carries(self, link: str, key: str) -> bool:
+        """Whether child *key*'s stream may come over *link*."""
+        return self._placed.get(key) == link
+
+    def vouch(self, link: str, seconds: float) -> None:
+        """*link*'s leaf was renewed for *seconds*: every channel it carries lives that long."""
+        self._link_until[link] = trio.current_time() + seconds
+        for key, carrier in self._placed.items():
+            run = self.runs.get(key)
+            if carrier == link and run is not None and run.terms is not None:
+                run.terms.vouched(seconds)
+
     def release(self, key: str) -> None:
+        self._placed.pop(key, None)
         if self._door is not None:
             self._door.release(key)
 
-    async def _attach(self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float) -> None:
+    async def _attach(
+        self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float, link: str = ""
+    ) -> None:
+        via = "link" if link else "tls"
         run = self.runs.get(channel.owner)
         if run is None or run.terms is None:
-            self.refuse("owner", channel.owner, via="tls")
+            self.refuse("owner", channel.owner, via=via)
             await channel.aclose("unknown owner")
             return
+        if link:  # a link's leaf renewed since its handshake vouches for longer
+            seconds = max(seconds, self._link_until.get(link, 0.0) - trio.current_time())
         run.terms.vouched(seconds)  # the channel lives no longer than its certificate
         # Its loadout was never a file here, and on its node it was gone before it started.
         await run.attach(channel, hello)

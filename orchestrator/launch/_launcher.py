@@ -82,6 +82,9 @@ class LaunchSpec:
     tls: str = ""
     #: The workspace ships to the child's node (a remote launcher only).
     ship: Shipment | None = None
+    #: A remote child's door (``tls://HOST:PORT``): its node host carries its channel there
+    #: over the host's link, and it dials nothing itself (``ray`` with node hosts).
+    door: str = ""
 
 
 @runtime_checkable

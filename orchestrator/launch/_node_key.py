@@ -19,12 +19,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-__all__ = ["make_node_key"]
+__all__ = ["key_pem", "make_node_key", "new_key_and_csr"]
 
 
-def make_node_key(directory: str, session: str, owner: str) -> bytes:
-    """Make *directory* (0700, new), write a fresh P-256 key there as ``key.pem`` (0600, new)
-    and return the PEM CSR for ``fleet://SESSION/OWNER``."""
+def new_key_and_csr(session: str, owner: str) -> tuple[ec.EllipticCurvePrivateKey, bytes]:
+    """A fresh P-256 key (in memory) and the PEM CSR for ``fleet://SESSION/OWNER``."""
     key = ec.generate_private_key(ec.SECP256R1())
     uri = f"fleet://{session}/{owner}"
     csr = (
@@ -35,9 +34,21 @@ def make_node_key(directory: str, session: str, owner: str) -> bytes:
         )
         .sign(key, hashes.SHA256())
     )
-    pem = key.private_bytes(
+    return key, csr.public_bytes(serialization.Encoding.PEM)
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """*key* as unencrypted PKCS#8 PEM."""
+    return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+
+
+def make_node_key(directory: str, session: str, owner: str) -> bytes:
+    """Make *directory* (0700, new), write a fresh P-256 key there as ``key.pem`` (0600, new)
+    and return the PEM CSR for ``fleet://SESSION/OWNER``."""
+    key, csr = new_key_and_csr(session, owner)
+    pem = key_pem(key)
     os.mkdir(directory, 0o700)  # FileExistsError for anything already there
     fd = os.open(
         os.path.join(directory, "key.pem"),
@@ -46,4 +57,4 @@ def make_node_key(directory: str, session: str, owner: str) -> bytes:
     )
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
-    return csr.public_bytes(serialization.Encoding.PEM)
+    return csr

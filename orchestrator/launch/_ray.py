@@ -21,12 +21,19 @@ Every call into Ray is awaited without blocking the trio loop and without a work
 it), with Ray told to wait for a lost GCS rather than end the supervisor: a lost node costs
 only its children.
 
-The child dials back over TCP and mutual TLS (:mod:`orchestrator.remote._door`): before it
-starts, its actor makes a key and CSR on the node (:mod:`._node_key`; the key never
-leaves the node), the session CA signs the CSR for the child's owner id, and the actor writes
-the leaf and the CA beside the key. With :meth:`RayLauncher.open_node`'s *tls*, the key is
-made in the round trip that makes the node directory, and the signed files go with the start:
-a hosted child's launch is two round trips (open; the loadout, workspace and start).
+A hosted child's channel reaches the door (:mod:`orchestrator.remote._door`) over its node
+host's one mutual-TLS link (:mod:`._node_link`): the host makes the link's key (only the CSR
+leaves the node), the session CA signs it for a link owner (``host.<hex>``) here, once per host
+and again at two thirds of the leaf's life (:meth:`RayLauncher._keep_link`; *vouch* moves the
+deadline of every channel the link carries), and each start says where the door is and tells
+the door, through *placed*, that the child's stream may come over that link only. A hosted
+launch is two round trips (open; the loadout, workspace and start).
+
+A child under an actor of its own dials back over TCP and mutual TLS itself: before it starts,
+its actor makes a key and CSR on the node (:mod:`._node_key`; the key never leaves the node),
+the session CA signs the CSR for the child's owner id, and the actor writes the leaf and the CA
+beside the key. With :meth:`RayLauncher.open_node`'s *tls*, the key is made in the round trip
+that makes the node directory, and the signed files go with the start.
 
 Everything of a child on its node lives in its **node directory** (:mod:`._ray_node`):
 :meth:`RayLauncher.open_node` has a fresh actor make it in its node's root of them (memory when it
@@ -43,6 +50,7 @@ own interpreter, probes and wraps it there, and says whether it sandboxed the ch
 """
 
 import contextlib
+import datetime as dt
 import functools
 import logging
 import os
@@ -53,7 +61,9 @@ from typing import Any
 
 import attrs
 import trio
+from cryptography import x509
 
+import ipc
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan
@@ -150,6 +160,20 @@ async def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
 
 
 @attrs.define(eq=False)
+class _Link:
+    """The supervisor's side of a node host's link (:mod:`._node_link`)."""
+
+    host: Any
+    owner: str
+    #: When (trio's clock) its leaf is due for renewal; 0: it has none yet.
+    renew_at: float = 0.0
+    #: Its renewal task runs (:meth:`RayLauncher._keep_link`).
+    kept: bool = False
+    #: Held while its leaf is made: children of a new host wait for the first.
+    lock: trio.Lock = attrs.Factory(trio.Lock)
+
+
+@attrs.define(eq=False)
 class RayLauncher:
     """Place each child under its own actor on a Ray cluster; see the module docstring."""
 
@@ -173,6 +197,16 @@ class RayLauncher:
     node_host: bool = False
     #: With node hosts: spread children over nodes (least used first) or pack them.
     spread: bool = True
+    #: ``placed(link, key)``: child *key* starts on the node host whose link owner is *link*;
+    #: the door takes its stream from that link only.
+    placed: Callable[[str, str], None] | None = None
+    #: ``vouch(link, seconds)``: link *link*'s leaf was renewed; it is good for *seconds* more.
+    vouch: Callable[[str, float], None] | None = None
+    #: Where each link's renewal runs (the session's); ``None``: the nursery of the launch
+    #: that first used the link (and of the next one, once that has ended).
+    nursery: trio.Nursery | None = None
+    #: Per node: its host's link (the host it is for, its owner, its leaf's deadlines).
+    _links: dict[str, "_Link"] = attrs.field(factory=dict, init=False)
     _slots: Slots = attrs.field(factory=Slots, init=False)
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
@@ -187,6 +221,11 @@ class RayLauncher:
     _queued: dict[str, list[Call]] = attrs.field(factory=dict, init=False)
     #: Per child whose key :meth:`open_node` made: its TLS directory on the node and its CSR.
     _csrs: dict[str, tuple[str, bytes]] = attrs.field(factory=dict, init=False)
+
+    @property
+    def carries(self) -> bool:
+        """Whether a child's channel goes over its node host's link (not a dial of its own)."""
+        return self.node_host and self.certify is not None and self.placed is not None
 
     async def _actor(self, key: str, then: Sequence[Call] = ()) -> tuple[Any, list[Any]]:
         """Child *key*'s actor (or its state in its node's host) and what *then*'s steps on it
@@ -228,6 +267,8 @@ class RayLauncher:
                     child.host, fresh = await trio.to_thread.run_sync(
                         host_on, node, lanes, abandon_on_cancel=True
                     )
+                if self.carries:
+                    child.link = (await self._linked(node, child.host)).owner
                 done = await _open_in(child.host, child.ident, then)
             except Exception as exc:
                 child.release()
@@ -248,6 +289,52 @@ class RayLauncher:
                 raise
             return child, done
 
+    async def _linked(self, node: str, host: Any) -> "_Link":
+        """The link of *node*'s *host*, its leaf signed first if it has none or it is due."""
+        link = self._links.get(node)
+        if link is None or link.host is not host:
+            link = self._links[node] = _Link(host=host, owner=ipc.new_link_owner())
+        async with link.lock:
+            if trio.current_time() >= link.renew_at:
+                await self._certify_link(link)
+        return link
+
+    async def _certify_link(self, link: "_Link") -> None:
+        """A new key and leaf for *link*'s host (two round trips); every channel it carries
+        is vouched for the new leaf's life."""
+        assert self.certify is not None  # noqa: S101 - only a TLS launcher links
+        csr = await called(
+            functools.partial(link.host.link_request.remote, self.session, link.owner), (), 60
+        )
+        leaf, ca = self.certify(link.owner, csr)
+        await called(functools.partial(link.host.link_accept.remote, leaf, ca), (), 60)
+        left = (
+            x509.load_pem_x509_certificate(leaf).not_valid_after_utc - dt.datetime.now(dt.UTC)
+        ).total_seconds()
+        link.renew_at = trio.current_time() + left * 2 / 3
+        if self.vouch is not None:
+            self.vouch(link.owner, left)
+
+    async def _keep_link(self, node: str, link: "_Link") -> None:
+        """Renew *link*'s leaf at two thirds of its life while its host is *node*'s, so the
+        channels it carries outlive any one leaf (a host that no longer answers ends this)."""
+        try:
+            while self._links.get(node) is link:
+                await trio.sleep_until(link.renew_at)
+                if self._links.get(node) is not link:
+                    return
+                try:
+                    async with link.lock:
+                        if trio.current_time() >= link.renew_at:
+                            await self._certify_link(link)
+                except Exception as exc:
+                    log.warning("ray node %s: its link's leaf was not renewed: %s", node[:12], exc)
+                    if self._links.get(node) is link:
+                        del self._links[node]
+                    return
+        finally:
+            link.kept = False  # cancelled with a launch's nursery: the next launch starts it
+
     async def open_node(self, key: str, tls: str = "") -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
         node's root of them (``_nodeplan.node_root``), before the child is placed; its path on
@@ -257,14 +344,14 @@ class RayLauncher:
         ``spec.tls`` will be), the child's key and CSR are made there in the same round trip.
         Queues, like a launch, until a node has a free slot."""
         steps: list[Call] = [("make_node", (self.session, key))]
-        if tls:
+        if tls and not self.carries:  # a hosted child's channel goes over its host's link
             steps.append(("request_certificate", (tls, self.session, key)))
         actor, done = await self._actor(key, steps)
         directory = str(done[0])
         self._opened[key] = actor
         self._dirs[key] = directory
         self._queued[key] = []
-        if tls:
+        if len(done) > 1:  # its own key and CSR were made
             self._csrs[key] = (os.path.join(directory, tls), done[1])
         return directory
 
@@ -370,9 +457,15 @@ class RayLauncher:
             sandboxed=bool(info.get("sandboxed")),
             unsandboxed_reason=str(info.get("reason") or ""),
             forked=bool(info.get("forked")),
+            carried=bool(info.get("carried")),
             node_dir=self._dirs.pop(spec.key, ""),
             nursery=nursery,
         )
+        if isinstance(actor, HostedChild) and actor.link:
+            link = self._links.get(actor.node)
+            if link is not None and not link.kept:
+                link.kept = True
+                (self.nursery or nursery).start_soon(self._keep_link, actor.node, link)
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
         refused = self._refused.pop(spec.key, None)
@@ -396,6 +489,13 @@ class RayLauncher:
         if spec.ship is not None:
             calls.append(("receive", (spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only)))
         files: dict[str, bytes] = {}
+        plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
+        if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:
+            # Its channel goes over its host's link: no key, no CSR, no leaf of its own.
+            if self.placed is not None:
+                self.placed(actor.link, spec.key)
+            calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), {}, plain, spec.door)))
+            return await self._started(actor, calls)
         if spec.tls:
             if self.certify is None:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
@@ -405,8 +505,12 @@ class RayLauncher:
                 calls, csr = [], (spec.tls, request)
             leaf, ca = self.certify(spec.key, csr[1])
             files = {os.path.join(spec.tls, "cert.pem"): leaf, os.path.join(spec.tls, "ca.pem"): ca}
-        plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
         calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), files, plain)))
+        return await self._started(actor, calls)
+
+    @staticmethod
+    async def _started(actor: Any, calls: Sequence[Call]) -> dict[str, Any]:
+        """*calls*, the last of them the start: what the actor said of the start."""
         done = await _steps(actor, calls)
         info: dict[str, Any] = done[-1]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)

@@ -5,8 +5,9 @@ local children (``python -I -m child._forkserver``, :mod:`._forkserver`), one pl
 sandboxed at most, each started on the first child that can use it. A child whose node plan
 (:mod:`._nodeplan`) runs it as ``python -I -m child LOADOUT`` is then a fork of the server that
 inherits its loadout as a sealed memfd (``--loadout-fd M``: the file in its node directory is
-gone before it runs) and dials its connection, the TLS door, itself (through its egress proxy
-when sandboxed); a sandboxed child is a fork of the sandboxed
+gone before it runs) and its connection, one end of a socket pair whose other end the host
+relays over its link to the door (:mod:`._node_link`; a child of an actor of its own dials
+the door itself instead); a sandboxed child is a fork of the sandboxed
 server that builds, before any code of its own runs, the very view its bwrap command line would
 have given it (``child/_enclose.py``). A child whose environment carries a credential is never
 forked (the request would leave it in the server's memory, and so in every later fork's), nor is
@@ -104,18 +105,28 @@ class NodeForks:
         name: str,
         view: Mapping[str, Any] | None = None,
         hidden: Callable[[], Sequence[str]] = tuple,
+        connection: int = -1,
     ) -> ForkedChild | None:
         """``python -I -m child --loadout-fd M`` as a fork of this node's server, inheriting
         *loadout* (a sealed memfd; the caller closes its own copy) as M: the sandboxed server,
         building *view*, when *view* is given (*hidden*: what that server's own view hides,
-        asked only when the server is started). ``None``: no server works here, and the caller
-        starts the child itself."""
+        asked only when the server is started). With *connection* (its end of a socket pair
+        whose other end its host relays over the node's link, :mod:`._node_link`), the child
+        inherits that too and dials nothing (``--fd N --loadout-fd M``, as a local child).
+        ``None``: no server works here, and the caller starts the child itself."""
         server = self._server(python, view is not None, hidden)
         if server is None:
             return None
         try:
             spawn = functools.partial(
-                self._spawn, server, loadout=loadout, cwd=cwd, env=dict(env), name=name, view=view
+                self._spawn,
+                server,
+                loadout=loadout,
+                connection=connection,
+                cwd=cwd,
+                env=dict(env),
+                name=name,
+                view=view,
             )
             return self._loop.run(spawn)
         except ForkServerError as exc:
@@ -165,6 +176,7 @@ class NodeForks:
         server: ForkServer,
         *,
         loadout: int,
+        connection: int,
         cwd: str,
         env: dict[str, str],
         name: str,
@@ -177,9 +189,9 @@ class NodeForks:
                 env=env,
                 name=name,
                 stdio=(write_end, write_end),
-                inherit=(loadout,),
+                inherit=(loadout,) if connection < 0 else (connection, loadout),
                 view=view,
-                dial=True,
+                dial=connection < 0,
             )
         except BaseException:
             os.close(read_end)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.launch._node_link import NodeLink
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
@@ -51,6 +52,8 @@ _CALLS = frozenset(
         "receive",
         "bring_back",
         "start",
+        "link_request",
+        "link_accept",
         "wait",
         "stop",
     }
@@ -87,6 +90,16 @@ class NodeHost:
         #: The node's fork servers (:mod:`._ray_forks`), each started on the first child
         #: that can use it: a ``python -I -m child`` child here is a fork of one.
         self._forks = NodeForks(self._loop)
+        #: The node's one link to the door (:mod:`._node_link`): every child's channel.
+        self._link = NodeLink(self._loop)
+
+    def link_request(self, session: str, owner: str) -> bytes:
+        """A CSR for a new key of the node's link (:meth:`NodeLink.request`): its renewal."""
+        return self._link.request(session, owner)
+
+    def link_accept(self, leaf: bytes, ca: bytes) -> None:
+        """The renewed leaf of the node's link (:meth:`NodeLink.accept`)."""
+        self._link.accept(leaf, ca)
 
     def ping(self) -> str:
         """The node this host runs on (a call that answers: the host is alive)."""
@@ -99,7 +112,7 @@ class NodeHost:
         with self._lock:
             if key in self._children:
                 raise RuntimeError(f"child {key!r} is already on this node")
-            self._children[key] = ChildActor(forks=self._forks, loop=self._loop)
+            self._children[key] = ChildActor(forks=self._forks, loop=self._loop, link=self._link)
         return self.calls(key, then)
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
@@ -157,6 +170,8 @@ class HostedChild:
         #: and the release of its last life (sent without waiting) may reach the host after
         #: the new life has opened; each touches only its own state.
         self.ident = f"{key}#{secrets.token_hex(8)}"
+        #: Its host's link owner, when its channel goes over that link (``._ray``).
+        self.link = ""
         self._released = self._freed = False
 
     def __getattr__(self, name: str) -> _Method:

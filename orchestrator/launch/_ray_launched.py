@@ -53,6 +53,9 @@ class LaunchedRay:
     #: Whether the child is a fork of its node host's fork server (:mod:`._ray_forks`), not a
     #: fresh interpreter.
     forked: bool = False
+    #: Whether its channel rides its node host's link (:mod:`._node_link`), not a TLS
+    #: connection of its own.
+    carried: bool = False
     #: The child's node directory on its node; removed by its actor when the child ends, or
     #: by a task pinned to its node when the actor was lost (:mod:`._ray_sweep`).
     node_dir: str = ""

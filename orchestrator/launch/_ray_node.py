@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from orchestrator.launch._nodeplan import (
 from orchestrator.launch._read_trees import ReadTrees
 
 if TYPE_CHECKING:
+    from orchestrator.launch._node_link import NodeLink
     from orchestrator.launch._ray_forks import ForkedChild, NodeForks
 
 __all__ = ["MAX_RETURN", "ChildActor", "ReturnRefused", "ray_module"]
@@ -150,8 +152,16 @@ class _NodeEgress:
 class ChildActor:
     """The Ray actor that owns one child process (decorated with ``ray.remote`` at first use)."""
 
-    def __init__(self, forks: "NodeForks | None" = None, loop: NodeLoop | None = None) -> None:
+    def __init__(
+        self,
+        forks: "NodeForks | None" = None,
+        loop: NodeLoop | None = None,
+        link: "NodeLink | None" = None,
+    ) -> None:
         self.proc: Any = None
+        #: Its node host's link to the door (:mod:`._node_link`), which carries the channel of
+        #: a child started with a ``door`` (``None``: an actor of its own; the child dials).
+        self.link = link
         #: Its node host's fork servers (:mod:`._ray_forks`): a child they can fork is a fork
         #: (``None``: an actor of its own, every child a fresh interpreter).
         self.forks = forks
@@ -347,13 +357,26 @@ class ChildActor:
         except OSError as exc:
             raise RuntimeError(f"TLS key on the node: {directory}: {exc.strerror or exc}") from None
 
-    def start(
+    def link_request(self, session: str, owner: str) -> bytes:
+        """A CSR for a new key of its node host's link (:meth:`NodeLink.request`)."""
+        if self.link is None:
+            raise RuntimeError("an actor of its own has no node link")
+        return self.link.request(session, owner)
+
+    def link_accept(self, leaf: bytes, ca: bytes) -> None:
+        """The signed leaf of its node host's link (:meth:`NodeLink.accept`)."""
+        if self.link is None:
+            raise RuntimeError("an actor of its own has no node link")
+        self.link.accept(leaf, ca)
+
+    def start(  # noqa: PLR0917 - a Ray step's arguments travel as one tuple
         self,
         argv: Sequence[str],
         cwd: str,
         env: Mapping[str, str],
         files: Mapping[str, bytes] | None = None,
         plan: Mapping[str, Any] | None = None,
+        door: str = "",
     ) -> dict[str, Any]:
         """Write *files* (path → bytes: the signed leaf and the CA, 0600, new files), then
         start the child: with a sandbox *plan* (:class:`NodePlan`), the command it makes here
@@ -363,7 +386,12 @@ class ChildActor:
         A planned child's loadout file is read and removed here, before the child starts: the
         child inherits it as a sealed memfd (``--loadout-fd M``), read once and closed, so
         neither it nor the backend it starts next (an agent CLI, in the same sandbox) finds a
-        file of it, and nothing is left to delete after its hello."""
+        file of it, and nothing is left to delete after its hello.
+
+        With *door* (``tls://HOST:PORT``) and a node link, a planned child dials nothing: it
+        inherits one end of a socket pair as its connection (``--fd N``) and the host relays
+        the other over its link to that door (dialled if it is not up there); a link that
+        cannot be had stops the child again and fails the start."""
         sandboxed, reason, made = False, "", None
         planned = None if plan is None else NodePlan.from_plain(plan)
         if planned is not None:
@@ -378,28 +406,46 @@ class ChildActor:
             sandboxed, reason = made.sandboxed, made.reason
         _write_new(files or {})
         ray = ray_module()
+        carried = bool(door) and self.link is not None and planned is not None
         sealed = -1 if planned is None else _sealed(planned.loadout_file)
+        ours, theirs = socket.socketpair() if carried else (None, None)
+        connection = -1 if theirs is None else theirs.fileno()
         try:
             self.proc = (
-                None if made is None or planned is None else self._fork(made, planned, sealed)
+                None
+                if made is None or planned is None
+                else self._fork(made, planned, sealed, connection)
             )
             forked = self.proc is not None
             if self.proc is None:
+                inherited = () if connection < 0 else ("--fd", str(connection))
                 loadout = () if sealed < 0 else ("--loadout-fd", str(sealed))
                 self.proc = subprocess.Popen(
-                    [*argv, *loadout],
+                    [*argv, *inherited, *loadout],
                     cwd=cwd,
                     env=dict(env),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    pass_fds=() if sealed < 0 else (sealed,),
+                    pass_fds=tuple(fd for fd in (connection, sealed) if fd >= 0),
                     preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe
                 )
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
         finally:
             if sealed >= 0:
                 os.close(sealed)  # the child holds its own copy now (or never will)
+            if theirs is not None:
+                theirs.close()
+        if ours is not None and self.link is not None and planned is not None:
+            try:
+                self.link.carry(door, planned.owner, ours)
+            except BaseException:
+                self.stop(1.0)  # its channel has nowhere to go: it never runs alone
+                raise
         if self.egress is not None:
             self.egress.admit(self.proc.pid)
         ctx = ray.get_runtime_context()
@@ -410,12 +456,16 @@ class ChildActor:
             "sandboxed": sandboxed,
             "reason": reason,
             "forked": forked,
+            "carried": carried,
         }
 
-    def _fork(self, made: NodeStart, plan: NodePlan, loadout: int) -> "ForkedChild | None":
+    def _fork(
+        self, made: NodeStart, plan: NodePlan, loadout: int, connection: int
+    ) -> "ForkedChild | None":
         """The child as a fork of its node host's server (:mod:`._ray_forks`), when its plan
         says a fork will do (it carries no credential; :func:`realise` has checked that its
-        command is the child's); ``None``: start it the ordinary way."""
+        command is the child's), inheriting *connection* if it is one (not -1); ``None``:
+        start it the ordinary way."""
         if self.forks is None or (made.sandboxed and made.view is None) or not plan.forkable:
             return None
         return self.forks.spawn(
@@ -426,6 +476,7 @@ class ChildActor:
             name=f"fleet {plan.owner}",
             view=made.view if made.sandboxed else None,
             hidden=lambda: [*plan.hidden, *(str(path) for path in fenced_paths())],
+            connection=connection,
         )
 
     def wait(self) -> tuple[int, bytes]:

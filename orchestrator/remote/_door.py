@@ -11,6 +11,15 @@ refusal is counted and logged by reason, and the peer is told nothing.
 
 After the hello the stream carries the same frames as the Unix socket: the wire, deadlines and
 replay cache are the channel's, unchanged.
+
+A Ray node host dials in once with a certificate for a **link owner** (``host.<hex>``,
+``ipc.is_link_owner``; no child's can be one) and carries every child of its node over that one
+connection, one multiplexed stream each (:class:`ipc.MuxLink`; the host's side is
+``orchestrator.launch._node_link``). A stream names its child, and the door takes it only if
+the supervisor placed that child on that very link (*carries*); then that child's hello with
+its one-launch token, exactly as on a connection of its own. A link vouches for its channels
+as long as its leaf (and the leaves the supervisor renews for it). A link that breaks the
+multiplexing rules is cut with every stream on it, and counted.
 """
 
 from __future__ import annotations
@@ -29,9 +38,9 @@ from orchestrator.remote._ca import SessionCA, owner_of, seconds_left
 
 __all__ = ["TlsDoor"]
 
-#: ``attach(channel, hello, seconds)``: the channel, its hello, and how long the certificate
-#: that vouched for it is still valid.
-Attach = Callable[[ipc.Channel, ipc.Envelope, float], Awaitable[None]]
+#: ``attach(channel, hello, seconds, link)``: the channel, its hello, how long the certificate
+#: that vouched for it is still valid, and the link owner it came over (``""``: its own).
+Attach = Callable[[ipc.Channel, ipc.Envelope, float, str], Awaitable[None]]
 Refuse = Callable[..., None]
 
 
@@ -45,6 +54,8 @@ class TlsDoor:
     attach: Attach
     #: ``refuse(reason, owner, **evidence)``: the reject log and its counts.
     refuse: Refuse
+    #: ``carries(link, key)``: whether child *key*'s stream may come over link *link*.
+    carries: Callable[[str, str], bool] = lambda _link, _key: False
     host: str = "127.0.0.1"
     port: int = 0
     hello_timeout: float = ipc.HELLO_TIMEOUT
@@ -102,6 +113,14 @@ class TlsDoor:
         if certified is None:
             return
         owner, seconds = certified
+        if ipc.is_link_owner(owner):
+            await self._serve_link(stream, owner, seconds)
+            return
+        await self._hello(stream, owner, seconds, "")
+
+    async def _hello(self, stream: trio.abc.Stream, owner: str, seconds: float, link: str) -> None:
+        """Take *owner*'s hello on *stream* (its one-launch token; no one else's), then hand
+        the channel over."""
 
         def lookup(named: str) -> str | None:
             return self.token_for(named) if named == owner else None
@@ -115,9 +134,28 @@ class TlsDoor:
                 peer_checked=True,
             )
         except ipc.HandshakeError as exc:
-            self.refuse(exc.reason, owner, via="tls")
+            self.refuse(exc.reason, owner, via="link" if link else "tls")
             return
-        await self.attach(channel, hello, seconds)
+        await self.attach(channel, hello, seconds, link)
+
+    async def _serve_link(self, stream: ipc.SocketTLSStream, link: str, seconds: float) -> None:
+        """Serve node link *link*: each stream it opens is one child's connection, taken only
+        for a child placed on this link."""
+
+        async def carried(child: ipc.MuxStream) -> None:
+            if not ipc.valid_identifier(child.name) or not self.carries(link, child.name):
+                self.refuse("link", child.name[:128], via="link", link=link)
+                return  # the stream is closed as this returns
+            await self._hello(child, child.name, seconds, link)
+
+        mux = ipc.MuxLink(stream, opener=False)
+        try:
+            await mux.run(carried)
+        except ipc.MuxError as exc:
+            self.refuse("link", "", via="link", link=link, error=str(exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                await mux.aclose()
 
     async def _certified_owner(self, stream: ipc.SocketTLSStream) -> tuple[str, float] | None:
         """The owner the peer's verified certificate names and the seconds it has left, after

@@ -21,6 +21,7 @@ import ray
 import trio
 from ray.cluster_utils import Cluster
 
+import ipc
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._supervisor import Supervisor, open_supervisor
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.slow
 PAYLOAD = r"""
 import json, os, socket, sys
 
-other, sibling = int(sys.argv[1]), sys.argv[2]
+other, sibling, door = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 own = os.environ.get("FLEET_EGRESS_SOCKET", "")
 out = {"socket": own}
 
@@ -54,6 +55,16 @@ def via(path, target):
     return s.recv(4096).split(b"\r\n", 1)[0].decode() or "empty"
 
 out["proxy_other"] = attempt(lambda: via(own, f"127.0.0.1:{other}"))
+# The door: a child whose host's link carries its channel has no business there.
+out["proxy_door"] = attempt(lambda: via(own, door))
+# Its node host (which holds the link and its key), or any Ray worker: no process it can see.
+def host(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::")  # a Ray worker: its title
+    except OSError:
+        return False
+out["hosts"] = [p for p in os.listdir("/proc") if p.isdigit() and host(p)]
 out["list_sibling"] = attempt(lambda: sorted(os.listdir(sibling)))
 out["read_sibling_key"] = attempt(
     lambda: open(os.path.join(sibling, "scratch", "tls", "cert.pem")).read()[:10]
@@ -154,8 +165,10 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
             log_of = config.paths.logs / f"{sibling.key}.log"
             await _until(lambda: log_of.exists() and "node directory " in log_of.read_text())
             sibling_node = _node_of(config, sibling.key)
-            await _until((sibling_node / "scratch" / "tls" / "cert.pem").exists)
-            command = (sys.executable, "-c", PAYLOAD, str(port), str(sibling_node))
+            await _until(sup.runs[sibling.key].connected.is_set)
+            door_host, door_port = ipc.tls_address(sup.remote.door_address)
+            door = f"{door_host}:{door_port}"
+            command = (sys.executable, "-c", PAYLOAD, str(port), str(sibling_node), door)
             [hostile] = await sup.spawn(
                 [SpawnRequest(task="x", agent="hostile", command=command, surface="ray")]
             )
@@ -184,6 +197,9 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
     assert got["socket"] == str(hostile_node / "egress.sock")
     assert not (config.paths.root / "egress" / f"{hostile.key}.sock").exists()
     assert got["proxy_other"] == "HTTP/1.1 403 Forbidden"
+    # A hosted child's channel rides its host's link: the door is not on its allowlist.
+    assert (got["proxy_door"] == "HTTP/1.1 403 Forbidden") is hosted, got
+    assert got["hosts"] == [], got
     target = f"127.0.0.1:{port}"
     assert f"egress refused {target!r}: not in the egress allowlist" in log
     assert {"target": target, "reason": "not in the egress allowlist"} in [

@@ -125,6 +125,8 @@ def pin(sup: Supervisor, resource: str, hosted: bool) -> None:
     sup.launchers["ray"] = RayLauncher(
         address=sup.config.ray_address,
         certify=sup.remote.certify,
+        placed=sup.remote.placed,
+        vouch=sup.remote.vouch,
         session=sup.config.session,
         resources={resource: 1},
         node_host=hosted,
@@ -182,7 +184,8 @@ async def test_a_node_with_its_own_temp_dir_plans_and_runs_the_sandbox(home, odd
     # The wrap's environment was merged on the node, with the node's paths.
     assert seen["TMPDIR"] == str(node / "scratch")
     assert seen["FLEET_SANDBOXED"] == "1"
-    assert seen["FLEET_EGRESS_SOCKET"] == str(node / "egress.sock")
+    # Its only egress was its door: a child whose host's link carries its channel has none.
+    assert seen["FLEET_EGRESS_SOCKET"] == ("" if hosted else str(node / "egress.sock"))
     assert seen["cwd"] == str(node / "checkout")
     # The node's temp dir is hidden: of it, the child sees its own node directory only.
     assert seen["node_tmp"] == [node.name], seen

@@ -33,9 +33,11 @@ class Fleet:
     def token_for(self, owner: str) -> str | None:
         return self.pending.get(owner)
 
-    async def attach(self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float) -> None:
+    async def attach(
+        self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float, link: str = ""
+    ) -> None:
         self.pending.pop(channel.owner, None)  # a token is good for one launch
-        self.attached.append(channel.owner)
+        self.attached.append(channel.owner if not link else f"{channel.owner} via {link}")
         await channel.reply(hello.corr, ipc.Reply(ok=True, data={"key": channel.owner}))
         await channel.aclose("test done")
 
