@@ -456,8 +456,9 @@ ATTACKS = {
 }
 
 
-@pytest.mark.parametrize("attack", ATTACKS.values(), ids=ATTACKS.keys())
-async def test_a_violation_ends_the_link_and_breaks_every_other_stream(attack):
+@pytest.mark.parametrize("name", ATTACKS)
+async def test_a_violation_ends_the_link_and_breaks_every_other_stream(name):
+    attack = ATTACKS[name]
     raw, sock = socket_pair()
     link = MuxLink(sock, opener=False, window=WINDOW)
     victim_opened = trio.Event()
@@ -478,7 +479,8 @@ async def test_a_violation_ends_the_link_and_breaks_every_other_stream(attack):
         await raw.send_all(frame(1, OPEN, b"victim"))
         await victim_opened.wait()
         await raw.send_all(attack)
-        await raw.send_eof()  # only "eof inside a frame" gets this far
+        if name == "eof inside a frame":
+            await raw.send_eof()  # every other attack keeps its connection open
 
     with trio.fail_after(5):  # a 100 MB payload is refused from its header, never awaited
         async with trio.open_nursery() as nursery:
@@ -489,6 +491,8 @@ async def test_a_violation_ends_the_link_and_breaks_every_other_stream(attack):
         assert {kind for _, kind, _ in parse(await receive_all(raw))} <= {CLOSE}
     assert outcome["send"] == "broken"
     assert str(caught.value) in outcome["receive"]
+    if name == "a 100 MB payload announced":
+        assert "100000000-byte payload" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert link.open_streams == 0
     await raw.aclose()
@@ -591,3 +595,34 @@ async def test_an_acceptor_without_on_open_refuses_every_stream(nursery):
         with pytest.raises(trio.BrokenResourceError, match="not accepting streams"):
             await stream.send_all(b"x")
     assert acceptor.open_streams == 0
+
+
+async def test_max_streams_counts_a_stream_until_its_on_open_returns():
+    # A peer that closes each stream at once must not pile up on_open tasks.
+    raw, sock = socket_pair()
+    link = MuxLink(sock, opener=False, max_streams=2)
+    release = trio.Event()
+    called: list[str] = []
+
+    async def on_open(stream: MuxStream) -> None:
+        called.append(stream.name)
+        await release.wait()
+
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(link.run, on_open)
+            await raw.send_all(frame(1, OPEN, b"a") + frame(1, CLOSE) + frame(2, OPEN, b"b"))
+            await raw.send_all(frame(2, CLOSE) + frame(3, OPEN, b"c"))
+            received = b""
+            while (3, CLOSE, b"too many streams") not in parse(received):
+                received += await raw.receive_some()
+            assert sorted(called) == ["a", "b"]
+            assert link.open_streams == 0  # both closed by the peer, their tasks still running
+            release.set()
+            await trio.testing.wait_all_tasks_blocked()
+            await raw.send_all(frame(4, OPEN, b"d"))  # room again
+            while len(called) < 3:
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert called[2] == "d"
+    await raw.aclose()
