@@ -146,7 +146,10 @@ class TlsDoor:
             if not ipc.valid_identifier(child.name) or not self.carries(link, child.name):
                 self.refuse("link", child.name[:128], via="link", link=link)
                 return  # the stream is closed as this returns
-            await self._hello(child, child.name, seconds, link)
+            try:
+                await self._hello(child, child.name, seconds, link)
+            except Exception as exc:  # one child's end never ends its siblings' link
+                self.refuse("channel", child.name, via="link", link=link, error=repr(exc)[:200])
 
         mux = ipc.MuxLink(stream, opener=False)
         try:

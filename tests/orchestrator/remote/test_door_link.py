@@ -31,11 +31,12 @@ async def over_link(
     *,
     placed: dict[str, str],
     owner: str = LINK,
+    fleet: Fleet | None = None,
 ) -> Fleet:
     """Open a door with children *placed* (child → link), dial it with a certificate for
     *owner* and run *act* (the door's address, the link) with the link served."""
     ca = SessionCA(SESSION)
-    fleet = Fleet(pending={"a1": "t" * 43, "a2": "u" * 43})
+    fleet = fleet or Fleet(pending={"a1": "t" * 43, "a2": "u" * 43})
     door = TlsDoor(
         ca=ca,
         token_for=fleet.token_for,
@@ -162,3 +163,28 @@ async def test_a_link_that_breaks_the_rules_is_cut_and_counted(tmp_path: Path) -
             door.release("a1")
     assert fleet.attached == []
     assert [reason for reason, _ in fleet.refused] == ["link"]
+
+
+class Failing(Fleet):
+    """A fleet whose run of a2 breaks as its channel is handed over."""
+
+    async def attach(
+        self, channel: ipc.Channel, hello: ipc.Envelope, seconds: float, link: str = ""
+    ) -> None:
+        if channel.owner == "a2":
+            raise RuntimeError("the run broke")
+        await super().attach(channel, hello, seconds, link)
+
+
+async def test_one_childs_failure_never_ends_its_siblings_link(tmp_path: Path) -> None:
+    results: list[str] = []
+
+    async def act(_address: str, link: ipc.MuxLink) -> None:
+        results.append(await hello_over(link, "a2", "a2", "u" * 43))
+        results.append(await hello_over(link, "a1", "a1", "t" * 43))  # the same link, after
+
+    fleet = Failing(pending={"a1": "t" * 43, "a2": "u" * 43})
+    await over_link(tmp_path, act, placed={"a1": LINK, "a2": LINK}, fleet=fleet)
+    assert results == ["refused: eof", "ok"]
+    assert fleet.attached == [f"a1 via {LINK}"]
+    assert fleet.refused == [("channel", "a2")]
