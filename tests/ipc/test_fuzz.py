@@ -5,6 +5,7 @@ and EOF. ``Channel.serve`` must return on its own (no exception escapes), and th
 event handler see only frames that carry the owner's valid token.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -198,3 +199,67 @@ async def test_mutated_valid_frames_reach_handlers_only_when_still_authentic(edi
         assert isinstance(envelope.body, ipc.MESSAGE_TYPES[envelope.type])
     if not edits:
         assert [envelope.body for envelope in seen] == [event, request]
+
+
+# -- the multiplexed link's frame parser ---------------------------------------------------------
+
+mux_kinds = st.sampled_from([1, 2, 3, 4]) | st.integers(0, 255)
+mux_frames = st.tuples(
+    st.integers(0, 8) | st.integers(0, 2**32 - 1),
+    mux_kinds,
+    st.binary(max_size=300),
+    st.booleans(),  # whether the header tells the payload's true length
+    st.integers(0, 2**32 - 1),
+).map(lambda f: struct.pack(">IBI", f[0], f[1], len(f[2]) if f[3] else f[4]) + f[2])
+
+
+@FUZZ
+@given(
+    frames=st.lists(mux_frames, max_size=12),
+    tail=st.binary(max_size=40),
+    opener=st.booleans(),
+)
+def test_a_mux_link_ends_hostile_frames_with_mux_error_or_end_of_file(
+    frames: list[bytes], tail: bytes, opener: bool
+) -> None:
+    """Whatever bytes a peer sends, either end of a link ends with ``MuxError`` or a clean end
+    of file, promptly; every stream it handed out is over by then."""
+    opened = []
+
+    async def on_open(stream: ipc.MuxStream) -> None:
+        opened.append(stream)
+        with contextlib.suppress(trio.BrokenResourceError):  # the link ended under it
+            while await stream.receive_some():
+                pass
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        link = ipc.MuxLink(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), opener=opener)
+        if opener:
+            link.open("a1")  # so a peer's frames may name a stream that exists
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def peer() -> None:
+                    with theirs:
+                        for chunk in [*frames, tail]:
+                            try:
+                                theirs.sendall(chunk)
+                            except OSError:
+                                return
+                        theirs.shutdown(socket.SHUT_WR)
+                        while True:  # read what the link says until it closes
+                            await trio.lowlevel.wait_readable(theirs)
+                            try:
+                                if not theirs.recv(65536):
+                                    return
+                            except OSError:
+                                return
+
+                theirs.setblocking(False)  # noqa: FBT003 - the stdlib's positional flag
+                nursery.start_soon(peer)
+                with contextlib.suppress(ipc.MuxError, trio.BrokenResourceError):
+                    await link.run(on_open if not opener else None)
+                await link.aclose()
+
+    trio.run(main)
