@@ -26,8 +26,13 @@ host's one mutual-TLS link (:mod:`._node_link`): the host makes the link's key (
 leaves the node), the session CA signs it for a link owner (``host.<hex>``) here, once per host
 and again at two thirds of the leaf's life (:meth:`RayLauncher._keep_link`; *vouch* moves the
 deadline of every channel the link carries), and each start says where the door is and tells
-the door, through *placed*, that the child's stream may come over that link only. A hosted
-launch is two round trips (open; the loadout, workspace and start).
+the door, through *placed*, that the child's stream may come over that link only (a launcher
+carries only with all of *certify*, *placed*, *vouch* and the session's *nursery*, where the
+renewals run). Such a launch is one round trip: the supervisor names the child's node directory
+in its host's root of them (asked at each certification), and the host makes it with the
+loadout, workspace and start (:meth:`RayLauncher._open_later`); a host found dead by that call
+is replaced once on the same node (:meth:`RayLauncher._first_steps`). Any other hosted launch is
+two round trips (open; the loadout, workspace and start).
 
 A child under an actor of its own dials back over TCP and mutual TLS itself: before it starts,
 its actor makes a key and CSR on the node (:mod:`._node_key`; the key never leaves the node),
@@ -54,6 +59,7 @@ import datetime as dt
 import functools
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +72,7 @@ from cryptography import x509
 import ipc
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
-from orchestrator.launch._nodeplan import NodePlan
+from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan
 from orchestrator.launch._ray_host import (
     HostedChild,
     Slots,
@@ -152,6 +158,9 @@ async def _steps(actor: Any, calls: Sequence[Call]) -> list[Any]:
     """*calls* on child *actor*, in order: one round trip to a node host, a call each to a
     child's own actor."""
     if isinstance(actor, HostedChild):
+        if not actor.opened:  # its state is made with these, its first steps
+            actor.opened = True
+            return await _open_in(actor.host, actor.ident, calls)
         return list(await called(functools.partial(actor.calls, calls), calls))
     return [
         await called(functools.partial(getattr(actor, name).remote, *args), args)
@@ -167,6 +176,8 @@ class _Link:
     owner: str
     #: When (trio's clock) its leaf is due for renewal; 0: it has none yet.
     renew_at: float = 0.0
+    #: Where its host makes node directories (asked at each certification).
+    root: str = ""
     #: Its renewal task runs (:meth:`RayLauncher._keep_link`).
     kept: bool = False
     #: Held while its leaf is made: children of a new host wait for the first.
@@ -202,8 +213,8 @@ class RayLauncher:
     placed: Callable[[str, str], None] | None = None
     #: ``vouch(link, seconds)``: link *link*'s leaf was renewed; it is good for *seconds* more.
     vouch: Callable[[str, float], None] | None = None
-    #: Where each link's renewal runs (the session's); ``None``: the nursery of the launch
-    #: that first used the link (and of the next one, once that has ended).
+    #: Where each link's renewal runs: the session's (a launcher without one carries no
+    #: child's channel, each dials the door itself).
     nursery: trio.Nursery | None = None
     #: Per node: its host's link (the host it is for, its owner, its leaf's deadlines).
     _links: dict[str, "_Link"] = attrs.field(factory=dict, init=False)
@@ -225,7 +236,12 @@ class RayLauncher:
     @property
     def carries(self) -> bool:
         """Whether a child's channel goes over its node host's link (not a dial of its own)."""
-        return self.node_host and self.certify is not None and self.placed is not None
+        return (
+            self.node_host
+            and self.certify is not None
+            and self.placed is not None
+            and self.nursery is not None
+        )
 
     async def _actor(self, key: str, then: Sequence[Call] = ()) -> tuple[Any, list[Any]]:
         """Child *key*'s actor (or its state in its node's host) and what *then*'s steps on it
@@ -249,11 +265,13 @@ class RayLauncher:
             end_actor(actor)
             raise
 
-    async def _hosted(self, key: str, then: Sequence[Call]) -> tuple[HostedChild, list[Any]]:
+    async def _hosted(self, key: str, then: Sequence[Call] | None) -> tuple[HostedChild, list[Any]]:
         """A slot on a node (waiting, like Ray's queue, until one frees) and child *key*'s
         state in that node's host (started there if it has none, or its host died), with
-        *then*'s steps made in the same round trip. A node whose host cannot start (it died,
-        and Ray does not know yet) is passed over for a while and the next one tried."""
+        *then*'s steps made in the same round trip; with *then* ``None`` (a carried child's),
+        its state is made with its first steps instead (:func:`_steps`). A node whose host
+        cannot start (it died, and Ray does not know yet) is passed over for a while and the
+        next one tried."""
         failures = 0
         while True:
             # Slots free from worker threads (a stop's): polled, not an Event of this loop.
@@ -268,8 +286,12 @@ class RayLauncher:
                         host_on, node, lanes, abandon_on_cancel=True
                     )
                 if self.carries:
-                    child.link = (await self._linked(node, child.host)).owner
-                done = await _open_in(child.host, child.ident, then)
+                    link = await self._linked(node, child.host)
+                    child.link, child.root = link.owner, link.root
+                if then is None:
+                    child.opened, done = False, []
+                else:
+                    done = await _open_in(child.host, child.ident, then)
             except Exception as exc:
                 child.release()
                 if isinstance(exc, ray_module().exceptions.RayTaskError):
@@ -308,6 +330,7 @@ class RayLauncher:
         )
         leaf, ca = self.certify(link.owner, csr)
         await called(functools.partial(link.host.link_accept.remote, leaf, ca), (), 60)
+        link.root = await called(link.host.root.remote, (), 60)
         left = (
             x509.load_pem_x509_certificate(leaf).not_valid_after_utc - dt.datetime.now(dt.UTC)
         ).total_seconds()
@@ -333,7 +356,7 @@ class RayLauncher:
                         del self._links[node]
                     return
         finally:
-            link.kept = False  # cancelled with a launch's nursery: the next launch starts it
+            link.kept = False  # the next launch on the link starts it again
 
     async def open_node(self, key: str, tls: str = "") -> str:
         """Give child *key* its actor now and have it make the child's node directory in its
@@ -342,7 +365,13 @@ class RayLauncher:
         (:meth:`write_files` then puts the loadout there, :meth:`launch` uses the actor).
         With *tls* (a directory relative to the node directory: where the launch's
         ``spec.tls`` will be), the child's key and CSR are made there in the same round trip.
-        Queues, like a launch, until a node has a free slot."""
+        Queues, like a launch, until a node has a free slot.
+
+        A child whose channel its host's link carries costs no round trip here: its node
+        directory is named here, in its host's root of them, and made by its launch's one call
+        (with its loadout, workspace and start)."""
+        if self.carries:
+            return await self._open_later(key)
         steps: list[Call] = [("make_node", (self.session, key))]
         if tls and not self.carries:  # a hosted child's channel goes over its host's link
             steps.append(("request_certificate", (tls, self.session, key)))
@@ -353,6 +382,19 @@ class RayLauncher:
         self._queued[key] = []
         if len(done) > 1:  # its own key and CSR were made
             self._csrs[key] = (os.path.join(directory, tls), done[1])
+        return directory
+
+    async def _open_later(self, key: str) -> str:
+        """Child *key*'s slot, host and link now, and its node directory's path: made with its
+        launch's first call (:meth:`open_node`)."""
+        if not ray_module().is_initialized():
+            await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        child, _ = await self._hosted(key, None)
+        name = f"{NODE_PREFIX}{self.session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
+        directory = os.path.join(child.root, name)
+        self._opened[key] = child
+        self._dirs[key] = directory
+        self._queued[key] = [("make_node", (self.session, key, directory))]
         return directory
 
     async def write_files(self, key: str, files: Mapping[str, bytes]) -> None:
@@ -373,8 +415,32 @@ class RayLauncher:
         self._queued[key] = []
         if not calls:
             return []
-        done = await _steps(self._opened[key], calls)
+        done = await self._first_steps(self._opened[key], calls)
         return done[len(calls) - len(then) :]
+
+    async def _first_steps(self, actor: Any, calls: Sequence[Call], carried: str = "") -> list[Any]:
+        """*calls* on *actor* (:func:`_steps`). A hosted child whose state is made by these
+        (:meth:`_open_later`) placed on a host that has died since (no call had told) is placed
+        once more on a new host of the same node, where its node directory's path holds."""
+        again = isinstance(actor, HostedChild) and not actor.opened
+        while True:
+            if carried and self.placed is not None:
+                self.placed(actor.link, carried)  # its stream may come over this link only
+            try:
+                return await _steps(actor, calls)
+            except Exception as exc:
+                if not again or isinstance(exc, ray_module().exceptions.RayTaskError):
+                    raise  # a step of its own failed there, or its host was dead twice
+                forget_host(actor.node, actor.host)
+            again = False
+            log.info("ray node %s: its host is gone; starting another", actor.node[:12])
+            lanes = self._slots.lanes(actor.node, SLOT)
+            actor.host, _ = await trio.to_thread.run_sync(
+                host_on, actor.node, lanes, abandon_on_cancel=True
+            )
+            actor.opened = False
+            if self.carries:
+                actor.link = (await self._linked(actor.node, actor.host)).owner
 
     def plan(self, key: str, plan: NodePlan) -> None:
         """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
@@ -465,7 +531,8 @@ class RayLauncher:
             link = self._links.get(actor.node)
             if link is not None and not link.kept:
                 link.kept = True
-                (self.nursery or nursery).start_soon(self._keep_link, actor.node, link)
+                assert self.nursery is not None  # noqa: S101 - a carrying launcher's
+                self.nursery.start_soon(self._keep_link, actor.node, link)
         launched._done = actor.wait.remote()
         nursery.start_soon(launched._watch, sink)
         refused = self._refused.pop(spec.key, None)
@@ -492,10 +559,8 @@ class RayLauncher:
         plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
         if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:
             # Its channel goes over its host's link: no key, no CSR, no leaf of its own.
-            if self.placed is not None:
-                self.placed(actor.link, spec.key)
             calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), {}, plain, spec.door)))
-            return await self._started(actor, calls)
+            return await self._started(actor, calls, spec.key)
         if spec.tls:
             if self.certify is None:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
@@ -508,10 +573,12 @@ class RayLauncher:
         calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), files, plain)))
         return await self._started(actor, calls)
 
-    @staticmethod
-    async def _started(actor: Any, calls: Sequence[Call]) -> dict[str, Any]:
-        """*calls*, the last of them the start: what the actor said of the start."""
-        done = await _steps(actor, calls)
+    async def _started(
+        self, actor: Any, calls: Sequence[Call], carried: str = ""
+    ) -> dict[str, Any]:
+        """*calls*, the last of them the start: what the actor said of the start. *carried*:
+        the child whose channel its host's link carries (the door is told first)."""
+        done = await self._first_steps(actor, calls, carried)
         info: dict[str, Any] = done[-1]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
             raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))

@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.launch._node_link import NodeLink
 from orchestrator.launch._node_loop import NodeLoop
+from orchestrator.launch._nodeplan import node_root
 from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
@@ -105,6 +106,10 @@ class NodeHost:
         """The node this host runs on (a call that answers: the host is alive)."""
         return str(ray_module().get_runtime_context().get_node_id())
 
+    def root(self) -> str:
+        """Where this host makes its children's node directories now (:func:`node_root`)."""
+        return node_root()
+
     def open(self, key: str, then: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> list[Any]:
         """Make the state of the child named *key* here (its :attr:`HostedChild.ident`: its
         key and a nonce; one that exists is refused), then make *then*'s calls on it
@@ -170,8 +175,11 @@ class HostedChild:
         #: and the release of its last life (sent without waiting) may reach the host after
         #: the new life has opened; each touches only its own state.
         self.ident = f"{key}#{secrets.token_hex(8)}"
-        #: Its host's link owner, when its channel goes over that link (``._ray``).
-        self.link = ""
+        #: Its host's link owner, when its channel goes over that link (``._ray``), and where
+        #: that host makes node directories.
+        self.link = self.root = ""
+        #: Its state exists in its host (else it is made with its first steps).
+        self.opened = True
         self._released = self._freed = False
 
     def __getattr__(self, name: str) -> _Method:

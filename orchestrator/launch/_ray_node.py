@@ -40,7 +40,9 @@ from orchestrator.launch._nodeplan import (
     NODE_PREFIX,
     NodePlan,
     NodeStart,
+    node_directory_of,
     node_root,
+    node_roots,
     realise,
 )
 from orchestrator.launch._read_trees import ReadTrees
@@ -275,18 +277,26 @@ class ChildActor:
                 break
         return total
 
-    def make_node(self, session: str, key: str) -> str:
+    def make_node(self, session: str, key: str, path: str = "") -> str:
         """Make child *key*'s node directory in this node's root of them
         (:func:`._nodeplan.node_root`): a fresh, unpredictable name
         (``fleet-node-SESSION-KEY-<32 hex>``), 0700, new (one that exists is refused, so nothing
         planted or linked there is followed), checked to be ours and 0700, with its scratch and
         (empty) checkout inside; its path (the supervisor puts its paths in the child's loadout,
-        which :meth:`write_files` then writes there)."""
+        which :meth:`write_files` then writes there). With *path*, the supervisor named it
+        already (in the round trip that starts the child): it must be such a name, directly in
+        one of this node's roots (:func:`._nodeplan.node_roots`)."""
         for part in (session, key):
             if not _NAME_PART.fullmatch(part):
                 raise RuntimeError(f"node directory: {part!r} is not a session or child id")
-        name = f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
-        directory = os.path.join(node_root(), name)
+        if path:
+            node_directory_of(path, session, key)  # a plain fleet-node-SESSION-KEY-<hex>
+            if os.path.dirname(path) not in node_roots():
+                raise RuntimeError(f"node directory: {path!r} is in none of this node's roots")
+            directory = path
+        else:
+            name = f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
+            directory = os.path.join(node_root(), name)
         os.mkdir(directory, 0o700)  # FileExistsError for anything already there
         self.node_dir = directory
         info = os.lstat(directory)

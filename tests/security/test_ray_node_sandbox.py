@@ -127,6 +127,7 @@ def pin(sup: Supervisor, resource: str, hosted: bool) -> None:
         certify=sup.remote.certify,
         placed=sup.remote.placed,
         vouch=sup.remote.vouch,
+        nursery=sup.nursery,
         session=sup.config.session,
         resources={resource: 1},
         node_host=hosted,

@@ -415,3 +415,57 @@ async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
     host, ident = r.actor.host, r.actor.ident
     with pytest.raises(ray.exceptions.RayTaskError, match="KeyError"):  # its state is gone
         await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "clean_up", ())))
+
+
+async def test_a_carried_child_on_a_host_launches_in_one_round_trip(cluster, tmp_path, monkeypatch):
+    """A child whose channel its host's link carries costs no call to open: its node directory
+    is named by the supervisor in its host's root and made by its launch's one call, with its
+    loadout and start. The link is certified once per host (the door is told of it first), and
+    a path the host was not given a root for is refused there."""
+    from orchestrator.launch import _ray, _ray_host, _ray_refs  # noqa: PLC0415
+    from orchestrator.remote._ca import SessionCA  # noqa: PLC0415
+
+    trips: list[str] = []  # every Ray call the launcher awaits
+    real = _ray_refs.called
+
+    async def counted(submit, *args):
+        trips.append(getattr(getattr(submit, "func", submit), "__name__", "?"))
+        return await real(submit, *args)
+
+    monkeypatch.setattr(_ray, "called", counted)
+    ca = SessionCA("t")
+    vouched: list[tuple[str, float]] = []
+    async with trio.open_nursery() as session:
+        launcher = launcher_for(
+            hosted=True,
+            session="t",
+            certify=lambda owner, csr: (ca.sign(csr, owner), ca.certificate_pem),
+            placed=lambda _link, _key: None,
+            vouch=lambda link, seconds: vouched.append((link, seconds)),
+            nursery=session,
+        )
+        node = Path(await launcher.open_node("t1", tls="scratch/tls"))
+        # Its host's link certified (a CSR, the leaf, where it makes node directories);
+        # nothing asked of the host for the child itself.
+        assert trips == ["remote"] * 3
+        assert not await trio.Path(node).exists()
+        [(link, seconds)] = vouched  # its host's link, certified before its first child
+        assert link.startswith("host.")
+        assert 2500 < seconds <= 45 * 60
+        await launcher.write_files("t1", {str(node / "loadout.json"): b"{}"})
+        code = "import time; print('up', flush=True); time.sleep(60)"
+        out: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            r = await launcher.launch(spec(tmp_path, code, "t1"), sink_into(out), nursery)
+            assert len(trips) == 4  # its node directory, loadout and start in one call
+            assert await trio.Path(node / "loadout.json").read_bytes() == b"{}"
+            listed = sorted(p.name for p in await trio.Path(node).iterdir())
+            assert listed == ["checkout", "loadout.json", "scratch"]
+            await r.terminate(1.0)
+        await gone_path(node)
+        session.cancel_scope.cancel()  # its link's renewal
+    host, ident = r.actor.host, "t2#0"
+    elsewhere = ("make_node", ("t", "t2", f"/fleet-node-t-t2-{'0' * 32}"))
+    with pytest.raises(ray.exceptions.RayTaskError, match="none of this node's roots"):
+        await trio.to_thread.run_sync(lambda: ray.get(host.open.remote(ident, [elsewhere])))
+    assert isinstance(r.actor, _ray_host.HostedChild)
