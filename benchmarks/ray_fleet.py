@@ -129,8 +129,11 @@ async def _ignore(envelope: ipc.Envelope) -> None:
     return None
 
 
-async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
-    """Round trips per second over the Unix socket and the TLS door; the median ratio."""
+async def channels(seconds: float, rounds: int) -> dict[str, float]:
+    """Round trips per second over the Unix socket, the TLS door (a connection of the
+    child's own) and a stream of a node link (a node host's one TLS connection,
+    ``ipc.MuxLink``; the host's relay hop is not in it); the median ratios to the Unix
+    socket's."""
     key = ipc.new_session_key()
     token = ipc.derive_token(key, OWNER)
     ca = SessionCA("bench")
@@ -147,12 +150,29 @@ async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
         channel, envelope = await ipc.accept_hello(stream, {OWNER: token}.get)
         await _serve_channel(channel, envelope)
 
-    door = TlsDoor(ca=ca, token_for={OWNER: token}.get, attach=_serve_channel, refuse=print)
-    unix_rates, tls_rates, ratios = [], [], []
+    host = scratch / "host"
+    host.mkdir(mode=0o700)
+    link_owner = ipc.new_link_owner()
+    install_certificate(
+        host,
+        ca.sign(make_key_and_csr(host, "bench", link_owner), link_owner),
+        ca.certificate_pem,
+    )
+    link_context = client_context(host / "key.pem", host / "cert.pem", host / "ca.pem")
+    door = TlsDoor(
+        ca=ca,
+        token_for={OWNER: token}.get,
+        attach=_serve_channel,
+        refuse=print,
+        carries=lambda link, key: link == link_owner and key == OWNER,
+    )
+    unix_rates, tls_rates, ratios, link_rates, link_ratios = [], [], [], [], []
     async with trio.open_nursery() as nursery:
         listener = ipc.Listener(path=scratch / "ipc.sock")
         await nursery.start(listener.serve, unix_connection)
         address = await door.open_for(OWNER, nursery)
+        link = ipc.MuxLink(await ipc.connect_tls(address, link_context), opener=True)
+        await nursery.start(link.run)
         for _ in range(rounds):
             channel, _ = await ipc.open_client(
                 scratch / "ipc.sock", owner=OWNER, token=token, hello=hello
@@ -162,13 +182,24 @@ async def channels(seconds: float, rounds: int) -> tuple[float, float, float]:
                 address, context, owner=OWNER, token=token, hello=hello
             )
             tls = await _roundtrips(channel, seconds)
+            channel, _ = await ipc.hello_on(link.open(OWNER), owner=OWNER, token=token, hello=hello)
+            carried = await _roundtrips(channel, seconds)
             unix_rates.append(unix)
             tls_rates.append(tls)
             ratios.append(tls / unix)
+            link_rates.append(carried)
+            link_ratios.append(carried / unix)
+        await link.aclose()
         door.release(OWNER)
         nursery.cancel_scope.cancel()
     shutil.rmtree(scratch, ignore_errors=True)
-    return statistics.median(unix_rates), statistics.median(tls_rates), statistics.median(ratios)
+    return {
+        "unix": statistics.median(unix_rates),
+        "tls": statistics.median(tls_rates),
+        "tls_ratio": statistics.median(ratios),
+        "link": statistics.median(link_rates),
+        "link_ratio": statistics.median(link_ratios),
+    }
 
 
 SLEEPER = "import time; time.sleep(60)"
@@ -473,18 +504,21 @@ def main() -> None:
         # Its fleets' homes and its runtime root (each run left both behind: 58 on this box).
         for leftover in (base, Path(runtime)):
             shutil.rmtree(leftover, ignore_errors=True)
-    unix_rt, tls_rt, tls_ratio = trio.run(channels, 1.0, 2 if smoke else 5)
+    rt = trio.run(channels, 1.0, 2 if smoke else 5)
     print(
-        f"ipc round trips: unix socket {unix_rt:.0f}/s, mTLS door {tls_rt:.0f}/s "
-        f"(ratio {tls_ratio:.2f})"
+        f"ipc round trips: unix socket {rt['unix']:.0f}/s, mTLS door {rt['tls']:.0f}/s "
+        f"(ratio {rt['tls_ratio']:.2f}), a node link's stream {rt['link']:.0f}/s "
+        f"(ratio {rt['link_ratio']:.2f})"
     )
     print(
         json.dumps(
             {
                 "benchmark": "ray_fleet",
-                "unix_roundtrips_per_s": round(unix_rt),
-                "mtls_roundtrips_per_s": round(tls_rt),
-                "mtls_ratio": round(tls_ratio, 2),
+                "unix_roundtrips_per_s": round(rt["unix"]),
+                "mtls_roundtrips_per_s": round(rt["tls"]),
+                "mtls_ratio": round(rt["tls_ratio"], 2),
+                "link_roundtrips_per_s": round(rt["link"]),
+                "link_ratio": round(rt["link_ratio"], 2),
                 "n": n,
                 "nodes": nodes,
                 **result,

@@ -373,14 +373,14 @@ class RayLauncher:
         if self.carries:
             return await self._open_later(key)
         steps: list[Call] = [("make_node", (self.session, key))]
-        if tls and not self.carries:  # a hosted child's channel goes over its host's link
+        if tls:
             steps.append(("request_certificate", (tls, self.session, key)))
         actor, done = await self._actor(key, steps)
         directory = str(done[0])
         self._opened[key] = actor
         self._dirs[key] = directory
         self._queued[key] = []
-        if len(done) > 1:  # its own key and CSR were made
+        if tls:
             self._csrs[key] = (os.path.join(directory, tls), done[1])
         return directory
 
