@@ -73,6 +73,7 @@ import ipc
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan
+from orchestrator.launch._ray_exits import HostExits
 from orchestrator.launch._ray_host import (
     HostedChild,
     Slots,
@@ -83,7 +84,7 @@ from orchestrator.launch._ray_host import (
 )
 from orchestrator.launch._ray_launched import LaunchedRay
 from orchestrator.launch._ray_node import ChildActor, ray_module
-from orchestrator.launch._ray_refs import called
+from orchestrator.launch._ray_refs import called, resolved
 
 log = logging.getLogger("orchestrator")
 #: Nodes tried for a child's host before its launch fails.
@@ -218,6 +219,8 @@ class RayLauncher:
     nursery: trio.Nursery | None = None
     #: Per node: its host's link (the host it is for, its owner, its leaf's deadlines).
     _links: dict[str, "_Link"] = attrs.field(factory=dict, init=False)
+    #: Per node: its host's exit stream (carried children's ends, :mod:`._ray_exits`).
+    _exit_streams: dict[str, HostExits] = attrs.field(factory=dict, init=False)
     _slots: Slots = attrs.field(factory=Slots, init=False)
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
@@ -442,6 +445,14 @@ class RayLauncher:
             if self.carries:
                 actor.link = (await self._linked(actor.node, actor.host)).owner
 
+    def _exits_of(self, child: HostedChild) -> HostExits:
+        """The exit stream of *child*'s host (made on its first carried child)."""
+        stream = self._exit_streams.get(child.node)
+        if stream is None or stream.host is not child.host:
+            assert self.nursery is not None  # noqa: S101 - a carrying launcher's
+            stream = self._exit_streams[child.node] = HostExits(child.host, self.nursery)
+        return stream
+
     def plan(self, key: str, plan: NodePlan) -> None:
         """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
         actor builds the command (the spec's argv and cwd are not used) and wraps it there."""
@@ -533,7 +544,10 @@ class RayLauncher:
                 link.kept = True
                 assert self.nursery is not None  # noqa: S101 - a carrying launcher's
                 self.nursery.start_soon(self._keep_link, actor.node, link)
-        launched._done = actor.wait.remote()
+        if isinstance(actor, HostedChild) and info.get("watched"):
+            launched._outcome = self._exits_of(actor).expect(actor.ident)
+        else:
+            launched._outcome = functools.partial(resolved, actor.wait.remote())
         nursery.start_soon(launched._watch, sink)
         refused = self._refused.pop(spec.key, None)
         if refused is not None:
@@ -560,7 +574,9 @@ class RayLauncher:
         if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:
             # Its channel goes over its host's link: no key, no CSR, no leaf of its own.
             calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), {}, plain, spec.door)))
-            return await self._started(actor, calls, spec.key)
+            calls.append(("watch", ()))  # its end goes to its host's exit stream
+            info = await self._started(actor, calls, spec.key)
+            return {**info, "watched": True}
         if spec.tls:
             if self.certify is None:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")
@@ -576,10 +592,12 @@ class RayLauncher:
     async def _started(
         self, actor: Any, calls: Sequence[Call], carried: str = ""
     ) -> dict[str, Any]:
-        """*calls*, the last of them the start: what the actor said of the start. *carried*:
-        the child whose channel its host's link carries (the door is told first)."""
+        """*calls*, ending with the start (and its ``watch``): what the actor said of the
+        start. *carried*: the child whose channel its host's link carries (the door is told
+        first)."""
         done = await self._first_steps(actor, calls, carried)
-        info: dict[str, Any] = done[-1]
+        started = [i for i, (name, _) in enumerate(calls) if name == "start"][-1]
+        info: dict[str, Any] = done[started]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
             raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))
         return info

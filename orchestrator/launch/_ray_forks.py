@@ -61,6 +61,8 @@ class ForkedChild:
         self.stdout = stdout
         self.returncode: int | None = None
         self._ended = threading.Event()
+        #: Set with :attr:`returncode`, on the host's loop (its exit stream awaits it there).
+        self.reaped = trio.Event()
 
     def poll(self) -> int | None:
         return self.returncode
@@ -82,6 +84,7 @@ class ForkedChild:
         finally:
             self.returncode = status
             self._ended.set()
+            self.reaped.set()
 
 
 class NodeForks:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.launch._node_exits import NodeExits
 from orchestrator.launch._node_link import NodeLink
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import node_root
@@ -65,7 +66,9 @@ _SPARE_THREADS = 16
 
 def threads_for(slots: int) -> int:
     """The threads (Ray's ``max_concurrency``) of the host of a node with *slots* lanes. Each
-    live child's ``wait`` holds one for its life and its refusals poll another for up to 5 s
+    live child's ``wait`` holds one for its life (a carried child's end comes by the host's
+    one ``exits`` poll instead; a child that dials the door itself still has its ``wait``,
+    so the count stays) and its refusals poll another for up to 5 s
     at a time (a third a slot: a poll may outlast its child by that long while the slot's
     next child holds two), and the spare ones serve opens, starts and stops, which never
     block on a child. A fixed 512 gave every host 535 threads whatever its lanes (87 now at
@@ -93,6 +96,8 @@ class NodeHost:
         self._forks = NodeForks(self._loop)
         #: The node's one link to the door (:mod:`._node_link`): every child's channel.
         self._link = NodeLink(self._loop)
+        #: Its children's ends, handed over in batches (:mod:`._node_exits`).
+        self._exits = NodeExits(self._loop)
 
     def link_request(self, session: str, owner: str) -> bytes:
         """A CSR for a new key of the node's link (:meth:`NodeLink.request`): its renewal."""
@@ -121,12 +126,23 @@ class NodeHost:
         return self.calls(key, then)
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
-        """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would."""
-        if name not in _CALLS:
+        """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would;
+        ``watch`` (after its start): its end goes to the host's exit stream (:meth:`exits`)."""
+        if name not in _CALLS and name != "watch":
             raise RuntimeError(f"a node host does not serve {name!r}")
         with self._lock:
             child = self._children[key]
+        if name == "watch":
+            if child.proc is not None:  # none when its start refused it: nothing to watch
+                self._exits.watch(key, child.proc)
+            return None
         return getattr(child, name)(*args)
+
+    def exits(self, wait: float) -> dict[str, tuple[int, bytes]]:
+        """The watched children that ended since the last call (their state name → status
+        and output tail), waiting up to *wait* seconds for one: one long poll a host for all
+        its children's ends (:mod:`._node_exits`)."""
+        return self._exits.collect(wait)
 
     def calls(self, key: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Child *key*'s methods, one after the other, in one round trip (a launch's steps are

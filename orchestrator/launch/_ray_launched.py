@@ -6,7 +6,7 @@ its node directory swept from its node when the actor itself was lost (:mod:`._r
 
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -33,7 +33,9 @@ class LaunchedRay:
     actor: Any
     exited: trio.Event = attrs.Factory(trio.Event)
     returncode: int | None = None
-    _done: Any = None
+    #: What awaits the child's end (its status and output tail): its own ``wait`` call, or its
+    #: host's exit stream (:mod:`._ray_exits`).
+    _outcome: Callable[[], Awaitable[tuple[int, bytes]]] | None = None
     #: A shipped worktree comes back: at terminate, before the actor goes, its bundle is
     #: fetched into :attr:`returned` (or the reason it could not be, in :attr:`lost`).
     ships_back: bool = False
@@ -67,7 +69,8 @@ class LaunchedRay:
         # worker threads for its child's life, and from the 41st remote child every Ray call
         # waited for a thread that never freed.
         try:
-            code, out = await resolved(self._done)
+            assert self._outcome is not None  # noqa: S101 - set by its launch
+            code, out = await self._outcome()
             if out:
                 sink("stdout", out)
             self.returncode = code
