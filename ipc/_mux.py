@@ -62,6 +62,7 @@ from typing import Final
 import trio
 
 from ipc._errors import MuxError
+from ipc._tlsstream import OneAtATime
 
 __all__ = ["MAX_CHUNK", "MAX_STREAMS", "WINDOW", "MuxLink", "MuxStream"]
 
@@ -99,22 +100,6 @@ OnOpen = Callable[["MuxStream"], Awaitable[None]]
 _OPEN, _PEER_CLOSED, _BROKEN, _CLOSED = "open", "peer-closed", "broken", "closed"
 
 
-class _OneAtATime:
-    """A section one task may be in at a time; a second is :class:`trio.BusyResourceError`."""
-
-    def __init__(self, message: str) -> None:
-        self._message = message
-        self._held = False
-
-    def __enter__(self) -> None:
-        if self._held:
-            raise trio.BusyResourceError(self._message)
-        self._held = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._held = False
-
-
 class MuxStream(trio.abc.Stream):
     """One byte stream of a :class:`MuxLink`; made by :meth:`MuxLink.open` or handed to
     ``on_open``, never built directly."""
@@ -133,8 +118,8 @@ class MuxStream(trio.abc.Stream):
         self._send_torn = False
         self._readable: trio.Event | None = None
         self._writable: trio.Event | None = None
-        self._sending = _OneAtATime("another task is sending on this stream")
-        self._receiving = _OneAtATime("another task is receiving on this stream")
+        self._sending = OneAtATime("another task is sending on this stream")
+        self._receiving = OneAtATime("another task is receiving on this stream")
 
     def __repr__(self) -> str:
         return f"<MuxStream {self._id} {self.name!r} {self._state}>"

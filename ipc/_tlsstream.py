@@ -21,7 +21,7 @@ from typing import Final
 import attrs
 import trio
 
-__all__ = ["TLSIO", "SocketTLSStream", "tls_over"]
+__all__ = ["TLSIO", "OneAtATime", "SocketTLSStream", "tls_over"]
 
 #: The most bytes one read asks OpenSSL for.
 RECEIVE_SIZE: Final = 65536
@@ -31,7 +31,7 @@ _POLL_S: Final = 0.001
 _DRAIN_READS: Final = 16
 
 
-class _OneAtATime:
+class OneAtATime:
     """A section one task may be in at a time; a second is :class:`trio.BusyResourceError`."""
 
     def __init__(self, message: str) -> None:
@@ -54,8 +54,8 @@ class SocketTLSStream(trio.abc.Stream):
         self._sock = sock
         self._closed = False
         self._io = TLSIO(stream=self)
-        self._sending = _OneAtATime("another task is sending on this stream")
-        self._receiving = _OneAtATime("another task is receiving on this stream")
+        self._sending = OneAtATime("another task is sending on this stream")
+        self._receiving = OneAtATime("another task is receiving on this stream")
 
     @property
     def socket(self) -> ssl.SSLSocket:
