@@ -22,7 +22,7 @@ from orchestrator.launch._node_link import NodeLink
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.remote._ca import SessionCA, owner_of
 from orchestrator.remote._door import TlsDoor
-from tests.orchestrator.remote.test_door import SESSION, Fleet
+from tests.orchestrator.remote.test_door import HELLO, SESSION, WAIT_S, Fleet, said
 
 LINK = "host." + "5e" * 8
 
@@ -122,18 +122,10 @@ async def test_children_relayed_over_one_link_attach_and_the_link_redials_a_move
         ours, theirs = socket.socketpair()
         await trio.to_thread.run_sync(link.carry, address, owner, ours)
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
-        try:
-            channel, reply = await ipc.hello_on(
-                stream,
-                owner=owner,
-                token=token,
-                hello=ipc.Hello(pid=1, backend="builtin"),
-                request_timeout=10,
-            )
-        except ipc.HandshakeError as exc:
-            return f"refused: {exc.reason}"
-        await channel.aclose("bye")
-        return "ok" if reply.data == {"key": owner} else f"odd {reply}"
+        opening = ipc.hello_on(
+            stream, owner=owner, token=token, hello=HELLO, request_timeout=WAIT_S
+        )
+        return await said(owner, opening)
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

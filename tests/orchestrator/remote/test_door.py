@@ -17,6 +17,7 @@ from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
     from pathlib import Path
 
 SESSION = "s1"
@@ -59,15 +60,23 @@ def node(tmp_path: Path, ca: SessionCA, owner: str, **sign: Any) -> Path:
 async def hello(address: str, directory: Path, owner: str, token: str) -> str:
     """Dial *address* as *owner*; ``"ok"`` or the client's one-line error."""
     context = client_context(directory / "key.pem", directory / "cert.pem", directory / "ca.pem")
+    return await said(
+        owner,
+        ipc.open_tls_client(
+            address, context, owner=owner, token=token, hello=HELLO, request_timeout=WAIT_S
+        ),
+    )
+
+
+#: A child's hello, and how long a test client waits for its answer.
+HELLO = ipc.Hello(pid=1, backend="builtin")
+WAIT_S = 10
+
+
+async def said(owner: str, opening: Awaitable[tuple[ipc.Channel, ipc.Reply]]) -> str:
+    """What the door said to *owner*'s hello (*opening*): ``"ok"`` or the one-line refusal."""
     try:
-        channel, reply = await ipc.open_tls_client(
-            address,
-            context,
-            owner=owner,
-            token=token,
-            hello=ipc.Hello(pid=1, backend="builtin"),
-            request_timeout=10,
-        )
+        channel, reply = await opening
     except ipc.HandshakeError as exc:
         return f"refused: {exc.reason}"
     await channel.aclose("bye")

@@ -15,7 +15,7 @@ import ipc
 from child._tls import client_context
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
-from tests.orchestrator.remote.test_door import SESSION, Fleet, node
+from tests.orchestrator.remote.test_door import HELLO, SESSION, WAIT_S, Fleet, node, said
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -62,18 +62,10 @@ async def over_link(
 
 async def hello_over(link: ipc.MuxLink, name: str, owner: str, token: str) -> str:
     """Child *owner*'s hello on a stream named *name*: ``"ok"`` or the one-line refusal."""
-    try:
-        channel, reply = await ipc.hello_on(
-            link.open(name),
-            owner=owner,
-            token=token,
-            hello=ipc.Hello(pid=1, backend="builtin"),
-            request_timeout=10,
-        )
-    except ipc.HandshakeError as exc:
-        return f"refused: {exc.reason}"
-    await channel.aclose("bye")
-    return "ok" if reply.data == {"key": owner} else f"odd reply {reply}"
+    opening = ipc.hello_on(
+        link.open(name), owner=owner, token=token, hello=HELLO, request_timeout=WAIT_S
+    )
+    return await said(owner, opening)
 
 
 async def test_children_placed_on_a_link_attach_over_it(tmp_path: Path) -> None:
