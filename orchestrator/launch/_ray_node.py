@@ -33,6 +33,7 @@ from orchestrator._trees import remove_tree
 from orchestrator.launch import _context
 from orchestrator.launch._egress import EgressProxy, allowlist
 from orchestrator.launch._forkserver import die_with_parent
+from orchestrator.launch._node_exits import TAIL
 from orchestrator.launch._node_key import make_node_key
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import (
@@ -56,8 +57,6 @@ __all__ = ["MAX_RETURN", "ChildActor", "ReturnRefused", "ray_module"]
 #: The largest change a node sends back (``orchestrator.workspace._bundle.MAX_BUNDLE``, which
 #: the supervisor checks again on what arrives).
 MAX_RETURN = 256 * 1024 * 1024
-#: The child's output kept for its exit report.
-_TAIL = 8192
 #: A session or child id, as it may appear in a node directory's name.
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -496,7 +495,7 @@ class ChildActor:
         if self.proc.stdout is not None:
             with self.proc.stdout as out:
                 while chunk := out.read1(65536):
-                    tail = (tail + chunk)[-_TAIL:]
+                    tail = (tail + chunk)[-TAIL:]
         return self.proc.wait(), tail
 
     def stop(self, grace: float) -> int:
