@@ -236,6 +236,15 @@ class RayLauncher:
     #: Per child whose key :meth:`open_node` made: its TLS directory on the node and its CSR.
     _csrs: dict[str, tuple[str, bytes]] = attrs.field(factory=dict, init=False)
 
+    def __attrs_post_init__(self) -> None:
+        # Half the wiring would quietly fall back to children dialling the door themselves.
+        given = [name for name in ("placed", "vouch", "nursery") if getattr(self, name)]
+        if given and len(given) != 3:
+            raise ValueError(
+                "ray launcher: a node link needs placed, vouch and nursery together "
+                f"(given: {', '.join(given)})"
+            )
+
     @property
     def carries(self) -> bool:
         """Whether a child's channel goes over its node host's link (not a dial of its own)."""

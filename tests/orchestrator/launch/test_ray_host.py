@@ -113,3 +113,11 @@ def test_a_hosts_threads_follow_its_nodes_lanes():
     assert slots.lanes("a", "agent_slot", NODES) == 2
     assert slots.lanes("plain", "agent_slot", NODES) == 0
     assert slots.lanes("nowhere", "agent_slot", NODES) == 0
+
+
+def test_half_a_node_links_wiring_is_refused_not_quietly_dropped() -> None:
+    from orchestrator.launch._ray import RayLauncher  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match=r"placed, vouch and nursery together \(given: placed\)"):
+        RayLauncher(node_host=True, placed=lambda _link, _key: None)
+    assert not RayLauncher(node_host=True).carries  # none of it: children dial, as asked
