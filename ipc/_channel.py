@@ -37,8 +37,7 @@ from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
-from ipc._tlsstream import TLSIO
-from ipc._transport import SocketIO, StreamIO, transport_for
+from ipc._transport import MuxIO, SocketIO, Transport, transport_for
 from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message
 
 __all__ = [
@@ -85,7 +84,7 @@ class Channel:
     close_reason: str = attrs.field(default="", init=False)
     _writer: FrameWriter = attrs.field(init=False)
     _token_bytes: bytes = attrs.field(init=False)
-    _io: StreamIO | SocketIO | TLSIO = attrs.field(init=False)
+    _io: Transport = attrs.field(init=False)
     # A writer holds the turn while _sending; the _queued others park in the queue, in order.
     _sending: bool = attrs.field(default=False, init=False)
     _queued: int = attrs.field(default=0, init=False)
@@ -109,7 +108,7 @@ class Channel:
         return token_bytes(self.token)
 
     @_io.default
-    def _make_io(self) -> StreamIO | SocketIO | TLSIO:
+    def _make_io(self) -> Transport:
         return transport_for(self.stream)
 
     @_lending.default
@@ -276,6 +275,8 @@ class Channel:
                     if (work := route(frame)) is not None:
                         await self._settle(work)
                 self.initial.clear()
+                if isinstance(self._io, MuxIO):  # the link's reader routes for us
+                    self._io.sink = functools.partial(lending.route_for, self)
                 wait, read = self._io.wait, self._io.read
                 while not self.closed:
                     if lending.lent:  # a requester reads: park until it gives the socket back
@@ -287,6 +288,9 @@ class Channel:
                     lending.lendable = False  # from here until the chunk is routed
                     try:
                         await wait()
+                        if lending.handed_over:  # what the link's reader left goes first
+                            lending.handed_over = False
+                            continue
                         data = read()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         self._mark_closed("connection lost")

@@ -27,8 +27,7 @@ import trio
 from ipc._errors import FrameError
 from ipc._framing import FrameDecoder
 from ipc._handoff import Pending
-from ipc._tlsstream import TLSIO
-from ipc._transport import SocketIO, StreamIO
+from ipc._transport import SocketIO, Transport
 
 Route = Callable[[bytes], Awaitable[object] | None]
 Settle = Callable[[Awaitable[object]], Awaitable[None]]
@@ -49,7 +48,7 @@ class Reading(Protocol):
 class Lending:
     """One channel's lending state, for one run of its reader at a time."""
 
-    io: StreamIO | SocketIO | TLSIO
+    io: Transport
     log: Any
     # Set while the channel serves: the reader's decoder and routing.
     decoder: FrameDecoder | None = None
@@ -58,6 +57,8 @@ class Lending:
     lendable: bool = False
     # A requester has the socket; the reader parks.
     lent: bool = False
+    # The link's reader left work or frames, and woke the reader (route_for).
+    handed_over: bool = False
     reads: int = 0
     """Requests whose task read its own response."""
     _reader: trio.lowlevel.Task | None = None
@@ -152,6 +153,37 @@ class Lending:
                 trio.lowlevel.reschedule(reader)
         if not pending.done:
             await pending.wait()  # the reader routes the rest; the keeper keeps the deadline
+
+    def route_for(self, channel: Reading, data: bytes) -> bool:
+        """Route *data*, read for the channel's parked reader by another task (a node link's
+        reader, :class:`ipc._transport.MuxIO`), as the reader would; ``True`` when the
+        reader must take over: work to await was left, or the channel closed.
+
+        It runs on that other task, for every stream of its link, so it never raises: a
+        failure is this channel's alone (logged, the channel closed).
+        """
+        decoder, route = self.decoder, self.route
+        if decoder is None or route is None or channel.closed:
+            return True
+        try:
+            frames = decoder.feed(data)
+        except FrameError as exc:
+            self.log.warning("closing channel %s: %s", channel.owner, exc)
+            channel.flagged = True
+            channel._mark_closed("framing error")
+            return True
+        try:
+            for index, frame in enumerate(frames):  # _route_now, inline: a call fewer a read
+                if (work := route(frame)) is not None:
+                    self._work = work
+                    self._frames = frames[index + 1 :]
+                    self.handed_over = True
+                    return True
+        except Exception:
+            self.log.exception("routing a frame from %s failed", channel.owner)
+            channel._mark_closed("routing failed")
+            return True
+        return channel.closed
 
     def _route_now(self, route: Route, frames: list[bytes]) -> bool:
         """Route *frames* until one needs awaiting; ``True`` if the reader must take over."""

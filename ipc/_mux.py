@@ -62,7 +62,7 @@ from typing import Final
 import trio
 
 from ipc._errors import MuxError
-from ipc._tlsstream import OneAtATime
+from ipc._tlsstream import TLSIO, OneAtATime, SocketTLSStream
 
 __all__ = ["MAX_CHUNK", "MAX_STREAMS", "WINDOW", "MuxLink", "MuxStream"]
 
@@ -96,6 +96,8 @@ _WRITE_BATCH: Final = 256 * 1024
 _MAX_BACKLOG: Final = 4 * 1024 * 1024
 
 OnOpen = Callable[["MuxStream"], Awaitable[None]]
+#: Takes a stream's bytes on the link's reader; ``True`` to wake the stream's parked reader.
+Sink = Callable[[bytes], bool]
 
 _OPEN, _PEER_CLOSED, _BROKEN, _CLOSED = "open", "peer-closed", "broken", "closed"
 
@@ -117,6 +119,7 @@ class MuxStream(trio.abc.Stream):
         self._credit = link._window
         self._send_torn = False
         self._readable: trio.Event | None = None
+        self._sink: Sink | None = None
         self._writable: trio.Event | None = None
         self._sending = OneAtATime("another task is sending on this stream")
         self._receiving = OneAtATime("another task is receiving on this stream")
@@ -141,24 +144,55 @@ class MuxStream(trio.abc.Stream):
             await trio.lowlevel.checkpoint_if_cancelled()
             self._check_send()
             view = memoryview(data).cast("B")
-            sent, size, waited = 0, len(view), False
-            while sent < size:
-                if not self._credit:
-                    try:
-                        await self._wait_writable()
-                    except trio.Cancelled:
-                        if sent:
-                            self._send_torn = True
-                        raise
-                    waited = True
-                    self._check_send()
-                    continue
-                count = min(self._credit, MAX_CHUNK, size - sent)
-                self._credit -= count
-                self._link._queue(_HEADER.pack(self._id, DATA, count) + view[sent : sent + count])
-                sent += count
+            sent, waited = self._put(view, 0), False
+            while sent < len(view):
+                try:
+                    await self._wait_writable()
+                except trio.Cancelled:
+                    if sent:
+                        self._send_torn = True
+                    raise
+                waited = True
+                self._check_send()
+                sent = self._put(view, sent)
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def try_send(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what the stream's credit allows of *data* now, without waiting: the count.
+
+        Sent means queued on the link, or written already when its writer was idle (no task
+        wakes for it). Raises as :meth:`send_all` does for a stream that cannot send.
+        """
+        size = len(data)
+        if (  # one frame, the common case
+            0 < size <= self._credit
+            and size <= MAX_CHUNK
+            and self._state is _OPEN
+            and not self._send_torn
+            and not self._sending.held
+        ):
+            self._credit -= size
+            self._link._queue(_HEADER.pack(self._id, DATA, size) + data)
+            return size
+        with self._sending:
+            self._check_send()
+            return self._put(memoryview(data).cast("B"), 0)
+
+    @property
+    def send_torn(self) -> bool:
+        """Whether a cancelled send left part of its data queued (the stream cannot resync)."""
+        return self._send_torn
+
+    def _put(self, view: memoryview, sent: int) -> int:
+        """Queue *view* from *sent* on as far as the credit goes; the new offset."""
+        size = len(view)
+        while sent < size and self._credit:
+            count = min(self._credit, MAX_CHUNK, size - sent)
+            self._credit -= count
+            self._link._queue(_HEADER.pack(self._id, DATA, count) + view[sent : sent + count])
+            sent += count
+        return sent
 
     async def wait_send_all_might_not_block(self) -> None:
         with self._sending:
@@ -184,32 +218,58 @@ class MuxStream(trio.abc.Stream):
             if size < 1:
                 raise ValueError("max_bytes must be >= 1")
             await trio.lowlevel.checkpoint_if_cancelled()
-            while True:
-                if self._state == _CLOSED:
-                    raise trio.ClosedResourceError("the mux stream is closed")
-                if self._buffer:
-                    data = bytes(self._buffer[:size])
-                    del self._buffer[:size]
-                    self._consumed(len(data))
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    return data
-                if self._state == _PEER_CLOSED:
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    return b""
-                if self._state == _BROKEN:
-                    raise trio.BrokenResourceError(f"mux stream {self.name!r}: {self._why}")
-                event = self._readable = trio.Event()
-                try:
-                    await event.wait()
-                finally:
-                    self._readable = None
+            while (data := self.read_now(size)) is None:
+                await self._wait_data(None)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+
+    def read_now(self, max_bytes: int = MAX_CHUNK) -> bytes | None:
+        """What is buffered (at most *max_bytes*), ``b""`` once the peer closed and all is
+        read, ``None`` when nothing is in yet; raises as :meth:`receive_some` does."""
+        if self._state == _CLOSED:
+            raise trio.ClosedResourceError("the mux stream is closed")
+        if self._buffer:
+            data = bytes(self._buffer[:max_bytes])
+            del self._buffer[:max_bytes]
+            self._consumed(len(data))
+            return data
+        if self._state == _PEER_CLOSED:
+            return b""
+        if self._state == _BROKEN:
+            raise trio.BrokenResourceError(f"mux stream {self.name!r}: {self._why}")
+        return None
+
+    async def wait_readable(self, sink: "Sink | None" = None) -> None:
+        """Await until :meth:`read_now` may return something.
+
+        While parked here with nothing buffered, DATA from the link goes to *sink* as it
+        arrives, on the link's reader (the reader's task is not woken for it): the bytes are
+        the sink's from then on, and it returns ``True`` to be disarmed and this wait to end
+        (work it cannot do without awaiting). So a channel reads its stream without a hop
+        from the link's reader to its own (:class:`ipc._transport.MuxIO`). A sink must never
+        block or raise: it runs inside the link's reader, for every stream of the link.
+        """
+        with self._receiving:
+            if self._buffer or self._state != _OPEN:
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._wait_data(sink)
+
+    async def _wait_data(self, sink: "Sink | None") -> None:
+        self._sink = sink
+        event = self._readable = trio.Event()
+        try:
+            await event.wait()
+        finally:
+            self._readable = None
+            self._sink = None
 
     def _consumed(self, count: int) -> None:
         """Grant credit back once a quarter window is consumed and not yet granted."""
         if self._state != _OPEN:
             return
         self._ungranted += count
-        if self._ungranted >= max(1, self._link._window // 4):
+        if self._ungranted >= self._link._grant_at:
             self._link._queue(_HEADER.pack(self._id, CREDIT, 4) + _CREDIT.pack(self._ungranted))
             self._receivable += self._ungranted
             self._ungranted = 0
@@ -243,6 +303,16 @@ class MuxStream(trio.abc.Stream):
                 f"credit of {self._receivable} bytes; the link is closed"
             )
         self._receivable -= len(payload)
+        sink = self._sink
+        if sink is not None:  # a reader parked with nothing buffered: the bytes are its
+            self._ungranted += len(payload)
+            if self._ungranted >= self._link._grant_at:
+                self._consumed(0)
+            if sink(payload):
+                self._sink = None
+                if self._readable is not None:
+                    self._readable.set()
+            return
         self._buffer += payload
         if self._readable is not None:
             self._readable.set()
@@ -277,6 +347,7 @@ class MuxLink:
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, not {max_streams}")
         self._window = window
+        self._grant_at = max(1, window // 4)  # consumed bytes granted back as CREDIT at once
         self._stream = stream
         self._opener = opener
         self._max_streams = max_streams
@@ -286,6 +357,12 @@ class MuxLink:
         self._outgoing: deque[bytes] = deque()
         self._backlog = 0  # bytes of control frames in _outgoing
         self._wake_writer = trio.Event()
+        # A TLS door connection is read and written through its SSLSocket, as a channel
+        # does (TLSIO), and a frame goes straight onto it when nothing is queued and the
+        # writer is parked: no task wakes for it.
+        self._tls = TLSIO(stream=stream) if isinstance(stream, SocketTLSStream) else None
+        self._writing = False  # the writer is writing a batch
+        self._pinned = False  # _outgoing[0] is a write OpenSSL started: it goes next, alone
         self._ended = False
         self._failure: BaseException | None = None
         self._io: trio.CancelScope | None = None
@@ -382,6 +459,14 @@ class MuxLink:
     def _queue(self, frame: bytes) -> None:
         if self._ended:
             return
+        if self._tls is not None and not self._outgoing and not self._writing:
+            try:
+                if self._tls.try_send(frame):
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._end(trio.BrokenResourceError(f"the mux link's connection broke: {exc}"))
+                return
+            self._pinned = True  # OpenSSL may have sent part: the same bytes must follow
         self._outgoing.append(frame)
         if frame[4] in _REPLIES:
             self._backlog += len(frame)
@@ -402,51 +487,72 @@ class MuxLink:
                 self._wake_writer = trio.Event()
                 await self._wake_writer.wait()
                 continue
-            batch: list[bytes] = []
-            size = 0
-            while outgoing and size < _WRITE_BATCH:
-                frame = outgoing.popleft()
-                if frame[4] in _REPLIES:
-                    self._backlog -= len(frame)
-                batch.append(frame)
-                size += len(frame)
+            pinned, self._pinned = self._pinned, False
+            if pinned:  # a write OpenSSL started: the same bytes go next, alone
+                batch = [self._next_frame()]
+            else:
+                batch, size = [], 0
+                while outgoing and size < _WRITE_BATCH:
+                    batch.append(self._next_frame())
+                    size += len(batch[-1])
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            self._writing = True
             try:
-                await self._stream.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
+                if self._tls is None:
+                    await self._stream.send_all(data)
+                elif pinned or not (sent := self._tls.try_send(data)):
+                    await self._tls.send_rest(data, 0)
+                elif sent != len(data):
+                    await self._tls.send_rest(data, sent)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._end(trio.BrokenResourceError(f"the mux link's connection broke: {exc}"))
                 return
+            finally:
+                self._writing = False
+
+    def _next_frame(self) -> bytes:
+        frame = self._outgoing.popleft()
+        if frame[4] in _REPLIES:
+            self._backlog -= len(frame)
+        return frame
 
     # -- reading ------------------------------------------------------------------------------
 
     async def _read_loop(self, on_open: OnOpen | None) -> None:
-        buffer = bytearray()
+        tls, left = self._tls, b""  # left: the start of a frame not whole yet
         try:
             while True:
                 try:
-                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                    if tls is None:
+                        data = bytes(await self._stream.receive_some(_RECEIVE_SIZE))
+                    else:
+                        await tls.wait()
+                        if (read := tls.read(_RECEIVE_SIZE)) is None:
+                            continue
+                        data = read
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self._end(trio.BrokenResourceError(f"the mux link's connection broke: {exc}"))
                     return
                 if not data:
-                    self._end(_truncated(buffer))
+                    self._end(_truncated(left))
                     return
-                buffer += data
-                start = self._frames(buffer, on_open)
-                del buffer[:start]
+                if left:
+                    data = left + data
+                left = data[self._frames(data, on_open) :]
         except MuxError as exc:
             self._end(exc)
 
-    def _frames(self, buffer: bytearray, on_open: OnOpen | None) -> int:
-        """Act on every whole frame in *buffer*; the offset of the first one not whole."""
-        start, end = 0, len(buffer)
-        while end - start >= _HEADER.size and not self._ended:  # ended by a frame's effect
-            stream_id, kind, length = _HEADER.unpack_from(buffer, start)
-            _check_length(stream_id, kind, length)  # before waiting for (or storing) it
-            stop = start + _HEADER.size + length
+    def _frames(self, data: bytes, on_open: OnOpen | None) -> int:
+        """Act on every whole frame in *data*; the offset of the first one not whole."""
+        start, end, header = 0, len(data), _HEADER.size
+        while end - start >= header and not self._ended:  # ended by a frame's effect
+            stream_id, kind, length = _HEADER.unpack_from(data, start)
+            if kind != DATA or not 0 < length <= MAX_CHUNK:
+                _check_length(stream_id, kind, length)  # before waiting for (or storing) it
+            stop = start + header + length
             if stop > end:
                 break
-            with memoryview(buffer) as view:
-                payload = bytes(view[start + _HEADER.size : stop])
+            payload = data[start + header : stop]
             start = stop
             if kind == OPEN:
                 self._on_open_frame(stream_id, payload, on_open)
@@ -531,7 +637,7 @@ def _check_length(stream_id: int, kind: int, length: int) -> None:
         )
 
 
-def _truncated(buffer: bytearray) -> MuxError | None:
+def _truncated(buffer: bytes) -> MuxError | None:
     """The failure of a link whose connection ended with *buffer* unparsed (None if empty)."""
     if not buffer:
         return None

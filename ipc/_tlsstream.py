@@ -36,15 +36,15 @@ class OneAtATime:
 
     def __init__(self, message: str) -> None:
         self._message = message
-        self._held = False
+        self.held = False
 
     def __enter__(self) -> None:
-        if self._held:
+        if self.held:
             raise trio.BusyResourceError(self._message)
-        self._held = True
+        self.held = True
 
     def __exit__(self, *exc_info: object) -> None:
-        self._held = False
+        self.held = False
 
 
 class SocketTLSStream(trio.abc.Stream):

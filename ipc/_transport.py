@@ -1,9 +1,10 @@
 """Moving a channel's bytes: any trio stream, or a Unix socket's descriptor directly.
 
 A :class:`Channel` reads with one task (``await wait()``, then ``read()``) and writes whole
-frames, one writer at a time. For any
-``trio.abc.Stream`` it uses ``receive_some`` and ``send_all``; for the TLS door's stream the
-``SSLSocket`` directly (:class:`ipc._tlsstream.TLSIO`). For a ``trio.SocketStream`` it
+frames, one writer at a time. For any ``trio.abc.Stream`` it uses ``receive_some`` and
+``send_all``; for the TLS door's stream the ``SSLSocket`` directly
+(:class:`ipc._tlsstream.TLSIO`); for a stream of a node link the link itself (:class:`MuxIO`:
+the link's reader routes the channel's frames, no hand-off). For a ``trio.SocketStream`` it
 goes one level down — ``os.read``/``os.write`` on the descriptor, parking with
 ``trio.lowlevel.wait_readable``/``wait_writable`` — because the stream's layers (an error
 translator, a conflict detector, an async context manager around every call, an attempt to
@@ -32,6 +33,7 @@ from typing import Final
 import attrs
 import trio
 
+from ipc._mux import MuxStream, Sink
 from ipc._tlsstream import TLSIO, SocketTLSStream
 
 RECEIVE_SIZE: Final = 65536
@@ -156,10 +158,57 @@ class SocketIO:
         await self.stream.aclose()
 
 
-def transport_for(stream: trio.abc.Stream) -> StreamIO | SocketIO | TLSIO:
+@attrs.define(eq=False)
+class MuxIO:
+    """A stream of a node link (:class:`ipc.MuxStream`): a write within its credit goes
+    out at once without yielding, and while the channel's reader waits with nothing
+    buffered, the link's reader hands it the stream's bytes through :attr:`sink` (set by
+    the channel while it serves), so they are routed without waking the channel's reader.
+    """
+
+    stream: MuxStream
+    torn: bool = False
+    #: Routes bytes on the link's reader; ``True`` when the channel's reader must take over.
+    sink: Sink | None = None
+    try_send: Callable[[bytes], int] = attrs.field(init=False)
+    """Send what the stream's credit allows now, without yielding; the count sent (the
+    stream's own method: no wrapper frame per write)."""
+
+    @try_send.default
+    def _stream_try_send(self) -> Callable[[bytes], int]:
+        return self.stream.try_send
+
+    async def wait(self) -> None:
+        """Await until a read may return something (or the sink handed over)."""
+        await self.stream.wait_readable(self.sink)
+
+    def read(self) -> bytes | None:
+        """Some bytes, ``b""`` at the end, or ``None`` when nothing is buffered."""
+        return self.stream.read_now(RECEIVE_SIZE)
+
+    async def send_rest(self, data: bytes, sent: int) -> None:
+        """Send *data* from offset *sent* on, waiting for credit."""
+        try:
+            await self.stream.send_all(memoryview(data)[sent:])
+        except trio.Cancelled:
+            if sent or self.stream.send_torn:
+                self.torn = True
+            raise
+
+    async def aclose(self) -> None:
+        """Close the stream."""
+        await self.stream.aclose()
+
+
+Transport = StreamIO | SocketIO | TLSIO | MuxIO
+
+
+def transport_for(stream: trio.abc.Stream) -> Transport:
     """The fastest way to move *stream*'s bytes that keeps the channel's rules."""
     if isinstance(stream, trio.SocketStream) and os.name == "posix":
         return SocketIO(stream=stream)
     if isinstance(stream, SocketTLSStream):
         return TLSIO(stream=stream)
+    if isinstance(stream, MuxStream):
+        return MuxIO(stream=stream)
     return StreamIO(stream=stream)

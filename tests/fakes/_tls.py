@@ -13,10 +13,13 @@ import tempfile
 from pathlib import Path
 
 import attrs
+import trio
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from ipc import SocketTLSStream, tls_over
 
 _DAY = dt.timedelta(days=1)
 
@@ -98,3 +101,33 @@ class TestCA:
             )
             context.load_cert_chain(cert_file, key_file)
         return context
+
+
+async def tls_pair(
+    tmp_path: Path, nursery: trio.Nursery
+) -> tuple[SocketTLSStream, SocketTLSStream]:
+    """A connected client and server ``SocketTLSStream`` over loopback TCP, handshakes
+    done (a fresh CA; the client checks the server's certificate)."""
+    ca = TestCA()
+    server_context = ca.server_context()
+    client_context = ssl.create_default_context(cafile=str(ca.write(tmp_path / "ca.pem")))
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    accepted: list[SocketTLSStream] = []
+    ready = trio.Event()
+
+    async def accept() -> None:
+        tcp = await listener.accept()
+        server = tls_over(tcp, server_context, server_side=True)
+        await server.do_handshake()
+        accepted.append(server)
+        ready.set()
+
+    nursery.start_soon(accept)
+    client = tls_over(
+        await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1"
+    )
+    await client.do_handshake()
+    await ready.wait()
+    await listener.aclose()
+    return client, accepted[0]

@@ -1,7 +1,6 @@
 """TLS on the socket itself (``ipc._tlsstream``): what a trio stream must do, over real TLS."""
 
 import ssl
-from pathlib import Path
 
 import pytest
 import trio
@@ -9,40 +8,13 @@ import trio
 from ipc import SocketTLSStream, tls_over
 from ipc._tlsstream import TLSIO
 from ipc._transport import transport_for
-from tests.fakes._tls import TestCA
-
-
-async def _pair(tmp_path: Path, nursery: trio.Nursery) -> tuple[SocketTLSStream, SocketTLSStream]:
-    """A connected client and server over loopback TCP, handshakes done."""
-    ca = TestCA()
-    server_context = ca.server_context()
-    client_context = ssl.create_default_context(cafile=str(ca.write(tmp_path / "ca.pem")))
-    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listener.socket.getsockname()[1]
-    accepted: list[SocketTLSStream] = []
-    ready = trio.Event()
-
-    async def accept() -> None:
-        tcp = await listener.accept()
-        server = tls_over(tcp, server_context, server_side=True)
-        await server.do_handshake()
-        accepted.append(server)
-        ready.set()
-
-    nursery.start_soon(accept)
-    client = tls_over(
-        await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1"
-    )
-    await client.do_handshake()
-    await ready.wait()
-    await listener.aclose()
-    return client, accepted[0]
+from tests.fakes._tls import TestCA, tls_pair
 
 
 async def test_a_large_message_crosses_while_the_other_way_is_busy_too(tmp_path):
     payload = bytes(range(256)) * 8192  # 2 MiB: many records each way
     async with trio.open_nursery() as nursery:
-        client, server = await _pair(tmp_path, nursery)
+        client, server = await tls_pair(tmp_path, nursery)
         got: dict[str, bytes] = {"client": b"", "server": b""}
 
         async def read(name: str, stream: SocketTLSStream) -> None:
@@ -65,7 +37,7 @@ async def test_a_large_message_crosses_while_the_other_way_is_busy_too(tmp_path)
 
 async def test_a_closed_stream_refuses_use_and_a_second_sender_is_busy(tmp_path):
     async with trio.open_nursery() as nursery:
-        client, server = await _pair(tmp_path, nursery)
+        client, server = await tls_pair(tmp_path, nursery)
         broken = trio.Event()
 
         async def hog() -> None:
@@ -110,7 +82,7 @@ async def test_the_channels_tls_transport_moves_large_frames_both_ways_at_once(t
     # retried with the same bytes as OpenSSL requires) while the other side reads.
     payload = bytes(range(256)) * 32768  # 8 MiB: the socket buffers fill, writes must wait
     async with trio.open_nursery() as nursery:
-        client, server = await _pair(tmp_path, nursery)
+        client, server = await tls_pair(tmp_path, nursery)
         ends = {"client": transport_for(client), "server": transport_for(server)}
         assert all(isinstance(io, TLSIO) for io in ends.values())
         got = {"client": bytearray(), "server": bytearray()}
@@ -154,7 +126,7 @@ async def test_a_write_that_needs_a_read_first_polls_instead_of_spinning(tmp_pat
     # writable all the while, so waiting on writability would retry the write at once, over
     # and over, until the read came: a core busy for as long. The retry polls instead.
     async with trio.open_nursery() as nursery:
-        client, server = await _pair(tmp_path, nursery)
+        client, server = await tls_pair(tmp_path, nursery)
         sock, io = client.socket, transport_for(client)
         real_send, calls = sock.send, []
         until = trio.current_time() + 0.1
