@@ -36,6 +36,7 @@ from cryptography import x509
 import ipc
 from orchestrator.launch._node_key import key_pem, new_key_and_csr
 from orchestrator.launch._node_loop import NodeLoop
+from orchestrator.launch._node_relay import Relay
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -47,7 +48,6 @@ log = logging.getLogger("orchestrator")
 #: How long dialling the door and its handshake may take.
 DIAL_S = 30.0
 #: The most bytes one relay read takes from a child's connection.
-_CHUNK = 65536
 
 
 class NodeLink:
@@ -147,31 +147,7 @@ class NodeLink:
         except BaseException:
             connection.close()
             raise
-        self._loop.nursery.start_soon(_relay, connection, stream)
-
-
-async def _relay(connection: socket.socket, stream: trio.abc.Stream) -> None:
-    """Copy bytes both ways between a child's connection and its stream on the link until
-    either side ends; then close both (the other side sees its end of file)."""
-    child = trio.SocketStream(trio.socket.from_stdlib_socket(connection))
-
-    async def pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            while data := await source.receive_some(_CHUNK):
-                await sink.send_all(data)
-        nursery.cancel_scope.cancel()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump, child, stream)
-            nursery.start_soon(pump, stream, child)
-    except Exception as exc:  # never into the loop
-        log.info("a child's relay ended: %r", exc)
-    finally:
-        with trio.CancelScope(shield=True):
-            for end in (stream, child):
-                with contextlib.suppress(Exception):
-                    await end.aclose()
+        self._loop.nursery.start_soon(Relay(connection, stream).run)
 
 
 def _load_chain(context: ssl.SSLContext, pem: bytes) -> None:
