@@ -29,10 +29,18 @@ The rules, because the peer may be hostile:
 
 - The link's reader never waits on a stream's consumer: a stalled stream holds at most its
   window and never blocks its siblings (an acceptor buffers at most ``max_streams`` windows
-  in all). Frames go out through one writer task fed by a queue, so a cancelled
+  in all). A stream's reader parked in :meth:`MuxStream.wait_readable` may take its DATA
+  on the link's reader instead (a *sink*, which must neither block nor raise: a channel
+  routes its frames there, a relay writes them to its child's socket), so no task wakes
+  for it.
+- Frames go out through one writer task fed by a queue, so a cancelled
   :meth:`MuxStream.send_all` never tears the link; the queue holds at most the streams'
   credit in DATA, plus control frames (a peer that lets the CREDIT and CLOSE frames its own
-  frames cause pile past :data:`_MAX_BACKLOG` bytes without reading ends the link).
+  frames cause pile past :data:`_MAX_BACKLOG` bytes without reading ends the link). Over a
+  TLS door connection a frame skips the queue when it is empty and the writer idle: the
+  sending task writes it to the ``SSLSocket`` itself, synchronously (so nothing cancels it
+  halfway either), and no task wakes; one OpenSSL could not finish goes first and alone
+  through the writer, with the very same bytes, as OpenSSL requires.
 - A protocol violation ends the whole link with :class:`~ipc.MuxError`: DATA beyond its
   credit or empty, a payload longer than its kind allows (checked from the header, before the
   payload is read), an unknown kind, OPEN from the acceptor or with an id not above the last
