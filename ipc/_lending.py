@@ -103,6 +103,7 @@ class Lending:
     def stop(self) -> None:
         """The reader ends: nothing is lent any more, leftover work is dropped."""
         self.lendable = False
+        self.handed_over = False
         self.route = None
         work, self._work = self._work, None
         self._frames = []
@@ -166,19 +167,17 @@ class Lending:
         if decoder is None or route is None or channel.closed:
             return True
         try:
-            frames = decoder.feed(data)
-        except FrameError as exc:
-            self.log.warning("closing channel %s: %s", channel.owner, exc)
-            channel.flagged = True
-            channel._mark_closed("framing error")
-            return True
-        try:
-            for index, frame in enumerate(frames):  # _route_now, inline: a call fewer a read
+            for index, frame in enumerate(frames := decoder.feed(data)):  # _route_now, inline
                 if (work := route(frame)) is not None:
                     self._work = work
                     self._frames = frames[index + 1 :]
                     self.handed_over = True
                     return True
+        except FrameError as exc:
+            self.log.warning("closing channel %s: %s", channel.owner, exc)
+            channel.flagged = True
+            channel._mark_closed("framing error")
+            return True
         except Exception:
             self.log.exception("routing a frame from %s failed", channel.owner)
             channel._mark_closed("routing failed")

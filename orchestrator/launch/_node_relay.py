@@ -123,7 +123,7 @@ class Relay:
         ``True`` (the relay's task takes over) when the socket did not take it all."""
         sent = self._write(data)
         if sent == len(data):
-            return False
+            return self._child_gone  # gone: the relay's task wakes to end the relay
         self._pending = data[sent:]
         return True
 

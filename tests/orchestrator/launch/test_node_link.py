@@ -136,7 +136,9 @@ async def test_children_relayed_over_one_link_attach_and_the_link_redials_a_move
             second = await door.open_for("a2", nursery)
             assert second != first
             assert await child(second, "a2", "u" * 43) == "ok"  # dialled again, there
-            assert await child(second, "zz", "t" * 43) == "refused: eof"  # placed nowhere
+            # Placed nowhere: the door closes its stream at once, so the child finds its
+            # connection ended at its hello, or already before it wrote it.
+            assert await child(second, "zz", "t" * 43) in {"refused: eof", "refused: hello"}
             door.release("a2")
     assert fleet.attached == [f"a1 via {LINK}", f"a2 via {LINK}"]
     assert fleet.refused == [("link", "zz")]

@@ -205,3 +205,17 @@ async def test_the_link_breaking_gives_every_child_its_end_of_file(
             child = trio_socket(theirs)
             assert await child.receive_some() == b""
             await child.aclose()
+
+
+async def test_a_child_that_stops_reading_for_good_ends_its_relay(
+    carried: Carried, nursery: trio.Nursery
+):
+    """A child that shut its reading side down can never take its channel's bytes: the
+    relay ends at the first it cannot write, though the child could still write."""
+    _, theirs = await carried.child(nursery, "deaf")
+    theirs.shutdown(socket.SHUT_RD)
+    with trio.fail_after(CEILING):
+        door = await carried.door("deaf")
+        await door.send_all(b"hello?")
+        assert await door.receive_some() == b""  # the relay ended and closed the stream
+    theirs.close()
