@@ -1,8 +1,6 @@
 """Many streams over one link (``ipc._mux``): real socket pairs, honest and hostile peers."""
 
 import os
-import random
-import socket
 import struct
 
 import pytest
@@ -11,21 +9,10 @@ import trio
 import ipc
 from ipc import MuxError, MuxLink, MuxStream
 from ipc._mux import CLOSE, CREDIT, DATA, MAX_CHUNK, OPEN
+from tests.fakes._streams import rng, socket_pair
 
 CEILING = 20
 HEADER = struct.Struct(">IBI")
-
-
-def rng(seed: int | str) -> random.Random:
-    return random.Random(seed)  # noqa: S311 - reproducible test bytes, not a secret
-
-
-def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    a, b = socket.socketpair()
-    return (
-        trio.SocketStream(trio.socket.from_stdlib_socket(a)),
-        trio.SocketStream(trio.socket.from_stdlib_socket(b)),
-    )
 
 
 def frame(stream_id: int, kind: int, payload: bytes = b"") -> bytes:

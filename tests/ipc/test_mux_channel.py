@@ -3,9 +3,7 @@ once, frames the link's reader routes for the channel, over real sockets and rea
 
 import logging
 import os
-import random
 import select
-import socket
 
 import pytest
 import trio
@@ -17,23 +15,12 @@ from ipc._dispatch import Dispatch
 from ipc._mux import MAX_CHUNK
 from ipc._tlsstream import TLSIO
 from ipc._transport import MuxIO, transport_for
+from tests.fakes._streams import rng, socket_pair
 from tests.fakes._tls import tls_pair
 from tests.ipc.conftest import Served
 
 CEILING = 20
 OWNER = "a1"
-
-
-def rng(seed: int | str) -> random.Random:
-    return random.Random(seed)  # noqa: S311 - reproducible test bytes, not a secret
-
-
-def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    a, b = socket.socketpair()
-    return (
-        trio.SocketStream(trio.socket.from_stdlib_socket(a)),
-        trio.SocketStream(trio.socket.from_stdlib_socket(b)),
-    )
 
 
 async def links(nursery, on_open, ends=None, **options):

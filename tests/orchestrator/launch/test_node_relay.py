@@ -2,7 +2,6 @@
 stream on a real link, bytes whole both ways, a child that never reads held to one window,
 and every way one side ends closing the other."""
 
-import random
 import socket
 
 import pytest
@@ -11,12 +10,9 @@ import trio
 import ipc
 from ipc._mux import WINDOW
 from orchestrator.launch._node_relay import CHUNK, Relay
+from tests.fakes._streams import rng
 
 CEILING = 20
-
-
-def rng(seed: int | str) -> random.Random:
-    return random.Random(seed)  # noqa: S311 - reproducible test bytes, not a secret
 
 
 def trio_socket(sock: socket.socket) -> trio.SocketStream:
