@@ -2,9 +2,10 @@
 
 A :class:`Channel` wraps a connected trio stream whose peer has already been authenticated (see
 :func:`ipc.accept_hello` for the server side and :func:`ipc.open_client` for the client side).
-One task at a time reads from it — :meth:`Channel.serve`'s reader, or a requester the
-reader lends the socket to so that it reads its own response (:mod:`ipc._lending`) — through
-one decoder, so no frame is split between two readers or routed out of order. What the
+One task at a time reads from it — :meth:`Channel.serve`'s reader, a requester the
+reader lends the socket to so that it reads its own response, or, over a stream of a node
+link, the link's reader while the channel's waits (:mod:`ipc._lending`) — through one decoder,
+so no frame is split between two readers or routed out of order. What the
 reader does with each frame is
 :mod:`ipc._dispatch`'s job; it never runs an async request handler itself, so a long
 ``question`` never blocks it. The bytes move through :mod:`ipc._transport`, and the channel

@@ -16,6 +16,11 @@ it are left to the reader, in order, and the lender waits for its response as us
 deadline is kept by the deadline keeper, which wakes it on a duplicate of the descriptor
 that only lenders wait on (:meth:`ipc._transport.SocketIO.interrupt_lender`). The lender
 gives the socket back however it leaves: answered, timed out, cancelled, or closed.
+
+A node link's reader reads for a channel the same way (:meth:`Lending.route_for`): while the
+channel's reader waits on a stream of the link with nothing buffered, the link's reader
+decodes and routes the stream's bytes itself, and leaves the reader only what must be awaited,
+with every frame after it, in order (:attr:`Lending.handed_over`).
 """
 
 from collections.abc import Awaitable, Callable
