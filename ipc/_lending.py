@@ -172,12 +172,9 @@ class Lending:
         if decoder is None or route is None or channel.closed:
             return True
         try:
-            for index, frame in enumerate(frames := decoder.feed(data)):  # _route_now, inline
-                if (work := route(frame)) is not None:
-                    self._work = work
-                    self._frames = frames[index + 1 :]
-                    self.handed_over = True
-                    return True
+            if self._route_now(route, decoder.feed(data)):
+                self.handed_over = True
+                return True
         except FrameError as exc:
             self.log.warning("closing channel %s: %s", channel.owner, exc)
             channel.flagged = True

@@ -172,29 +172,26 @@ class MuxStream(trio.abc.Stream):
         Sent means queued on the link, or written already when its writer was idle (no task
         wakes for it). Raises as :meth:`send_all` does for a stream that cannot send.
         """
-        size = len(data)
-        if (  # one frame, the common case
-            0 < size <= self._credit
-            and size <= MAX_CHUNK
-            and self._state is _OPEN
-            and not self._send_torn
-            and not self._sending.held
-        ):
-            self._credit -= size
-            self._link._queue(_HEADER.pack(self._id, DATA, size) + data)
-            return size
-        with self._sending:
-            self._check_send()
-            return self._put(memoryview(data).cast("B"), 0)
+        if self._sending.held or self._state is not _OPEN or self._send_torn:
+            with self._sending:  # raises as send_all would (BusyResourceError if it runs)
+                self._check_send()
+        return self._put(data.cast("B") if isinstance(data, memoryview) else data, 0)
 
     @property
     def send_torn(self) -> bool:
         """Whether a cancelled send left part of its data queued (the stream cannot resync)."""
         return self._send_torn
 
-    def _put(self, view: memoryview, sent: int) -> int:
-        """Queue *view* from *sent* on as far as the credit goes; the new offset."""
-        size = len(view)
+    def _put(self, data: bytes | bytearray | memoryview, sent: int) -> int:
+        """Queue *data* (bytes, or a memoryview of them) from *sent* on as far as the credit
+        goes; the new offset."""
+        size = len(data)
+        if not sent and size <= self._credit and size <= MAX_CHUNK:  # one frame, most often
+            if size:
+                self._credit -= size
+                self._link._queue(_HEADER.pack(self._id, DATA, size) + data)
+            return size
+        view = memoryview(data)
         while sent < size and self._credit:
             count = min(self._credit, MAX_CHUNK, size - sent)
             self._credit -= count
@@ -313,9 +310,7 @@ class MuxStream(trio.abc.Stream):
         self._receivable -= len(payload)
         sink = self._sink
         if sink is not None:  # a reader parked with nothing buffered: the bytes are its
-            self._ungranted += len(payload)
-            if self._ungranted >= self._link._grant_at:
-                self._consumed(0)
+            self._consumed(len(payload))
             if sink(payload):
                 self._sink = None
                 if self._readable is not None:
@@ -508,9 +503,7 @@ class MuxLink:
             try:
                 if self._tls is None:
                     await self._stream.send_all(data)
-                elif pinned or not (sent := self._tls.try_send(data)):
-                    await self._tls.send_rest(data, 0)
-                elif sent != len(data):
+                elif (sent := 0 if pinned else self._tls.try_send(data)) != len(data):
                     await self._tls.send_rest(data, sent)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._end(trio.BrokenResourceError(f"the mux link's connection broke: {exc}"))
