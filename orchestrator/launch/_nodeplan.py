@@ -19,6 +19,7 @@ never more.
 """
 
 import os
+import secrets
 import stat
 import sys
 import tempfile
@@ -47,6 +48,7 @@ __all__ = [
     "NODE_HEX",
     "NODE_PREFIX",
     "NodePlan",
+    "node_directory_name",
     "node_directory_of",
     "node_root",
     "node_roots",
@@ -149,6 +151,13 @@ def _usable(root: str, free: int) -> bool:
         and os.access(root, os.W_OK | os.X_OK)
         and space.f_bavail * space.f_frsize >= free
     )
+
+
+def node_directory_name(session: str, key: str) -> str:
+    """A fresh, unpredictable name for child *key*'s node directory in a root of them
+    (``fleet-node-SESSION-KEY-<32 hex>``): made by its node, or named by the supervisor for a
+    launch that makes it (:func:`node_directory_of` checks either)."""
+    return f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
 
 
 def node_directory_of(path: str, session: str, key: str) -> Path:

@@ -59,7 +59,6 @@ import datetime as dt
 import functools
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +71,7 @@ from cryptography import x509
 import ipc
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
-from orchestrator.launch._nodeplan import NODE_HEX, NODE_PREFIX, NodePlan
+from orchestrator.launch._nodeplan import NodePlan, node_directory_name
 from orchestrator.launch._ray_exits import HostExits
 from orchestrator.launch._ray_host import (
     HostedChild,
@@ -402,8 +401,7 @@ class RayLauncher:
         if not ray_module().is_initialized():
             await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
         child, _ = await self._hosted(key, None)
-        name = f"{NODE_PREFIX}{self.session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
-        directory = os.path.join(child.root, name)
+        directory = os.path.join(child.root, node_directory_name(self.session, key))
         self._opened[key] = child
         self._dirs[key] = directory
         self._queued[key] = [("make_node", (self.session, key, directory))]

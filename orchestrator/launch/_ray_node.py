@@ -12,7 +12,6 @@ child ends.
 import contextlib
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -37,10 +36,9 @@ from orchestrator.launch._node_exits import TAIL
 from orchestrator.launch._node_key import make_node_key
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import (
-    NODE_HEX,
-    NODE_PREFIX,
     NodePlan,
     NodeStart,
+    node_directory_name,
     node_directory_of,
     node_root,
     node_roots,
@@ -294,8 +292,7 @@ class ChildActor:
                 raise RuntimeError(f"node directory: {path!r} is in none of this node's roots")
             directory = path
         else:
-            name = f"{NODE_PREFIX}{session}-{key}-{secrets.token_hex(NODE_HEX // 2)}"
-            directory = os.path.join(node_root(), name)
+            directory = os.path.join(node_root(), node_directory_name(session, key))
         os.mkdir(directory, 0o700)  # FileExistsError for anything already there
         self.node_dir = directory
         info = os.lstat(directory)
