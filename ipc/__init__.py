@@ -57,7 +57,7 @@ from ipc._messages import decode_envelope, encode_envelope
 from ipc._mux import MuxLink, MuxStream
 from ipc._prepare import prepare_codecs
 from ipc._requests import DEFAULT_TIMEOUT, check_timeout
-from ipc._tlsstream import SocketTLSStream, tls_over
+from ipc._tlsstream import SocketTLSStream, drop_unread, tls_over
 from ipc._types import (
     MESSAGE_TYPES,
     NO_DEADLINE_TYPES,
@@ -139,6 +139,7 @@ __all__ = [
     "connect_tls",
     "decode_envelope",
     "derive_token",
+    "drop_unread",
     "encode_envelope",
     "encode_frame",
     "ensure_private_dir",

@@ -21,7 +21,7 @@ from typing import Final
 import attrs
 import trio
 
-__all__ = ["TLSIO", "OneAtATime", "SocketTLSStream", "tls_over"]
+__all__ = ["TLSIO", "OneAtATime", "SocketTLSStream", "drop_unread", "tls_over"]
 
 #: The most bytes one read asks OpenSSL for.
 RECEIVE_SIZE: Final = 65536
@@ -114,7 +114,7 @@ class SocketTLSStream(trio.abc.Stream):
         if not self._closed:
             self._closed = True
             trio.lowlevel.notify_closing(self._sock)
-            _drain(self._sock.fileno())
+            drop_unread(self._sock.fileno())
             self._sock.close()
         await trio.lowlevel.checkpoint()
 
@@ -212,9 +212,10 @@ class TLSIO:
         await self.stream.aclose()
 
 
-def _drain(fd: int) -> None:
-    """Read and drop what the peer sent that TLS never read (a plain-TCP client's bytes
-    after a failed handshake), so the close is a FIN, not a reset."""
+def drop_unread(fd: int) -> None:
+    """Read and drop what the peer of non-blocking socket *fd* sent and nobody will read (a
+    plain-TCP client's bytes after a failed handshake; a child's hello its door refused before
+    it came), so that the close is an end of file for the peer, not a reset; at most 1 MiB."""
     for _ in range(_DRAIN_READS):
         try:
             if not os.read(fd, 65536):

@@ -47,7 +47,6 @@ log = logging.getLogger("orchestrator")
 
 #: How long dialling the door and its handshake may take.
 DIAL_S = 30.0
-#: The most bytes one relay read takes from a child's connection.
 
 
 class NodeLink:

@@ -30,12 +30,10 @@ import trio
 
 import ipc
 
-log = logging.getLogger("fleet.launch")
+log = logging.getLogger("orchestrator")
 
 #: The most bytes one read from the child's socket takes.
 CHUNK: Final = 65536
-#: The most reads that drop a child's unread bytes at the end (a chunk each).
-_DRAIN_READS: Final = 16
 
 
 class Relay:
@@ -62,18 +60,8 @@ class Relay:
                 with contextlib.suppress(Exception):
                     await self._stream.aclose()
                 trio.lowlevel.notify_closing(self._connection)  # trio's rule: notify, then close
-                self._drop_unread()
+                ipc.drop_unread(self._fd)  # so the child sees its end of file, not a reset
                 self._connection.close()
-
-    def _drop_unread(self) -> None:
-        """Read and drop what the child sent and nobody will read (a hello the door refused
-        before it came), so that it sees its end of file, not a reset connection."""
-        for _ in range(_DRAIN_READS):
-            try:
-                if not os.read(self._fd, CHUNK):
-                    return
-            except OSError:  # nothing more now (non-blocking), or gone already
-                return
 
     @staticmethod
     async def _ended_by(direction: Callable[[], Awaitable[None]], nursery: trio.Nursery) -> None:
