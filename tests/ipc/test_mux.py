@@ -9,7 +9,7 @@ import trio
 import ipc
 from ipc import MuxError, MuxLink, MuxStream
 from ipc._mux import CLOSE, CREDIT, DATA, MAX_CHUNK, OPEN
-from tests.fakes._streams import rng, socket_pair
+from tests.fakes._streams import linked, receive_exactly, rng, socket_pair
 
 CEILING = 20
 HEADER = struct.Struct(">IBI")
@@ -57,28 +57,9 @@ class Recording(trio.abc.Stream):
         await self.inner.aclose()
 
 
-async def linked(nursery, on_open, *, wrap=lambda stream: stream, **options):
-    """An opener and an acceptor over a real socket pair, both serving in *nursery*."""
-    a, b = socket_pair()
-    opener = MuxLink(wrap(a), opener=True, **options)
-    acceptor = MuxLink(wrap(b), opener=False, **options)
-    await nursery.start(acceptor.run, on_open)
-    await nursery.start(opener.run)
-    return opener, acceptor
-
-
 async def echo(stream: MuxStream) -> None:
     while data := await stream.receive_some():
         await stream.send_all(data)
-
-
-async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
-    got = bytearray()
-    while len(got) < size:
-        chunk = await stream.receive_some(size - len(got))
-        assert chunk, f"closed after {len(got)} of {size} bytes"
-        got += chunk
-    return bytes(got)
 
 
 async def receive_all(stream: trio.abc.ReceiveStream) -> bytes:

@@ -15,22 +15,12 @@ from ipc._dispatch import Dispatch
 from ipc._mux import MAX_CHUNK
 from ipc._tlsstream import TLSIO
 from ipc._transport import MuxIO, transport_for
-from tests.fakes._streams import rng, socket_pair
+from tests.fakes._streams import linked, rng
 from tests.fakes._tls import tls_pair
 from tests.ipc.conftest import Served
 
 CEILING = 20
 OWNER = "a1"
-
-
-async def links(nursery, on_open, ends=None, **options):
-    """An opener and an acceptor serving in *nursery*, over *ends* (a socket pair by default)."""
-    a, b = ends or socket_pair()
-    opener = MuxLink(a, opener=True, **options)
-    acceptor = MuxLink(b, opener=False, **options)
-    await nursery.start(acceptor.run, on_open)
-    await nursery.start(opener.run)
-    return opener, acceptor
 
 
 def door(wire, serve_channel, nursery, served: dict[str, Served], **handlers):
@@ -80,7 +70,7 @@ async def test_a_mux_stream_gets_the_link_transport_and_a_write_within_credit_ne
         while data := await stream.receive_some():
             received.append(data)
 
-    opener, _ = await links(nursery, on_open, window=1024)
+    opener, _ = await linked(nursery, on_open, window=1024)
     io = transport_for(opener.open("s"))
     assert isinstance(io, MuxIO)
     with trio.testing.assert_no_checkpoints():
@@ -141,7 +131,7 @@ async def test_over_tls_frames_stay_whole_when_the_socket_fills_mid_write(
         while data := await stream.receive_some():
             received[stream.name] += data
 
-    opener, _ = await links(nursery, on_open, await tls_pair(tmp_path, nursery))
+    opener, _ = await linked(nursery, on_open, await tls_pair(tmp_path, nursery))
 
     async def send(name: str, data: bytes) -> None:
         stream = opener.open(name)
@@ -184,7 +174,7 @@ async def test_events_stay_in_order_when_their_handler_makes_the_reader_take_ove
         seen.append(envelope.body.text)  # type: ignore[union-attr]
 
     served: dict[str, Served] = {}
-    opener, _ = await links(nursery, door(wire, serve_channel, nursery, served, on_event=on_event))
+    opener, _ = await linked(nursery, door(wire, serve_channel, nursery, served, on_event=on_event))
     channel = await client(wire, opener, "child")
     nursery.start_soon(channel.serve, nothing, ignore)
     with trio.fail_after(CEILING):
@@ -201,7 +191,7 @@ async def test_a_framing_error_closes_that_channel_and_spares_the_link(
     wire, serve_channel, nursery
 ):
     served: dict[str, Served] = {}
-    opener, _ = await links(nursery, door(wire, serve_channel, nursery, served))
+    opener, _ = await linked(nursery, door(wire, serve_channel, nursery, served))
     sibling = await client(wire, opener, "sibling", owner="a2")
     nursery.start_soon(sibling.serve, nothing, ignore)
     hostile = opener.open("hostile")
@@ -219,7 +209,7 @@ async def test_a_framing_error_closes_that_channel_and_spares_the_link(
 
 async def test_invalid_frames_are_dropped_and_counted_as_on_a_socket(wire, serve_channel, nursery):
     served: dict[str, Served] = {}
-    opener, _ = await links(nursery, door(wire, serve_channel, nursery, served))
+    opener, _ = await linked(nursery, door(wire, serve_channel, nursery, served))
     hostile = opener.open("hostile")
     await hostile.send_all(wire.frame(ipc.Hello(pid=os.getpid()), corr="0"))
     assert await hostile.receive_some()
@@ -247,7 +237,7 @@ async def test_a_failure_while_routing_closes_only_that_channel(
 
     monkeypatch.setattr(Dispatch, "route", failing)
     served: dict[str, Served] = {}
-    opener, acceptor = await links(nursery, door(wire, serve_channel, nursery, served))
+    opener, acceptor = await linked(nursery, door(wire, serve_channel, nursery, served))
     victim = await client(wire, opener, "victim")
     sibling = await client(wire, opener, "sibling", owner="a2")
     for channel in (victim, sibling):

@@ -10,7 +10,7 @@ import trio
 import ipc
 from ipc._mux import WINDOW
 from orchestrator.launch._node_relay import CHUNK, Relay
-from tests.fakes._streams import rng
+from tests.fakes._streams import linked, receive_exactly, rng
 
 CEILING = 20
 
@@ -29,11 +29,7 @@ class Carried:
         self.acceptor: ipc.MuxLink
 
     async def start(self, nursery: trio.Nursery) -> None:
-        a, b = socket.socketpair()
-        self.opener = ipc.MuxLink(trio_socket(a), opener=True)
-        self.acceptor = ipc.MuxLink(trio_socket(b), opener=False)
-        await nursery.start(self.acceptor.run, self._on_open)
-        await nursery.start(self.opener.run)
+        self.opener, self.acceptor = await linked(nursery, self._on_open)
 
     async def _on_open(self, stream: ipc.MuxStream) -> None:
         async with self.opened:
@@ -60,15 +56,6 @@ async def carried(nursery: trio.Nursery) -> Carried:
     link = Carried()
     await link.start(nursery)
     return link
-
-
-async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
-    got = bytearray()
-    while len(got) < size:
-        chunk = await stream.receive_some(CHUNK)
-        assert chunk, f"ended after {len(got)} of {size} bytes"
-        got += chunk
-    return bytes(got)
 
 
 async def test_bytes_cross_whole_both_ways_at_once(carried: Carried, nursery: trio.Nursery):
