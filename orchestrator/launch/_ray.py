@@ -603,8 +603,7 @@ class RayLauncher:
         start. *carried*: the child whose channel its host's link carries (the door is told
         first)."""
         done = await self._first_steps(actor, calls, carried)
-        started = [i for i, (name, _) in enumerate(calls) if name == "start"][-1]
-        info: dict[str, Any] = done[started]
+        info: dict[str, Any] = done[-2] if calls[-1][0] == "watch" else done[-1]
         if "refused" in info:  # its node cannot sandbox it (or will not take the plan)
             raise PolicyError(str(info["refused"]), hint=str(info.get("hint") or ""))
         return info
