@@ -139,14 +139,56 @@ class Channel:
             await self._take_turn()
         else:
             self._sending = True
-        io = self._io
         try:
             # A cancellation delivered here has written nothing: the stream is intact.
             await trio.lowlevel.checkpoint_if_cancelled()
-            sent = io.try_send(frame)
-            waited = sent != len(frame)
-            if waited:
-                await io.send_rest(frame, sent)
+            sent = self._try_send(frame)
+        except BaseException:
+            self._end_turn()
+            raise
+        if sent == len(frame):
+            self._end_turn()
+            return False
+        await self._write_rest(frame, sent)
+        return True
+
+    def _answer_now(self, frame: bytes) -> Awaitable[object] | None:
+        """Write *frame*, an answer the reader gives, without awaiting when nothing else is
+        being written and the transport takes it whole; else what is left to await (the rest
+        of the frame, or the whole write behind the others), in the same FIFO order.
+
+        Whoever routes frames calls this: the channel's reader, a requester it lent the
+        socket to, or a node link's reader, which must not wake the channel's reader for an
+        answer that can go out now. An answer that cannot go out any more is logged, as
+        :meth:`_settle` does.
+        """
+        if self._sending or self.closed:
+            return self._write(frame)
+        self._sending = True
+        try:
+            sent = self._try_send(frame)
+        except ChannelClosed:
+            self._end_turn()
+            log.debug("could not answer on %s: closed", self.owner)
+            return None
+        if sent == len(frame):
+            self._end_turn()
+            return None
+        return self._write_rest(frame, sent)
+
+    def _try_send(self, frame: bytes) -> int:
+        """What of *frame* the transport takes now; the caller holds the turn to write."""
+        try:
+            return self._io.try_send(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._mark_closed("send failed")
+            raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
+
+    async def _write_rest(self, frame: bytes, sent: int) -> None:
+        """Write *frame* from offset *sent* on, then pass the turn to write on."""
+        io = self._io
+        try:
+            await io.send_rest(frame, sent)
         except trio.Cancelled:
             if io.torn:
                 # Part of the frame may be on the wire; the peer can never resync.
@@ -156,11 +198,13 @@ class Channel:
             self._mark_closed("send failed")
             raise ChannelClosed(f"channel to {self.owner} broke while sending: {exc}") from None
         finally:
-            if self._queued:
-                self._send_queue.unpark()  # the turn passes on; _sending stays set
-            else:
-                self._sending = False
-        return waited
+            self._end_turn()
+
+    def _end_turn(self) -> None:
+        if self._queued:
+            self._send_queue.unpark()  # the turn passes on; _sending stays set
+        else:
+            self._sending = False
 
     async def _take_turn(self) -> None:
         """Wait for the turn to write, behind the writers already queued."""

@@ -58,6 +58,9 @@ class Connection(Protocol):
     async def _write(self, frame: bytes) -> bool:
         """Write one whole frame, in order behind the frames already queued."""
 
+    def _answer_now(self, frame: bytes) -> Awaitable[object] | None:
+        """Write an answer now if it can go out whole; else what is left to await."""
+
     def _drop(self, reason: str, detail: str) -> None:
         """Count an invalid frame; enough of them close the channel."""
 
@@ -86,9 +89,10 @@ class Dispatch:
     def route(self, frame: bytes) -> Awaitable[object] | None:
         """Check one frame and deliver it; what is left for the reader to await, if anything.
 
-        A response is handed to its requester here; an event, a replayed request or an
-        immediate answer comes back as the work to await; any other request goes to the
-        worker or a task of its own.
+        A response is handed to its requester here; an event comes back as the work to await;
+        a replayed request's or an immediate answer goes out at once if it can (else the rest
+        of its write is the work to await); any other request goes to the worker or a task of
+        its own.
         """
         channel = self.channel
         if channel.closed:  # frames after a close-worthy drop are ignored
@@ -120,7 +124,7 @@ class Dispatch:
             recorded = replies[corr]
             if recorded is None:  # still running: its response goes out once
                 return None
-            return channel._write(recorded)
+            return channel._answer_now(recorded)
         replies[corr] = None  # running: a replay meanwhile gets nothing, then the response
         if len(replies) > REPLAY_CACHE:
             replies.popitem(last=False)
@@ -130,7 +134,7 @@ class Dispatch:
             log.exception("handler for %s from %s failed", type_, channel.owner)
             response = Reply(ok=False, error=f"{type_} failed: {exc}")
         if response is not None:
-            return channel._write(self._response_frame(corr, type_, response))
+            return channel._answer_now(self._response_frame(corr, type_, response))
         # Built only for the async handler: an immediate answer never needs it.
         envelope = _envelope(parts)
         if not self.worker.offer(envelope):

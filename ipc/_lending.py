@@ -10,8 +10,9 @@ reads until its response comes (:meth:`Lending.read_for`), while the reader park
 after the first is one wake-up on this side.
 
 The lender reads exactly as the reader does: the same decoder, the same routing (token,
-owner, replay cache, drops), the same close and framing rules. Only what the reader must
-await (an event handler, an answer to write) it does not do: that work and every frame after
+owner, replay cache, drops, immediate answers written at once), the same close and framing
+rules. Only what the reader must await (an event handler, the rest of an answer the socket
+did not take whole) it does not do: that work and every frame after
 it are left to the reader, in order, and the lender waits for its response as usual. Its
 deadline is kept by the deadline keeper, which wakes it on a duplicate of the descriptor
 that only lenders wait on (:meth:`ipc._transport.SocketIO.interrupt_lender`). The lender

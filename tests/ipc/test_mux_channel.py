@@ -1,6 +1,7 @@
 """A channel over a stream of a node link (``ipc._transport.MuxIO``): writes that go out at
 once, frames the link's reader routes for the channel, over real sockets and real TLS."""
 
+import collections
 import logging
 import os
 import select
@@ -185,6 +186,86 @@ async def test_events_stay_in_order_when_their_handler_makes_the_reader_take_ove
         await until(lambda: len(seen) == 300)
     assert seen == [f"e{n}" for n in range(300)]
     assert len(served["child"].requests) == 6
+
+
+class Steps(trio.abc.Instrument):
+    """Counts each task's steps."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[trio.lowlevel.Task] = collections.Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.counts[task] += 1
+
+
+def immediate_door(wire, nursery, readers: list[trio.lowlevel.Task], size: int = 0):
+    """An acceptor's on_open that serves its channel on the stream's own task, answering
+    ``ownership`` on the reader (as the supervisor does) with *size* bytes of data."""
+
+    def immediate(body: ipc.Message) -> ipc.Message | None:
+        if isinstance(body, ipc.Ownership):
+            return ipc.Reply(ok=True, data={"paths": body.paths, "pad": "p" * size})
+        return None
+
+    async def on_open(stream: MuxStream) -> None:
+        server, hello = await ipc.accept_hello(stream, wire.lookup, peer_checked=True)
+        await server.reply(hello.corr, ipc.Reply(ok=True))
+        readers.append(trio.lowlevel.current_task())
+        await server.serve(nothing, ignore, immediate=immediate)
+
+    return on_open
+
+
+async def paths_answered(channel: ipc.Channel, paths: list[str]) -> object:
+    """The paths an ``ownership`` request for *paths* was answered with."""
+    reply = await channel.request(ipc.Ownership(paths=paths))
+    assert isinstance(reply, ipc.Reply)
+    return reply.data["paths"]
+
+
+async def test_an_immediate_answer_goes_out_on_the_links_reader_without_waking_the_channels(
+    wire, nursery
+):
+    """The supervisor answers ``ownership``, ``renew`` and a builtin child's tool events on
+    the reader; over a link, the link's reader writes that answer itself."""
+    readers: list[trio.lowlevel.Task] = []
+    opener, _ = await linked(nursery, immediate_door(wire, nursery, readers))
+    channel = await client(wire, opener, "child")
+    nursery.start_soon(channel.serve, nothing, ignore)
+    assert await paths_answered(channel, ["warm"]) == ["warm"]
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        with trio.fail_after(CEILING):
+            for n in range(100):
+                assert await paths_answered(channel, [f"p{n}"]) == [f"p{n}"]
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.counts[readers[0]] <= 2, "the served channel's reader woke for its answers"
+
+
+async def test_an_immediate_answer_beyond_the_streams_credit_is_finished_by_the_reader_in_order(
+    wire, nursery
+):
+    """Answers larger than the stream's window: what the credit takes goes out at once, the
+    rest is the channel's reader's to finish, and concurrent requests each get their own."""
+    readers: list[trio.lowlevel.Task] = []
+    opener, _ = await linked(
+        nursery, immediate_door(wire, nursery, readers, size=3000), window=1024
+    )
+    channel = await client(wire, opener, "child")
+    nursery.start_soon(channel.serve, nothing, ignore)
+    answers: dict[int, object] = {}
+
+    async def ask(n: int) -> None:
+        answers[n] = await paths_answered(channel, [f"p{n}"])
+
+    with trio.fail_after(CEILING):
+        async with trio.open_nursery() as asking:
+            for n in range(40):
+                asking.start_soon(ask, n)
+    assert answers == {n: [f"p{n}"] for n in range(40)}
+    assert not channel.closed
 
 
 async def test_a_framing_error_closes_that_channel_and_spares_the_link(
