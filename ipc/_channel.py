@@ -38,7 +38,7 @@ from ipc._framing import MAX_FRAME, FrameDecoder
 from ipc._lending import Lending
 from ipc._messages import FrameWriter
 from ipc._requests import DEFAULT_TIMEOUT, Requests, check_timeout
-from ipc._transport import MuxIO, SocketIO, Transport, transport_for
+from ipc._transport import LENDABLE, MuxIO, Transport, transport_for
 from ipc._types import NO_DEADLINE_TYPES, TYPE_NAMES, Kind, Message
 
 __all__ = [
@@ -299,7 +299,7 @@ class Channel:
         self._serving = True
         decoder = self.decoder or FrameDecoder(max_frame=self.max_frame)
         requests, lending = self._requests, self._lending
-        lends = isinstance(self._io, SocketIO)  # a lender waits on a duplicate descriptor
+        lends = isinstance(self._io, LENDABLE)  # a lender waits on a duplicate descriptor
         lending.decoder = decoder
         try:
             async with trio.open_nursery() as nursery:
@@ -410,7 +410,7 @@ class Channel:
             await self._io.aclose()
 
     def _interrupt_lender(self) -> None:
-        if isinstance(self._io, SocketIO):
+        if isinstance(self._io, LENDABLE):
             self._io.interrupt_lender()
 
     @property

@@ -15,7 +15,7 @@ rules. Only what the reader must await (an event handler, the rest of an answer 
 did not take whole) it does not do: that work and every frame after
 it are left to the reader, in order, and the lender waits for its response as usual. Its
 deadline is kept by the deadline keeper, which wakes it on a duplicate of the descriptor
-that only lenders wait on (:meth:`ipc._transport.SocketIO.interrupt_lender`). The lender
+that only lenders wait on (:mod:`ipc._lendwait`). The lender
 gives the socket back however it leaves: answered, timed out, cancelled, or closed.
 
 A node link's reader reads for a channel the same way (:meth:`Lending.route_for`): while the
@@ -33,7 +33,7 @@ import trio
 from ipc._errors import FrameError
 from ipc._framing import FrameDecoder
 from ipc._handoff import Pending
-from ipc._transport import SocketIO, Transport
+from ipc._transport import LENDABLE, Transport
 
 Route = Callable[[bytes], Awaitable[object] | None]
 Settle = Callable[[Awaitable[object]], Awaitable[None]]
@@ -121,11 +121,11 @@ class Lending:
         """Read the socket until *pending* is answered, timed out, or the channel closes.
 
         The deadline keeper times *pending* out as any other request and then wakes this
-        task through :meth:`SocketIO.interrupt_lender` (a cancel scope per request would
+        task through the transport's ``interrupt_lender`` (a cancel scope per request would
         cost more than the hand-off saved).
         """
         io, decoder, route = self.io, self.decoder, self.route
-        if decoder is None or route is None or not isinstance(io, SocketIO):
+        if decoder is None or route is None or not isinstance(io, LENDABLE):
             raise RuntimeError("the socket was lent while the channel was not serving")
         self.reads += 1
         try:

@@ -21,6 +21,8 @@ from typing import Final
 import attrs
 import trio
 
+from ipc._lendwait import LendWait
+
 __all__ = ["TLSIO", "OneAtATime", "SocketTLSStream", "drop_unread", "tls_over"]
 
 #: The most bytes one read asks OpenSSL for.
@@ -124,7 +126,9 @@ class TLSIO:
     """A :class:`~ipc._tlsstream.SocketTLSStream` (the TLS door), read and written through its
     ``SSLSocket`` the way :class:`SocketIO` uses a descriptor: a write that the socket takes
     now costs no scheduler pass, and a read waits only when OpenSSL holds nothing decrypted.
-    No lending: a requester would need the same TLS state as the reader.
+    The reader lends it to a requester as a Unix socket (:mod:`ipc._lending`): the lender
+    reads through the same ``SSLSocket`` (one TLS state, one reader at a time) and waits, as
+    the reader does, only when OpenSSL holds nothing decrypted.
 
     OpenSSL's rule for a write it could not finish (``SSLWantWriteError``) is that the retry
     passes the same bytes: :meth:`try_send` then reports 0 written, so :meth:`send_rest` retries
@@ -143,6 +147,12 @@ class TLSIO:
     #: A write that OpenSSL said needs a read first: the retry polls instead of parking on
     #: writability, which a writable socket would answer at once, over and over.
     _send_wants_read: bool = False
+    #: Where a requester the reader lent the stream to waits (ipc._lendwait).
+    lender: LendWait = attrs.field(init=False)
+
+    @lender.default
+    def _make_lender(self) -> LendWait:
+        return LendWait(fd=self.stream.socket.fileno())
 
     async def wait(self) -> None:
         """Await until a read may return something."""
@@ -156,6 +166,23 @@ class TLSIO:
             await trio.sleep(_POLL_S)
         else:
             await trio.lowlevel.wait_readable(sock)
+
+    async def lend_wait(self) -> None:
+        """Await until a read may return something, as a lender (see :mod:`ipc._lending`)."""
+        if self._closed:
+            raise trio.ClosedResourceError("the socket was closed")
+        sock = self.stream.socket
+        if sock.pending():
+            await trio.lowlevel.checkpoint()
+        elif self._read_wants_write:
+            self._read_wants_write = False
+            await trio.sleep(_POLL_S)
+        else:
+            await self.lender.wait()
+
+    def interrupt_lender(self) -> None:
+        """Wake a task parked in :meth:`lend_wait` with ``ClosedResourceError``."""
+        self.lender.interrupt()
 
     def read(self, size: int = RECEIVE_SIZE) -> bytes | None:
         """Some bytes, ``b""`` at the end, or ``None`` when no whole record is in yet."""
@@ -209,6 +236,7 @@ class TLSIO:
     async def aclose(self) -> None:
         """Close the stream."""
         self._closed = True
+        self.interrupt_lender()
         await self.stream.aclose()
 
 

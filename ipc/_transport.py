@@ -33,6 +33,7 @@ from typing import Final
 import attrs
 import trio
 
+from ipc._lendwait import LendWait
 from ipc._mux import MuxStream, Sink
 from ipc._tlsstream import TLSIO, SocketTLSStream
 
@@ -86,15 +87,18 @@ class SocketIO:
     torn: bool = False
     _closed: bool = False
     _fd: int = attrs.field(init=False)
-    # A duplicate of the descriptor for a requester the reader lent the socket to: it waits
-    # on this one, so interrupt_lender() can wake it alone (never a writer, never the reader).
-    _lend_fd: int | None = None
+    # Where a requester the reader lent the socket to waits (ipc._lendwait).
+    lender: LendWait = attrs.field(init=False)
     wait: Callable[[], Awaitable[None]] = attrs.field(init=False)
     """Await until the socket is readable (trio's own wait: no wrapper frame per read)."""
 
     @_fd.default
     def _descriptor(self) -> int:
         return self.stream.socket.fileno()
+
+    @lender.default
+    def _make_lender(self) -> LendWait:
+        return LendWait(fd=self._fd)
 
     @wait.default
     def _make_wait(self) -> Callable[[], Awaitable[None]]:
@@ -139,17 +143,11 @@ class SocketIO:
         """Await until the socket is readable, as a lender (see :mod:`ipc._lending`)."""
         if self._closed:
             raise trio.ClosedResourceError("the socket was closed")
-        if self._lend_fd is None:
-            self._lend_fd = os.dup(self._fd)  # not inheritable, like every dup in Python
-        await trio.lowlevel.wait_readable(self._lend_fd)
+        await self.lender.wait()
 
     def interrupt_lender(self) -> None:
         """Wake a task parked in :meth:`lend_wait` with ``ClosedResourceError``."""
-        fd, self._lend_fd = self._lend_fd, None
-        if fd is not None:
-            # trio's rule: notify, then close (a later lend_wait makes a fresh duplicate).
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
+        self.lender.interrupt()
 
     async def aclose(self) -> None:
         """Close the stream; the descriptor is not used again."""
@@ -201,6 +199,8 @@ class MuxIO:
 
 
 Transport = StreamIO | SocketIO | TLSIO | MuxIO
+#: The transports a channel's reader lends to a requester (:mod:`ipc._lending`).
+LENDABLE: Final = (SocketIO, TLSIO)
 
 
 def transport_for(stream: trio.abc.Stream) -> Transport:

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 import ipc
+from tests.fakes._tls import tls_pair
 
 OWNER = "a1"
 TYPE_NAMES = {cls: name for name, cls in ipc.MESSAGE_TYPES.items()}
@@ -190,7 +191,7 @@ class RawSession:
 
     wire: Wire
     served: Served
-    stream: trio.SocketStream
+    stream: trio.abc.Stream
     reader: FrameReader
 
     @property
@@ -284,6 +285,23 @@ async def raw_client(sock_path: Path) -> AsyncIterator[Callable[[], Awaitable[tr
         await stream.aclose()
 
 
+async def _raw_session(
+    nursery: trio.Nursery,
+    wire: Wire,
+    stream: trio.abc.Stream,
+    accept: Callable[[], Awaitable[tuple[ipc.Channel, ipc.Envelope]]],
+    handler: Handler | None,
+) -> RawSession:
+    await stream.send_all(wire.frame(ipc.Hello(pid=os.getpid()), corr="0"))
+    with trio.fail_after(CEILING):
+        server, hello = await accept()
+    await server.reply(hello.corr, ipc.Reply(ok=True))
+    reader = FrameReader(stream=stream)
+    assert (await reader.next()).corr == "0"
+    served = await serve(nursery, server, handler)
+    return RawSession(wire=wire, served=served, stream=stream, reader=reader)
+
+
 @pytest.fixture
 def raw_session(
     wire: Wire,
@@ -294,16 +312,34 @@ def raw_session(
 
     async def run(nursery: trio.Nursery, handler: Handler | None = None) -> RawSession:
         stream = await raw_client()
-        await stream.send_all(wire.frame(ipc.Hello(pid=os.getpid()), corr="0"))
-        with trio.fail_after(CEILING):
-            server, hello = await ipc.accept_hello(await listener.accept(), wire.lookup)
-        await server.reply(hello.corr, ipc.Reply(ok=True))
-        reader = FrameReader(stream=stream)
-        assert (await reader.next()).corr == "0"
-        served = await serve(nursery, server, handler)
-        return RawSession(wire=wire, served=served, stream=stream, reader=reader)
+
+        async def accept() -> tuple[ipc.Channel, ipc.Envelope]:
+            return await ipc.accept_hello(await listener.accept(), wire.lookup)
+
+        return await _raw_session(nursery, wire, stream, accept, handler)
 
     return run
+
+
+@pytest.fixture
+async def raw_tls_session(
+    wire: Wire, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[RawSession]]]:
+    """As ``raw_session``, over TLS on loopback TCP (``ipc.SocketTLSStream`` both ends)."""
+    opened: list[trio.abc.Stream] = []
+
+    async def run(nursery: trio.Nursery, handler: Handler | None = None) -> RawSession:
+        client, server_end = await tls_pair(tmp_path, nursery)
+        opened.extend((client, server_end))
+
+        async def accept() -> tuple[ipc.Channel, ipc.Envelope]:
+            return await ipc.accept_hello(server_end, wire.lookup, peer_checked=True)
+
+        return await _raw_session(nursery, wire, client, accept, handler)
+
+    yield run
+    for stream in opened:
+        await stream.aclose()
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """A requester that asks again at once reads its own response: no hand-off from the reader.
 
-The serving channel here asks a hand-driven peer (the raw session's client socket). Its
-first request is answered through the reader; every request that follows at once is read by
-the requesting task itself (``Channel.direct_reads``), with the same routing, deadline,
-ordering and close rules.
+The serving channel here asks a hand-driven peer (the raw session's client socket), over a
+Unix socket and over TLS on TCP (the door). Its first request is answered through the
+reader; every request that follows at once is read by the requesting task itself
+(``Channel.direct_reads``), with the same routing, deadline, ordering and close rules.
 """
 
 import collections
@@ -17,6 +17,12 @@ from ipc import ChannelClosed, Reply, RequestTimeout
 
 PROMPT = ipc.Prompt(text="go", turn=1)
 CEILING = 10
+
+
+@pytest.fixture(params=["unix", "tls"])
+def raw_session(request):
+    """Each test over a Unix socket and over the TLS door's stream."""
+    return request.getfixturevalue("raw_session" if request.param == "unix" else "raw_tls_session")
 
 
 async def answer(session, count: int) -> None:
@@ -161,7 +167,7 @@ async def test_closing_the_channel_wakes_a_direct_read_and_releases_its_descript
 
         async def close_while_read() -> None:
             await session.reader.next()  # asked, and now read by the requester itself
-            lent_fds.append(server._io._lend_fd)
+            lent_fds.append(server._io.lender.duplicate)
             server.close("test closes")
 
         nursery.start_soon(close_while_read)
@@ -170,6 +176,6 @@ async def test_closing_the_channel_wakes_a_direct_read_and_releases_its_descript
         await session.served.wait_finished()
     assert server.direct_reads == 1
     assert lent_fds[0] is not None
-    assert server._io._lend_fd is None
+    assert server._io.lender.duplicate is None
     with pytest.raises(OSError):  # the duplicate descriptor was closed, not leaked
         os.fstat(lent_fds[0])

@@ -1,5 +1,6 @@
 """TLS on the socket itself (``ipc._tlsstream``): what a trio stream must do, over real TLS."""
 
+import os
 import ssl
 
 import pytest
@@ -145,3 +146,33 @@ async def test_a_write_that_needs_a_read_first_polls_instead_of_spinning(tmp_pat
         assert await server.receive_some(2000) == frame  # the bytes went, once, whole
         await client.aclose()
         await server.aclose()
+
+
+async def test_a_lender_reads_what_openssl_already_decrypted_without_waiting(tmp_path):
+    # A requester the reader lent the stream to (ipc._lending) waits like the reader: on the
+    # socket only when OpenSSL holds nothing decrypted. Bytes of a record read in part are no
+    # longer on the socket; waiting on it for them would wait for the request's deadline.
+    async with trio.open_nursery() as nursery:
+        client, server = await tls_pair(tmp_path, nursery)
+        io = transport_for(server)
+        assert isinstance(io, TLSIO)
+        await client.send_all(b"r" * 5000)  # one record
+        await io.wait()
+        assert io.read(1000) == b"r" * 1000  # the other 4000 stay decrypted in OpenSSL
+        assert server.socket.pending() == 4000
+        with trio.fail_after(1):
+            await io.lend_wait()
+        assert io.read() == b"r" * 4000
+        lender = io.lender
+        assert lender.duplicate is None  # it never needed to wait on the socket
+        await client.send_all(b"s")
+        with trio.fail_after(5):
+            await io.lend_wait()  # now it does, on its own duplicate of the descriptor
+        held = io.lender.duplicate
+        assert held is not None
+        assert io.read() == b"s"
+        await io.aclose()
+        assert io.lender.duplicate is None  # the close released it
+        with pytest.raises(OSError):  # closed, not leaked
+            os.fstat(held)
+        await client.aclose()
