@@ -18,11 +18,10 @@ part is what a real cluster still pays on the supervisor's machine), with the ch
 (reaped by their fork servers) and the node hosts' (with the Git they run) apart.
 
 Then the channel a remote child speaks: authenticated ``ipc`` round trips over the TLS door
-(TCP + mutual TLS 1.3, a session-CA leaf for the owner) against the same over the session's Unix
-socket, alternating over several rounds (the median of the per-round ratios), client and server
-in this process. ``--launcher`` adds the launcher alone (``python -c`` children started by the
-``ProcessLauncher`` against the ray launcher, an actor per child and a host per node). Last
-line: one JSON object.
+against the same over the session's Unix socket, in one process and across processes
+(``benchmarks/door_roundtrips.py``, which says how). ``--launcher`` adds the launcher alone
+(``python -c`` children started by the ``ProcessLauncher`` against the ray launcher, an actor
+per child and a host per node). Last line: one JSON object.
 
     .venv/bin/python benchmarks/ray_fleet.py [N] [--reps R] [--sandboxed] [--smoke]
         [--launcher [--host]]
@@ -34,7 +33,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,18 +47,13 @@ import ray
 import trio
 from ray.cluster_utils import Cluster
 
-import ipc
-from child._tls import client_context, install_certificate, make_key_and_csr
 from orchestrator._config import Config
 from orchestrator._records import SpawnRequest
 from orchestrator.core._capacity import Capacity
 from orchestrator.core._supervisor import Supervisor, open_supervisor
 from orchestrator.launch._launcher import LaunchSpec, ProcessLauncher
-from orchestrator.launch._node_relay import Relay
 from orchestrator.launch._ray import RayLauncher
 from orchestrator.launch._ray_forks import LABEL
-from orchestrator.remote._ca import SessionCA
-from orchestrator.remote._door import TlsDoor
 
 CODE = "print('scout done')"
 #: Seconds a fleet may take before the benchmark gives up on it.
@@ -91,130 +84,6 @@ async def run(launcher: object, n: int) -> tuple[float, float]:
         for i in range(n):
             nursery.start_soon(one, i)
     return time.perf_counter() - t0, statistics.median(starts)
-
-
-OWNER = "a1"
-PAYLOAD = ipc.Ownership(paths=["src/app.py", "docs/*.md"])
-
-
-async def _serve_channel(
-    channel: ipc.Channel, hello: ipc.Envelope, seconds: float = 0.0, link: str = ""
-) -> None:
-    await channel.reply(hello.corr, ipc.Reply(ok=True))
-
-    async def handler(envelope: ipc.Envelope) -> ipc.Message:
-        return ipc.Reply(ok=True)
-
-    async def on_event(envelope: ipc.Envelope) -> None:
-        return None
-
-    await channel.serve(handler, on_event)
-
-
-async def _roundtrips(channel: ipc.Channel, seconds: float) -> float:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(channel.serve, _serve_nothing, _ignore)
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            await channel.request(PAYLOAD)
-            count += 1
-        elapsed = time.perf_counter() - start
-        await channel.aclose()
-    return count / elapsed
-
-
-async def _serve_nothing(envelope: ipc.Envelope) -> ipc.Message:
-    return ipc.Reply(ok=False, error="nothing served here")
-
-
-async def _ignore(envelope: ipc.Envelope) -> None:
-    return None
-
-
-async def channels(seconds: float, rounds: int) -> dict[str, float]:
-    """Round trips per second over the Unix socket, the TLS door (a connection of the
-    child's own), a stream of a node link (a node host's one TLS connection,
-    ``ipc.MuxLink``: the door's side of a hosted child's channel) and the whole way a
-    hosted child's channel goes (its socket pair, the host's relay, the link: here the
-    host's part runs in this process too, on a real cluster in the host's); the median
-    ratios to the Unix socket's."""
-    key = ipc.new_session_key()
-    token = ipc.derive_token(key, OWNER)
-    ca = SessionCA("bench")
-    scratch = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    node = scratch / "node"
-    node.mkdir(mode=0o700)
-    install_certificate(
-        node, ca.sign(make_key_and_csr(node, "bench", OWNER), OWNER), ca.certificate_pem
-    )
-    context = client_context(node / "key.pem", node / "cert.pem", node / "ca.pem")
-    hello = ipc.Hello(pid=os.getpid())
-
-    async def unix_connection(stream: trio.SocketStream) -> None:
-        channel, envelope = await ipc.accept_hello(stream, {OWNER: token}.get)
-        await _serve_channel(channel, envelope)
-
-    host = scratch / "host"
-    host.mkdir(mode=0o700)
-    link_owner = ipc.new_link_owner()
-    install_certificate(
-        host,
-        ca.sign(make_key_and_csr(host, "bench", link_owner), link_owner),
-        ca.certificate_pem,
-    )
-    link_context = client_context(host / "key.pem", host / "cert.pem", host / "ca.pem")
-    door = TlsDoor(
-        ca=ca,
-        token_for={OWNER: token}.get,
-        attach=_serve_channel,
-        refuse=print,
-        carries=lambda link, key: link == link_owner and key == OWNER,
-    )
-    unix_rates, tls_rates, ratios, link_rates, link_ratios = [], [], [], [], []
-    relayed_ratios = []
-    async with trio.open_nursery() as nursery:
-        listener = ipc.Listener(path=scratch / "ipc.sock")
-        await nursery.start(listener.serve, unix_connection)
-        address = await door.open_for(OWNER, nursery)
-        link = ipc.MuxLink(await ipc.connect_tls(address, link_context), opener=True)
-        await nursery.start(link.run)
-        for _ in range(rounds):
-            channel, _ = await ipc.open_client(
-                scratch / "ipc.sock", owner=OWNER, token=token, hello=hello
-            )
-            unix = await _roundtrips(channel, seconds)
-            channel, _ = await ipc.open_tls_client(
-                address, context, owner=OWNER, token=token, hello=hello
-            )
-            tls = await _roundtrips(channel, seconds)
-            channel, _ = await ipc.hello_on(link.open(OWNER), owner=OWNER, token=token, hello=hello)
-            carried = await _roundtrips(channel, seconds)
-            ours, theirs = socket.socketpair()
-            nursery.start_soon(Relay(ours, link.open(OWNER)).run)
-            channel, _ = await ipc.hello_on(
-                trio.SocketStream(trio.socket.from_stdlib_socket(theirs)),
-                owner=OWNER,
-                token=token,
-                hello=hello,
-            )
-            relayed_ratios.append(await _roundtrips(channel, seconds) / unix)
-            unix_rates.append(unix)
-            tls_rates.append(tls)
-            ratios.append(tls / unix)
-            link_rates.append(carried)
-            link_ratios.append(carried / unix)
-        await link.aclose()
-        door.release(OWNER)
-        nursery.cancel_scope.cancel()
-    shutil.rmtree(scratch, ignore_errors=True)
-    return {
-        "unix": statistics.median(unix_rates),
-        "tls": statistics.median(tls_rates),
-        "tls_ratio": statistics.median(ratios),
-        "link": statistics.median(link_rates),
-        "link_ratio": statistics.median(link_ratios),
-        "relayed_ratio": statistics.median(relayed_ratios),
-    }
 
 
 SLEEPER = "import time; time.sleep(60)"
@@ -519,29 +388,37 @@ def main() -> None:
         # Its fleets' homes and its runtime root (each run left both behind: 58 on this box).
         for leftover in (base, Path(runtime)):
             shutil.rmtree(leftover, ignore_errors=True)
-    rt = trio.run(channels, 1.0, 2 if smoke else 5)
-    print(
-        f"ipc round trips: unix socket {rt['unix']:.0f}/s, mTLS door {rt['tls']:.0f}/s "
-        f"(ratio {rt['tls_ratio']:.2f}), a node link's stream {rt['link']:.0f}/s "
-        f"(ratio {rt['link_ratio']:.2f}; through the host's relay too "
-        f"{rt['relayed_ratio']:.2f})"
-    )
+    # The channel a remote child speaks: benchmarks/door_roundtrips.py, in a process of its
+    # own (no Ray driver's threads beside it), both layouts; its lines, then its figures.
+    roundtrips = door_roundtrips(smoke=smoke)
     print(
         json.dumps(
             {
                 "benchmark": "ray_fleet",
-                "unix_roundtrips_per_s": round(rt["unix"]),
-                "mtls_roundtrips_per_s": round(rt["tls"]),
-                "mtls_ratio": round(rt["tls_ratio"], 2),
-                "link_roundtrips_per_s": round(rt["link"]),
-                "link_ratio": round(rt["link_ratio"], 2),
-                "relayed_ratio": round(rt["relayed_ratio"], 2),
+                **roundtrips,
                 "n": n,
                 "nodes": nodes,
                 **result,
             }
         )
     )
+
+
+def door_roundtrips(*, smoke: bool) -> dict[str, Any]:
+    """``benchmarks/door_roundtrips.py``'s figures (its report lines printed as they come)."""
+    script = Path(__file__).resolve().parent / "door_roundtrips.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *(["--smoke"] if smoke else [])],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    *lines, last = done.stdout.strip().splitlines()
+    for line in lines:
+        print(line)
+    figures: dict[str, Any] = json.loads(last)
+    del figures["benchmark"]
+    return figures
 
 
 def report_fleets(measured: dict[str, Any], n: int, nodes: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ SCRIPTS = sorted(path.stem for path in (ROOT / "benchmarks").glob("*.py"))
 
 CASES = [
     pytest.param("cli_latency", [], id="cli_latency"),
+    pytest.param("door_roundtrips", [], id="door_roundtrips"),
     pytest.param("event_storm", [], id="event_storm"),
     pytest.param("fault_soak", [], id="fault_soak"),
     pytest.param("fleet_memory", [], id="fleet_memory"),
