@@ -30,7 +30,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,12 @@ import trio
 
 import ipc
 from child._tls import client_context, install_certificate, make_key_and_csr
+from orchestrator.control._ipcbench import answer_ownership, request_rate
 from orchestrator.launch._node_relay import Relay
 from orchestrator.remote._ca import SessionCA
 from orchestrator.remote._door import TlsDoor
 
 OWNER = "a1"
-PAYLOAD = ipc.Ownership(paths=["src/app.py", "docs/*.md"])
 #: What a child process of the run reads its credentials from (this benchmark's own).
 _ENV = "FLEET_DOOR_BENCH"
 _SCRIPT = str(Path(__file__).resolve())
@@ -53,16 +52,11 @@ _SCRIPT = str(Path(__file__).resolve())
 _WARM_S = 0.2
 
 
-def _answer_now(body: ipc.Message) -> ipc.Message | None:
-    """``ownership`` answered on the reader, as the supervisor's lock table answers it."""
-    return ipc.Reply(ok=True) if isinstance(body, ipc.Ownership) else None
-
-
 async def _serve_channel(
     channel: ipc.Channel, hello: ipc.Envelope, seconds: float = 0.0, link: str = ""
 ) -> None:
     await channel.reply(hello.corr, ipc.Reply(ok=True))
-    await channel.serve(_nothing, _ignore, immediate=_answer_now)
+    await channel.serve(_nothing, _ignore, immediate=answer_ownership)
 
 
 async def _nothing(envelope: ipc.Envelope) -> ipc.Message:
@@ -76,13 +70,9 @@ async def _ignore(envelope: ipc.Envelope) -> None:
 async def _roundtrips(channel: ipc.Channel, seconds: float) -> float:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(channel.serve, _nothing, _ignore)
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            await channel.request(PAYLOAD)
-            count += 1
-        elapsed = time.perf_counter() - start
+        rate = await request_rate(channel, seconds)
         await channel.aclose()
-    return count / elapsed
+    return rate
 
 
 @attrs.define

@@ -18,7 +18,7 @@ import trio
 
 import ipc
 
-__all__ = ["measure_ipc"]
+__all__ = ["answer_ownership", "measure_ipc", "request_rate"]
 
 _HEADER = struct.Struct(">I")
 _OWNER = "bench"
@@ -79,25 +79,32 @@ async def _ipc(seconds: float) -> float:
     async def ignore(envelope: ipc.Envelope) -> None:
         return None
 
-    def immediate(body: ipc.Message) -> ipc.Message | None:
-        return ipc.Reply(ok=True) if isinstance(body, ipc.Ownership) else None
-
     async def serve() -> None:
         channel, hello = await ipc.accept_hello(near, {_OWNER: token}.get)
         await channel.reply(hello.corr, ipc.Reply(ok=True))
-        await channel.serve(handler, ignore, immediate=immediate)
+        await channel.serve(handler, ignore, immediate=answer_ownership)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve)
         client, _ = await ipc.hello_on(far, owner=_OWNER, token=token, hello=ipc.Hello(pid=1))
         nursery.start_soon(client.serve, handler, ignore)
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            await client.request(_PAYLOAD)
-            count += 1
-        elapsed = time.perf_counter() - start
+        rate = await request_rate(client, seconds)
         nursery.cancel_scope.cancel()
-    return count / elapsed
+    return rate
+
+
+def answer_ownership(body: ipc.Message) -> ipc.Message | None:
+    """An immediate handler answering ``ownership`` on the reader, as the supervisor does."""
+    return ipc.Reply(ok=True) if isinstance(body, ipc.Ownership) else None
+
+
+async def request_rate(client: ipc.Channel, seconds: float) -> float:
+    """``ownership`` requests a second *client* (serving) gets answered, one in flight."""
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        await client.request(_PAYLOAD)
+        count += 1
+    return count / (time.perf_counter() - start)
 
 
 def measure_ipc(seconds: float = 0.5, rounds: int = 3) -> dict[str, Any]:
