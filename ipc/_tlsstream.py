@@ -169,14 +169,8 @@ class TLSIO:
 
     async def lend_wait(self) -> None:
         """Await until a read may return something, as a lender (see :mod:`ipc._lending`)."""
-        if self._closed:
-            raise trio.ClosedResourceError("the socket was closed")
-        sock = self.stream.socket
-        if sock.pending():
-            await trio.lowlevel.checkpoint()
-        elif self._read_wants_write:
-            self._read_wants_write = False
-            await trio.sleep(_POLL_S)
+        if self._closed or self._read_wants_write or self.stream.socket.pending():
+            await self.wait()  # a close, a poll, or OpenSSL's decrypted bytes: as the reader
         else:
             await self.lender.wait()
 
