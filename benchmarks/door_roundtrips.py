@@ -47,8 +47,8 @@ OWNER = "a1"
 #: What a child process of the run reads its credentials from (this benchmark's own).
 _ENV = "FLEET_DOOR_BENCH"
 _SCRIPT = str(Path(__file__).resolve())
-#: Seconds each way runs once before the measured rounds, in one process (first requests
-#: generate and warm the codecs; the ways after the first would not pay it).
+#: Seconds each way runs once before the measured rounds, in one process (the first
+#: requests generate and warm the codecs; only the way measured first would pay it).
 _WARM_S = 0.2
 
 
@@ -122,6 +122,11 @@ async def _unix_server(token: str, path: Path, nursery: trio.Nursery) -> None:
     await nursery.start(ipc.Listener(path=path).serve, connection)
 
 
+def _stream_of(sock: socket.socket) -> trio.SocketStream:
+    """A trio stream over one end of a socket pair."""
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
 def _hello() -> ipc.Hello:
     return ipc.Hello(pid=os.getpid())
 
@@ -137,7 +142,7 @@ def _ratios(rates: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-async def in_process(measured: float, rounds: int) -> dict[str, float]:
+async def in_process(seconds: float, rounds: int) -> dict[str, float]:
     """Round trips a second each way with client and server in this process, and ratios."""
     made = Credentials.make()
     hello, token = _hello(), made.token
@@ -151,29 +156,31 @@ async def in_process(measured: float, rounds: int) -> dict[str, float]:
         )
         await nursery.start(link.run)
         own = _context(made.scratch / "node")
-        for index in range(rounds + 1):  # the first, short, is a warm-up
-            if index == 1:
-                rates = {way: [] for way in rates}
-            seconds = _WARM_S if index == 0 else measured
-            channel, _ = await ipc.open_client(
-                made.scratch / "ipc.sock", owner=OWNER, token=token, hello=hello
-            )
-            rates["unix"].append(await _roundtrips(channel, seconds))
-            channel, _ = await ipc.open_tls_client(
-                address, own, owner=OWNER, token=token, hello=hello
-            )
-            rates["tls"].append(await _roundtrips(channel, seconds))
-            channel, _ = await ipc.hello_on(link.open(OWNER), owner=OWNER, token=token, hello=hello)
-            rates["link"].append(await _roundtrips(channel, seconds))
+
+        async def relayed() -> trio.abc.Stream:
             ours, theirs = socket.socketpair()
             nursery.start_soon(Relay(ours, link.open(OWNER)).run)
-            channel, _ = await ipc.hello_on(
-                trio.SocketStream(trio.socket.from_stdlib_socket(theirs)),
-                owner=OWNER,
-                token=token,
-                hello=hello,
-            )
-            rates["relayed"].append(await _roundtrips(channel, seconds))
+            return _stream_of(theirs)
+
+        async def opened(way: str) -> ipc.Channel:
+            if way == "unix":
+                channel, _ = await ipc.open_client(
+                    made.scratch / "ipc.sock", owner=OWNER, token=token, hello=hello
+                )
+            elif way == "tls":
+                channel, _ = await ipc.open_tls_client(
+                    address, own, owner=OWNER, token=token, hello=hello
+                )
+            else:
+                stream = link.open(OWNER) if way == "link" else await relayed()
+                channel, _ = await ipc.hello_on(stream, owner=OWNER, token=token, hello=hello)
+            return channel
+
+        for way in rates:  # a warm-up: the first requests generate and warm the codecs
+            await _roundtrips(await opened(way), _WARM_S)
+        for _ in range(rounds):
+            for way, measured in rates.items():
+                measured.append(await _roundtrips(await opened(way), seconds))
         await link.aclose()
         door.release(OWNER)
         nursery.cancel_scope.cancel()
@@ -237,13 +244,8 @@ async def _child(way: str, where: str, seconds: float) -> None:
             nursery.cancel_scope.cancel()
         return
     else:
-        inherited = socket.socket(fileno=int(where))
-        channel, _ = await ipc.hello_on(
-            trio.SocketStream(trio.socket.from_stdlib_socket(inherited)),
-            owner=OWNER,
-            token=token,
-            hello=hello,
-        )
+        inherited = _stream_of(socket.socket(fileno=int(where)))
+        channel, _ = await ipc.hello_on(inherited, owner=OWNER, token=token, hello=hello)
     print(await _roundtrips(channel, seconds), flush=True)
 
 
