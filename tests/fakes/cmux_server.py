@@ -202,17 +202,20 @@ class CmuxFake:
                 del surface.screen[:-_SCREEN_CAP]
 
     async def _close(self, surface: FakeSurface) -> None:
-        """Close like a terminal does: hang up the session, then make sure it is gone."""
+        """Close like a terminal does: hang up the session, then make sure it is gone. Shielded:
+        a close asked for just before the fake stops is still seen through (the surface is no
+        longer listed, so the fake's own end would not reap its shell)."""
         self.surfaces.pop(surface.id, None)
         with self._lock:
             self.closed.append(surface.id)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(surface.process.pid, signal.SIGHUP)
-        with trio.move_on_after(2):
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(surface.process.pid, signal.SIGHUP)
+            with trio.move_on_after(2):
+                await surface.process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(surface.process.pid, signal.SIGKILL)
             await surface.process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(surface.process.pid, signal.SIGKILL)
-        await surface.process.wait()
 
 
 async def _read_line(stream: trio.SocketStream) -> bytes:
