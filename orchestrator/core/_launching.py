@@ -301,7 +301,9 @@ class Launching:
         # A reading child gets a read-only checkout of the workspace as it is now (one bundle
         # for the children asked for before it was made: orchestrator.core._shipping).
         shipped = await self.shipments.ship(Path(run.record.workspace), asked, self.sup.nursery)
-        return Shipment(bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True)
+        return Shipment(
+            bundle=shipped.bundle, work_tree=loadout.workspace, read_only=True, tree=shipped.tree
+        )
 
     async def _open_egress(
         self, run: ChildRun, loadout: ipc.Loadout, nursery: trio.Nursery

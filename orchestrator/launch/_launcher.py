@@ -48,12 +48,14 @@ OutputSink = Callable[[str, bytes], None]
 @attrs.frozen(kw_only=True)
 class Shipment:
     """A workspace that travels to the child's node as a git bundle (``ray``): checked out at
-    *work_tree* there (read-only for a reading child), and bundled back at stop when *back*."""
+    *work_tree* there (read-only for a reading child), and bundled back at stop when *back*.
+    *tree*: the snapshot's Git tree id, by which a node keeps a reader's tree."""
 
     bundle: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     work_tree: str
     read_only: bool = False
     back: bool = False
+    tree: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -575,7 +575,8 @@ class RayLauncher:
         else its key and CSR are made first, in a round trip of their own."""
         calls = list(queued)
         if spec.ship is not None:
-            calls.append(("receive", (spec.ship.bundle, spec.ship.work_tree, spec.ship.read_only)))
+            ship = spec.ship
+            calls.append(("receive", (ship.bundle, ship.work_tree, ship.read_only, ship.tree)))
         files: dict[str, bytes] = {}
         plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
         if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:

@@ -93,12 +93,13 @@ _NODE_GIT_ENV = {
 _READ_TREES = ReadTrees()
 
 
-def _check_out(bundle: bytes, work_tree: str) -> None:
+def _check_out(bundle: bytes, work_tree: str) -> str:
     """Check *bundle* out at *work_tree* with a throwaway Git dir beside it (both go with
-    their directory, which :class:`ReadTrees` removes)."""
+    their directory, which :class:`ReadTrees` removes): the id of the tree checked out."""
     actor = ChildActor()
     actor.node_dir = os.path.dirname(work_tree)
     actor.receive(bundle, work_tree, read_only=False)
+    return actor._git("rev-parse", f"{actor.base}^{{tree}}").decode().strip()
 
 
 class _NodeEgress:
@@ -188,11 +189,12 @@ class ChildActor:
             raise RuntimeError(f"git {args[0]} on the node: {detail[-1] if detail else done}")
         return done.stdout
 
-    def receive(self, bundle: bytes, work_tree: str, read_only: bool) -> None:
+    def receive(self, bundle: bytes, work_tree: str, read_only: bool, tree: str = "") -> None:
         """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
         private to this actor, so the child sees files only. A reader's read-only checkout is
-        written from the tree this process keeps of the snapshot (:mod:`._read_trees`)."""
-        if read_only and _READ_TREES.check_out(bundle, work_tree, _check_out):
+        written from the tree this process keeps of the snapshot (*tree*: its Git tree id,
+        :mod:`._read_trees`)."""
+        if read_only and _READ_TREES.check_out(bundle, work_tree, _check_out, tree):
             self.work_tree, self.git_dir = work_tree, ""  # nothing comes back from a reader
             return
         if self.node_dir:  # beside the child's paths, out of its view, gone with them

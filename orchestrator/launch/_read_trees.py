@@ -6,9 +6,13 @@ Checked out by Git for each child, that was six processes a child (64 scouts ove
 384). A node process instead checks a snapshot out once, in a private temporary directory that
 it removes at once, keeps the tree in memory (each file's path, mode and bytes; each link's
 target), and writes each child's checkout from it: new directories, new 0400/0500 files
-(``O_EXCL``, never through a link), links as links. The tree is keyed by the bundle's SHA-256;
-at most :data:`KEPT` trees, each at most :data:`MAX_TREE_BYTES`, are kept. A larger tree is not
-kept, and its children are checked out by Git one by one, as before.
+(``O_EXCL``, never through a link), links as links. A tree is keyed by its Git tree id, which
+the supervisor sends with the bundle: each batch's bundle is a new snapshot commit, so a later
+batch of an unchanged workspace (a parent scouting again before it edits) is written from the
+tree kept here, with no Git process at all. The one checkout of a tree is checked against its
+id (a bundle that holds another tree fails its launch); without an id, the key is the bundle's
+SHA-256. At most :data:`KEPT` trees, each at most :data:`MAX_TREE_BYTES`, are kept. A larger
+tree is not kept, and its children are checked out by Git one by one, as before.
 
 Paths come from a Git tree (no ``..``, no absolute path, no ``.git``; Git refuses those), and
 the snapshot is the supervisor's, not a child's: the cache holds nothing a child wrote.
@@ -104,12 +108,17 @@ class ReadTrees:
     )
 
     def check_out(
-        self, bundle: bytes, work_tree: str, extract: Callable[[bytes, str], None]
+        self,
+        bundle: bytes,
+        work_tree: str,
+        extract: Callable[[bytes, str], str],
+        tree: str = "",
     ) -> bool:
-        """Write the snapshot in *bundle* at *work_tree*; ``extract(bundle, directory)`` checks
-        it out at an empty *directory* the first time. False: the tree is too large to keep,
-        and nothing was written (the caller checks it out itself)."""
-        digest = hashlib.sha256(bundle).hexdigest()
+        """Write the snapshot in *bundle* (of Git tree *tree*, when known) at *work_tree*;
+        ``extract(bundle, directory)`` checks it out at an empty *directory* the first time and
+        says which tree it checked out. False: the tree is too large to keep, and nothing was
+        written (the caller checks it out itself). ValueError: *bundle* holds another tree."""
+        digest = tree or hashlib.sha256(bundle).hexdigest()
         with self._lock:
             making = self._making.setdefault(digest, threading.Lock())
         with making:  # one extraction a snapshot; the others wait for it
@@ -119,7 +128,7 @@ class ReadTrees:
                 if known:
                     self._trees.move_to_end(digest)
             if not known:
-                entries = self._extract(bundle, extract)
+                entries = self._extract(bundle, extract, tree)
                 with self._lock:
                     self._trees[digest] = entries
                     while len(self._trees) > KEPT:
@@ -131,12 +140,16 @@ class ReadTrees:
         return True
 
     @staticmethod
-    def _extract(bundle: bytes, extract: Callable[[bytes, str], None]) -> list[_Entry] | None:
+    def _extract(
+        bundle: bytes, extract: Callable[[bytes, str], str], tree: str
+    ) -> list[_Entry] | None:
         scratch = tempfile.mkdtemp(prefix="fleet-node-tree-")
         try:
-            tree = os.path.join(scratch, "tree")
-            extract(bundle, tree)
-            return _read(tree)
+            work_tree = os.path.join(scratch, "tree")
+            got = extract(bundle, work_tree)
+            if tree and got != tree:
+                raise ValueError(f"the snapshot bundle holds tree {got}, not {tree}")
+            return _read(work_tree)
         except _TooLarge:
             return None
         finally:

@@ -45,10 +45,11 @@ _CHECKED = ("-c", "fetch.fsckObjects=true", "-c", "transfer.fsckObjects=true")
 class Shipped:
     """What went to a node: the bundle, and the commit in it the node's changes must build on
     (the snapshot's tree with no history, so the bundle carries one tree, not the project's
-    whole past)."""
+    whole past), and that tree's id."""
 
     bundle: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     commit: str
+    tree: str
 
 
 def ship_snapshot(snapshot: Snapshot) -> Shipped:
@@ -69,15 +70,10 @@ def _ship(layout: GitLayout, commit: str) -> Shipped:
     op = f"bundle {layout.root}"
     env = git_env() | _IDENTITY
     tree = run_git(["rev-parse", f"{commit}^{{tree}}"], cwd=layout.root, env=env, op=op)
+    tree_id = tree.decode().strip()
     shipped = (
         run_git(
-            [
-                "commit-tree",
-                "--no-gpg-sign",
-                "-m",
-                "fleet: a snapshot for a node",
-                tree.decode().strip(),
-            ],
+            ["commit-tree", "--no-gpg-sign", "-m", "fleet: a snapshot for a node", tree_id],
             cwd=layout.root,
             env=env,
             op=op,
@@ -97,7 +93,7 @@ def _ship(layout: GitLayout, commit: str) -> Shipped:
         run_git(["symbolic-ref", "HEAD", "refs/heads/snapshot"], cwd=shelf, env=shelf_env, op=op)
         path = Path(tmp) / "out.bundle"
         run_git(["bundle", "create", "-q", str(path), "HEAD"], cwd=shelf, env=shelf_env, op=op)
-        return Shipped(bundle=path.read_bytes(), commit=shipped)
+        return Shipped(bundle=path.read_bytes(), commit=shipped, tree=tree_id)
 
 
 def import_bundle(snapshot: Snapshot, data: bytes, base: str) -> str:

@@ -4,6 +4,8 @@ a real snapshot bundle checked out by Git once."""
 import os
 import stat
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ from orchestrator.workspace._bundle import ship_workspace
 
 
 @pytest.fixture
-def bundle(tmp_path) -> bytes:
+def repo(tmp_path) -> Path:
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
     (root / "src" / "app.py").write_text("print('app')\n")
@@ -25,13 +27,18 @@ def bundle(tmp_path) -> bytes:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "w"]):
         subprocess.run([*git, *args], check=True)
     (root / "untracked.txt").write_text("as it is now\n")  # a reader sees the work tree
-    return ship_workspace(root).bundle
+    return root
+
+
+@pytest.fixture
+def bundle(repo) -> bytes:
+    return ship_workspace(repo).bundle
 
 
 def counted(calls: list[str]):
-    def extract(data: bytes, directory: str) -> None:
+    def extract(data: bytes, directory: str) -> str:
         calls.append(directory)
-        _check_out(data, directory)
+        return _check_out(data, directory)
 
     return extract
 
@@ -67,3 +74,37 @@ def test_a_tree_over_the_cap_is_not_kept_and_nothing_is_written(tmp_path, bundle
     tree = tmp_path / "tree"
     assert not ReadTrees().check_out(bundle, str(tree), counted([]))
     assert not tree.exists()
+
+
+def test_a_later_batch_of_an_unchanged_workspace_is_written_from_the_kept_tree(tmp_path, repo):
+    first = ship_workspace(repo)
+    time.sleep(1.1)  # a snapshot commit a second later: another commit id, another bundle
+    second = ship_workspace(repo)
+    assert (first.commit, first.bundle) != (second.commit, second.bundle)
+    assert first.tree == second.tree
+    trees, calls = ReadTrees(), []
+    for name, shipped in (("one", first), ("two", second)):
+        tree = tmp_path / name
+        assert trees.check_out(shipped.bundle, str(tree), counted(calls), shipped.tree)
+        assert (tree / "untracked.txt").read_text() == "as it is now\n"
+    assert len(calls) == 1
+
+    (repo / "untracked.txt").write_text("changed\n")  # a changed workspace: a new tree
+    third = ship_workspace(repo)
+    assert third.tree != first.tree
+    assert trees.check_out(third.bundle, str(tmp_path / "three"), counted(calls), third.tree)
+    assert (tmp_path / "three" / "untracked.txt").read_text() == "changed\n"
+    assert len(calls) == 2
+
+
+def test_a_bundle_that_holds_another_tree_than_it_is_sent_as_fails_and_is_not_kept(tmp_path, repo):
+    shipped = ship_workspace(repo)
+    (repo / "untracked.txt").write_text("changed\n")
+    other = ship_workspace(repo)
+    trees, calls = ReadTrees(), []
+    with pytest.raises(ValueError, match=f"holds tree {shipped.tree}, not {other.tree}"):
+        trees.check_out(shipped.bundle, str(tmp_path / "one"), counted(calls), other.tree)
+    assert not (tmp_path / "one").exists()
+    assert trees.check_out(other.bundle, str(tmp_path / "two"), counted(calls), other.tree)
+    assert (tmp_path / "two" / "untracked.txt").read_text() == "changed\n"
+    assert len(calls) == 2
