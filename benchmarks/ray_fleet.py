@@ -178,11 +178,14 @@ def _group_cpu() -> tuple[float, float]:
     return children, hosts
 
 
-def make_workspace(base: Path) -> tuple[Path, Path, Path]:
-    """A git repository with a README, and the two scripted models."""
+def make_workspace(base: Path, megabytes: int = 0) -> tuple[Path, Path, Path]:
+    """A git repository with a README (and *megabytes* of incompressible data beside it), and
+    the two scripted models."""
     repo = base / "repo"
     repo.mkdir()
     (repo / "README.md").write_text(README)
+    if megabytes:
+        (repo / "data.bin").write_bytes(os.urandom(megabytes * 1024 * 1024))
     git = ["git", "-C", str(repo), "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -307,11 +310,19 @@ async def idle_memory(sup: Supervisor, script: Path, k: int, surface: str) -> tu
 
 
 async def fleets(
-    base: Path, address: str, n: int, nodes: int, reps: int, *, sandboxed: bool = False
+    base: Path,
+    address: str,
+    n: int,
+    nodes: int,
+    reps: int,
+    *,
+    sandboxed: bool = False,
+    workspace_mb: int = 0,
 ) -> dict[str, Any]:
     """*n* scouts through a local supervisor against the same on the cluster, alternated
-    (*sandboxed*: every child in its sandbox, the product's default, on both sides)."""
-    repo, scout, idle = make_workspace(base)
+    (*sandboxed*: every child in its sandbox, the product's default, on both sides;
+    *workspace_mb*: the workspace's size beyond its README)."""
+    repo, scout, idle = make_workspace(base, workspace_mb)
     runs: dict[str, list[FleetRun]] = {"process": [], "ray": []}
     memory: dict[str, tuple[float, float]] = {}
     for rep in range(reps):
@@ -355,6 +366,13 @@ def main() -> None:
         action="store_true",
         help="every child sandboxed on both sides (the default path; forks of sandboxed servers)",
     )
+    parser.add_argument(
+        "--workspace-mb",
+        type=int,
+        default=0,
+        metavar="M",
+        help="M MB of incompressible data in the workspace the scouts read (default 0)",
+    )
     args = parser.parse_args()
     smoke = args.smoke
     # --smoke: 2 scouts on one node, each path once (a quick check that every path still runs).
@@ -372,7 +390,7 @@ def main() -> None:
     result: dict[str, Any] = {}
     try:
         measured = trio.run(
-            functools.partial(fleets, sandboxed=args.sandboxed),
+            functools.partial(fleets, sandboxed=args.sandboxed, workspace_mb=args.workspace_mb),
             base,
             cluster.address,
             n,

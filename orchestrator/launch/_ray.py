@@ -72,6 +72,7 @@ import ipc
 from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan, node_directory_name
+from orchestrator.launch._ray_bundles import SharedBundles
 from orchestrator.launch._ray_exits import HostExits
 from orchestrator.launch._ray_host import (
     HostedChild,
@@ -221,6 +222,8 @@ class RayLauncher:
     #: Per node: its host's exit stream (carried children's ends, :mod:`._ray_exits`).
     _exit_streams: dict[str, HostExits] = attrs.field(factory=dict, init=False)
     _slots: Slots = attrs.field(factory=Slots, init=False)
+    #: Readers' bundles in the object store, once a tree (:mod:`._ray_bundles`).
+    _bundles: SharedBundles = attrs.field(factory=SharedBundles, init=False)
     #: Actors made by :meth:`open_node`, waiting for their child's launch.
     _opened: dict[str, Any] = attrs.field(factory=dict, init=False)
     #: Per child whose sandbox its node makes (:meth:`plan`).
@@ -576,7 +579,8 @@ class RayLauncher:
         calls = list(queued)
         if spec.ship is not None:
             ship = spec.ship
-            calls.append(("receive", (ship.bundle, ship.work_tree, ship.read_only, ship.tree)))
+            bundle = await self._bundles.bundle(ship)  # a large reader's: a shared reference
+            calls.append(("receive", (bundle, ship.work_tree, ship.read_only, ship.tree)))
         files: dict[str, bytes] = {}
         plain = None if plan is None else attrs.evolve(plan, forkable=spec.plain).plain()
         if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,17 @@ _NODE_GIT_ENV = {
 
 #: The reader trees of this node process (a node host's, shared by all its children).
 _READ_TREES = ReadTrees()
+
+
+#: How long a node waits for a shared bundle from the object store.
+FETCH_TIMEOUT_S = 100.0
+
+
+def _bytes_of(bundle: Any) -> Callable[[], bytes]:
+    """*bundle*'s bytes when called: itself, or what its object store reference holds."""
+    if isinstance(bundle, bytes):
+        return lambda: bundle
+    return lambda: bytes(ray_module().get(bundle, timeout=FETCH_TIMEOUT_S))
 
 
 def _check_out(bundle: bytes, work_tree: str) -> str:
@@ -189,14 +200,17 @@ class ChildActor:
             raise RuntimeError(f"git {args[0]} on the node: {detail[-1] if detail else done}")
         return done.stdout
 
-    def receive(self, bundle: bytes, work_tree: str, read_only: bool, tree: str = "") -> None:
+    def receive(self, bundle: Any, work_tree: str, read_only: bool, tree: str = "") -> None:
         """Check the snapshot *bundle* out at *work_tree* (made here, empty); its Git dir is
         private to this actor, so the child sees files only. A reader's read-only checkout is
         written from the tree this process keeps of the snapshot (*tree*: its Git tree id,
-        :mod:`._read_trees`)."""
-        if read_only and _READ_TREES.check_out(bundle, work_tree, _check_out, tree):
+        :mod:`._read_trees`). *bundle*: its bytes, or a reference to them in Ray's object
+        store (a large reader's, shared by its batch: :mod:`._ray_bundles`), fetched only if
+        this process has not kept that tree."""
+        if read_only and _READ_TREES.check_out(_bytes_of(bundle), work_tree, _check_out, tree):
             self.work_tree, self.git_dir = work_tree, ""  # nothing comes back from a reader
             return
+        bundle = _bytes_of(bundle)()
         if self.node_dir:  # beside the child's paths, out of its view, gone with them
             private = os.path.join(self.node_dir, "git")
             os.mkdir(private, 0o700)

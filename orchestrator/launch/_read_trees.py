@@ -109,16 +109,21 @@ class ReadTrees:
 
     def check_out(
         self,
-        bundle: bytes,
+        bundle: bytes | Callable[[], bytes],
         work_tree: str,
         extract: Callable[[bytes, str], str],
         tree: str = "",
     ) -> bool:
         """Write the snapshot in *bundle* (of Git tree *tree*, when known) at *work_tree*;
         ``extract(bundle, directory)`` checks it out at an empty *directory* the first time and
-        says which tree it checked out. False: the tree is too large to keep, and nothing was
-        written (the caller checks it out itself). ValueError: *bundle* holds another tree."""
-        digest = tree or hashlib.sha256(bundle).hexdigest()
+        says which tree it checked out. *bundle* may be a call that gives its bytes, made only
+        when they are needed (a kept tree needs none). False: the tree is too large to keep,
+        and nothing was written (the caller checks it out itself). ValueError: *bundle* holds
+        another tree."""
+        digest = tree
+        if not digest:  # keyed by the bundle itself
+            bundle = bundle() if callable(bundle) else bundle
+            digest = hashlib.sha256(bundle).hexdigest()
         with self._lock:
             making = self._making.setdefault(digest, threading.Lock())
         with making:  # one extraction a snapshot; the others wait for it
@@ -141,12 +146,13 @@ class ReadTrees:
 
     @staticmethod
     def _extract(
-        bundle: bytes, extract: Callable[[bytes, str], str], tree: str
+        bundle: bytes | Callable[[], bytes], extract: Callable[[bytes, str], str], tree: str
     ) -> list[_Entry] | None:
+        data = bundle() if callable(bundle) else bundle
         scratch = tempfile.mkdtemp(prefix="fleet-node-tree-")
         try:
             work_tree = os.path.join(scratch, "tree")
-            got = extract(bundle, work_tree)
+            got = extract(data, work_tree)
             if tree and got != tree:
                 raise ValueError(f"the snapshot bundle holds tree {got}, not {tree}")
             return _read(work_tree)

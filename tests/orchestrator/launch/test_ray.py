@@ -1,6 +1,8 @@
 """The ray launcher on a real three-node ``ray.cluster_utils.Cluster`` (one machine)."""
 
+import hashlib
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,8 +15,9 @@ import trio
 from ray.cluster_utils import Cluster
 
 from orchestrator.launch import _context
-from orchestrator.launch._launcher import LaunchSpec
+from orchestrator.launch._launcher import LaunchSpec, Shipment
 from orchestrator.launch._ray import RayLauncher
+from orchestrator.workspace._bundle import ship_workspace
 
 if TYPE_CHECKING:
     from orchestrator.launch._ray_launched import LaunchedRay
@@ -90,6 +93,66 @@ async def test_children_spread_over_nodes_and_report(cluster, tmp_path, hosted):
     # 4 children on 4 slots over 3 nodes: every node got at least one.
     assert len({r.node for r in runs}) == 3
     assert out.count(b"hi\n") == 4
+
+
+@pytest.fixture
+def workspace(tmp_path) -> tuple[Path, bytes]:
+    """A committed workspace of 1 MB of incompressible data, and that data."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    data = os.urandom(1024 * 1024)
+    (repo / "data.bin").write_bytes(data)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "w"]):
+        subprocess.run([*git, *args], check=True)
+    return repo, data
+
+
+async def test_a_batch_of_readers_puts_its_workspace_in_the_object_store_once(
+    cluster, tmp_path, hosted, workspace, monkeypatch
+):
+    """Four readers of a 1 MB workspace, on all three nodes: the bundle goes into Ray's object
+    store once (each launch carries its reference), and each reader's read-only checkout holds
+    the workspace as it is. A second batch of the unchanged workspace (a new bundle of the
+    same tree) puts nothing more."""
+    repo, data = workspace
+    puts: list[int] = []
+    put = ray.put
+
+    def counted(value, **kwargs):
+        puts.append(len(value))
+        return put(value, **kwargs)
+
+    monkeypatch.setattr(ray, "put", counted)
+    sizes: list[int] = []
+    code = (
+        "import hashlib, os, sys; p = os.path.join(sys.argv[1], 'data.bin'); "
+        "print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), oct(os.stat(p).st_mode & 0o777))"
+    )
+    launcher = launcher_for(hosted=hosted)
+    for batch in ("a", "b"):
+        shipped = await trio.to_thread.run_sync(ship_workspace, repo)
+        sizes.append(len(shipped.bundle))
+        out: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            runs = []
+            for i in range(4):
+                work_tree = str(tmp_path / f"{batch}{i}")
+                ship = Shipment(
+                    bundle=shipped.bundle, work_tree=work_tree, read_only=True, tree=shipped.tree
+                )
+                child = attrs.evolve(
+                    spec(tmp_path, code, f"{batch}{i}"),
+                    argv=(sys.executable, "-c", code, work_tree),
+                    ship=ship,
+                )
+                runs.append(await launcher.launch(child, sink_into(out), nursery))
+            assert [await r.wait() for r in runs] == [0] * 4
+        assert len({r.node for r in runs}) == 3
+        want = f"{hashlib.sha256(data).hexdigest()} 0o400\n".encode()
+        assert b"".join(out) == want * 4
+        assert puts == sizes[:1]  # the first batch's, once
+        await trio.sleep(1.1)  # the next batch's snapshot commit: another bundle
 
 
 async def test_lane_queues_and_never_fails(cluster, tmp_path, hosted):

@@ -16,7 +16,7 @@ from orchestrator.workspace._bundle import ship_workspace
 
 
 @pytest.fixture
-def repo(tmp_path) -> Path:
+def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
     (root / "src" / "app.py").write_text("print('app')\n")
@@ -82,7 +82,7 @@ def test_a_later_batch_of_an_unchanged_workspace_is_written_from_the_kept_tree(t
     second = ship_workspace(repo)
     assert (first.commit, first.bundle) != (second.commit, second.bundle)
     assert first.tree == second.tree
-    trees, calls = ReadTrees(), []
+    trees, calls = ReadTrees(), list[str]()
     for name, shipped in (("one", first), ("two", second)):
         tree = tmp_path / name
         assert trees.check_out(shipped.bundle, str(tree), counted(calls), shipped.tree)
@@ -101,7 +101,7 @@ def test_a_bundle_that_holds_another_tree_than_it_is_sent_as_fails_and_is_not_ke
     shipped = ship_workspace(repo)
     (repo / "untracked.txt").write_text("changed\n")
     other = ship_workspace(repo)
-    trees, calls = ReadTrees(), []
+    trees, calls = ReadTrees(), list[str]()
     with pytest.raises(ValueError, match=f"holds tree {shipped.tree}, not {other.tree}"):
         trees.check_out(shipped.bundle, str(tmp_path / "one"), counted(calls), other.tree)
     assert not (tmp_path / "one").exists()
