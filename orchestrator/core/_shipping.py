@@ -9,6 +9,9 @@ spawned together make one bundle, not 64. A child launched later (the parent may
 since) starts a new one.
 A shipment that failed is not shared: each waiting child then makes its own, and gets its own
 error. The newest shipment of a workspace is kept :data:`KEEP_S` seconds after it was made.
+The last shipment of each workspace is kept for the session as well: a later batch whose
+snapshot has the same tree (a parent scouting again before it edits) takes its bundle instead
+of packing the same files again (its snapshot is still taken: that is how the tree is known).
 """
 
 import time
@@ -38,6 +41,8 @@ class ReaderShipments:
     """The newest shipment of each workspace (see the module docstring)."""
 
     _newest: dict[Path, _Making] = attrs.field(factory=dict, init=False)
+    #: The last shipment made of each workspace, whatever its age.
+    _last: dict[Path, Shipped] = attrs.field(factory=dict, init=False)
 
     async def ship(self, workspace: Path, asked_at: float, nursery: trio.Nursery) -> Shipped:
         """*workspace* as it is now for a child whose launch began at *asked_at*
@@ -47,11 +52,11 @@ class ReaderShipments:
             await making.done.wait()
             if making.shipped is not None:
                 return making.shipped
-            return await trio.to_thread.run_sync(ship_workspace, workspace)
+            return await self._make(workspace)
         making = _Making(began=time.monotonic())
         self._newest[workspace] = making
         try:
-            making.shipped = await trio.to_thread.run_sync(ship_workspace, workspace)
+            making.shipped = await self._make(workspace)
         finally:
             making.done.set()
             if making.shipped is None:
@@ -59,6 +64,13 @@ class ReaderShipments:
             else:
                 nursery.start_soon(self._expire, workspace, making)
         return making.shipped
+
+    async def _make(self, workspace: Path) -> Shipped:
+        shipped = await trio.to_thread.run_sync(
+            ship_workspace, workspace, self._last.get(workspace)
+        )
+        self._last[workspace] = shipped
+        return shipped
 
     async def _expire(self, workspace: Path, making: _Making) -> None:
         await trio.sleep(KEEP_S)

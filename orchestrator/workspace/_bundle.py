@@ -57,20 +57,24 @@ def ship_snapshot(snapshot: Snapshot) -> Shipped:
     return _ship(layout_of(snapshot.worktree, f"bundle {snapshot.worktree}"), snapshot.commit)
 
 
-def ship_workspace(repo: Path) -> Shipped:
+def ship_workspace(repo: Path, reuse: Shipped | None = None) -> Shipped:
     """The workspace containing *repo* as it is now (uncommitted and untracked changes
-    included, as a worktree snapshot takes them), for a reading child's node. Nothing of the
-    repository changes: no ref, no index; the new objects are unreachable, for ``git gc``."""
+    included, as a worktree snapshot takes them), for a reading child's node: *reuse* itself
+    when it carries the very same tree (a reader's checkout is its tree alone), so an unchanged
+    workspace is snapshotted but not bundled again. Nothing of the repository changes: no ref,
+    no index; the new objects are unreachable, for ``git gc``."""
     op = f"snapshot {repo}"
     layout = layout_of(repo, op)
-    return _ship(layout, snapshot_commit(layout, op))
+    return _ship(layout, snapshot_commit(layout, op), reuse)
 
 
-def _ship(layout: GitLayout, commit: str) -> Shipped:
+def _ship(layout: GitLayout, commit: str, reuse: Shipped | None = None) -> Shipped:
     op = f"bundle {layout.root}"
     env = git_env() | _IDENTITY
     tree = run_git(["rev-parse", f"{commit}^{{tree}}"], cwd=layout.root, env=env, op=op)
     tree_id = tree.decode().strip()
+    if reuse is not None and reuse.tree == tree_id:
+        return reuse
     shipped = (
         run_git(
             ["commit-tree", "--no-gpg-sign", "-m", "fleet: a snapshot for a node", tree_id],

@@ -46,6 +46,20 @@ async def test_a_child_launched_after_a_write_gets_the_write(repo):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_later_batch_of_an_unchanged_workspace_takes_the_last_bundle(repo):
+    shipments = ReaderShipments()
+    async with trio.open_nursery() as nursery:
+        first = await shipments.ship(repo, time.monotonic(), nursery)
+        await trio.sleep(1.1)  # a snapshot commit a second later would be another bundle
+        again = await shipments.ship(repo, time.monotonic(), nursery)
+        assert again is first  # the same tree: not packed again
+        (repo / "a.txt").write_text("changed\n")
+        changed = await shipments.ship(repo, time.monotonic(), nursery)
+        assert changed.tree != first.tree
+        assert changed.bundle != first.bundle
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_failed_shipment_is_not_shared_and_each_child_gets_its_error(tmp_path):
     shipments, asked, errors = ReaderShipments(), time.monotonic(), []
     async with trio.open_nursery() as nursery:
