@@ -1,26 +1,40 @@
-"""A node's read-only checkouts: a reader snapshot checked out once, then written from memory.
+"""A node's read-only checkouts: a reader snapshot checked out once, then linked for each reader.
 
 Every reading child on a node gets a read-only checkout of the same snapshot when a batch of
 them is spawned together (``orchestrator.core._shipping`` ships one bundle to all of them).
 Checked out by Git for each child, that was six processes a child (64 scouts over four nodes:
-384). A node process instead checks a snapshot out once, in a private temporary directory that
-it removes at once, keeps the tree in memory (each file's path, mode and bytes; each link's
-target), and writes each child's checkout from it: new directories, new 0400/0500 files
-(``O_EXCL``, never through a link), links as links. A tree is keyed by its Git tree id, which
-the supervisor sends with the bundle: each batch's bundle is a new snapshot commit, so a later
-batch of an unchanged workspace (a parent scouting again before it edits) is written from the
-tree kept here, with no Git process at all. The one checkout of a tree is checked against its
-id (a bundle that holds another tree fails its launch); without an id, the key is the bundle's
-SHA-256. At most :data:`KEPT` trees, each at most :data:`MAX_TREE_BYTES`, are kept. A larger
-tree is not kept, and its children are checked out by Git one by one, as before.
+384); written from a copy in memory, it was each file's bytes once a child (a 16 MB workspace:
+a gigabyte for 64 scouts, most of their node hosts' time). A node process instead checks a
+snapshot out once, into a store of its own beside its children's node directories (a 0700
+``fleet-trees-PID-*`` directory in the node's root of them, hidden from every sandboxed child as
+the whole root is), makes the files read-only there (0400/0500), and gives each reader a
+checkout of its own directories and links whose files are hard links to the stored ones: no
+file's bytes are copied, and a sandboxed reader's checkout is bound read-only into its view. A
+file that cannot be linked (another file system) is copied from the store (``O_EXCL``, never
+through a link).
+
+A tree is keyed by its Git tree id, which the supervisor sends with the bundle: each batch's
+bundle is a new snapshot commit, so a later batch of an unchanged workspace (a parent scouting
+again before it edits) is checked out from the store with no Git process at all. The one
+checkout of a tree is checked against its id (a bundle that holds another tree fails its
+launch); without an id, the key is the bundle's SHA-256. At most :data:`KEPT` trees, each at
+most :data:`MAX_TREE_BYTES`, are kept; an older tree's store is removed (the readers still
+running keep their links to its files). A larger tree is not kept, and its children are checked
+out by Git one by one. A store left by a node process that died is removed by the next one that
+makes its own in that root.
 
 Paths come from a Git tree (no ``..``, no absolute path, no ``.git``; Git refuses those), and
-the snapshot is the supervisor's, not a child's: the cache holds nothing a child wrote.
+the snapshot is the supervisor's, not a child's: the store holds nothing a child wrote. An
+unsandboxed child could change a stored file (it runs as the node's user, who owns them), as it
+could change anything else of that user's on the node; a sandboxed one sees neither the store
+nor a writable link to it.
 """
 
 import collections
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -30,37 +44,50 @@ from typing import Final
 
 import attrs
 
-__all__ = ["KEPT", "MAX_TREE_BYTES", "ReadTrees"]
+from orchestrator._trees import remove_tree
+from orchestrator.launch._nodeplan import node_root
 
-#: The largest tree kept in memory (the sum of its files' sizes).
+__all__ = ["KEPT", "MAX_TREE_BYTES", "STORE_PREFIX", "ReadTrees"]
+
+#: The largest tree kept (the sum of its files' sizes).
 MAX_TREE_BYTES: Final = 64 * 1024 * 1024
 #: How many trees a node process keeps (the newest).
 KEPT: Final = 2
+#: A node process's store of trees: ``fleet-trees-PID-<random>`` in its root.
+STORE_PREFIX: Final = "fleet-trees-"
+_STORE_NAME = re.compile(rf"{re.escape(STORE_PREFIX)}(\d+)-\w+")
 
 
 @attrs.frozen
 class _Entry:
     path: str
-    #: ``"file"`` (``data`` its bytes, ``executable`` its x bit), ``"link"`` (``data`` its
-    #: target) or ``"dir"``.
+    #: ``"file"`` (``executable``: its x bit), ``"link"`` (``target``) or ``"dir"``.
     kind: str
-    data: bytes = b""
+    target: str = ""
     executable: bool = False
+
+
+@attrs.frozen
+class _Tree:
+    #: The directory holding the tree's files, read-only.
+    store: str
+    entries: list[_Entry]
 
 
 class _TooLarge(Exception):
     pass
 
 
-def _read(root: str) -> list[_Entry]:
-    """Every directory, file and link under *root* (its own paths are relative)."""
+def _seal(root: str) -> list[_Entry]:
+    """Every directory, file and link under *root* (its own paths are relative), each file
+    made read-only (0400, or 0500 when executable) where it is."""
     entries, total = [], 0
     for top, dirs, files in os.walk(root):
         for name in sorted(dirs):
             path = os.path.join(top, name)
             rel = os.path.relpath(path, root)
             if os.path.islink(path):
-                entries.append(_Entry(rel, "link", os.fsencode(os.readlink(path))))
+                entries.append(_Entry(rel, "link", os.readlink(path)))
             else:
                 entries.append(_Entry(rel, "dir"))
         for name in sorted(files):
@@ -68,44 +95,70 @@ def _read(root: str) -> list[_Entry]:
             rel = os.path.relpath(path, root)
             info = os.lstat(path)
             if stat.S_ISLNK(info.st_mode):
-                entries.append(_Entry(rel, "link", os.fsencode(os.readlink(path))))
+                entries.append(_Entry(rel, "link", os.readlink(path)))
                 continue
             total += info.st_size
             if total > MAX_TREE_BYTES:
                 raise _TooLarge
-            with open(path, "rb") as handle:
-                data = handle.read()
-            entries.append(_Entry(rel, "file", data, bool(info.st_mode & 0o100)))
+            executable = bool(info.st_mode & 0o100)
+            os.chmod(path, 0o500 if executable else 0o400)
+            entries.append(_Entry(rel, "file", executable=executable))
     return entries
 
 
-def _write(entries: list[_Entry], work_tree: str) -> None:
-    """Write *entries* under *work_tree* (made here or empty): files read-only, as a reader's
-    checkout is; directories stay writable so the session's clean-up can remove them."""
+def _write(tree: _Tree, work_tree: str) -> None:
+    """Check *tree* out at *work_tree* (made here or empty): its files linked to the store's
+    (copied where they cannot be); directories stay writable so the session's clean-up can
+    remove them."""
     os.makedirs(work_tree, mode=0o700, exist_ok=True)
-    for entry in entries:
+    for entry in tree.entries:
         path = os.path.join(work_tree, entry.path)
         if entry.kind == "dir":
             os.mkdir(path, 0o700)
         elif entry.kind == "link":
-            os.symlink(os.fsdecode(entry.data), path)
+            os.symlink(entry.target, path)
         else:
-            mode = 0o500 if entry.executable else 0o400
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, mode)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(entry.data)
+            stored = os.path.join(tree.store, entry.path)
+            try:
+                os.link(stored, path, follow_symlinks=False)
+            except OSError as exc:  # another file system (or too many links): a copy
+                if isinstance(exc, FileExistsError):
+                    raise
+                _copy(stored, path, 0o500 if entry.executable else 0o400)
+
+
+def _copy(source: str, path: str, mode: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(source, "rb") as read, os.fdopen(os.open(path, flags, mode), "wb") as out:
+        shutil.copyfileobj(read, out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @attrs.define(eq=False)
 class ReadTrees:
-    """The trees one node process keeps (see the module docstring)."""
+    """The trees one node process keeps (see the module docstring). *root*: where its store
+    is made (the node's root of node directories when not given)."""
 
+    root: str = ""
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _making: dict[str, threading.Lock] = attrs.field(factory=dict, init=False)
-    _trees: "collections.OrderedDict[str, list[_Entry] | None]" = attrs.field(
+    _trees: "collections.OrderedDict[str, _Tree | None]" = attrs.field(
         factory=collections.OrderedDict, init=False
     )
+    _home: str = attrs.field(default="", init=False)
+    #: Per store: the checkouts being written from it now; a store dropped meanwhile is
+    #: removed by the last of them.
+    _users: dict[str, int] = attrs.field(factory=dict, init=False)
+    _dropped: set[str] = attrs.field(factory=set, init=False)
 
     def check_out(
         self,
@@ -114,7 +167,7 @@ class ReadTrees:
         extract: Callable[[bytes, str], str],
         tree: str = "",
     ) -> bool:
-        """Write the snapshot in *bundle* (of Git tree *tree*, when known) at *work_tree*;
+        """Check the snapshot in *bundle* (of Git tree *tree*, when known) out at *work_tree*;
         ``extract(bundle, directory)`` checks it out at an empty *directory* the first time and
         says which tree it checked out. *bundle* may be a call that gives its bytes, made only
         when they are needed (a kept tree needs none). False: the tree is too large to keep,
@@ -129,34 +182,97 @@ class ReadTrees:
         with making:  # one extraction a snapshot; the others wait for it
             with self._lock:
                 known = digest in self._trees
-                entries = self._trees.get(digest)
+                kept = self._trees.get(digest)
                 if known:
                     self._trees.move_to_end(digest)
             if not known:
-                entries = self._extract(bundle, extract, tree)
+                kept = self._extract(bundle, extract, tree, digest)
+                idle = []  # dropped stores no checkout is written from now
                 with self._lock:
-                    self._trees[digest] = entries
+                    self._trees[digest] = kept
                     while len(self._trees) > KEPT:
-                        old, _ = self._trees.popitem(last=False)
-                        self._making.pop(old, None)
-        if entries is None:
-            return False
-        _write(entries, work_tree)
+                        old_key, old = self._trees.popitem(last=False)
+                        self._making.pop(old_key, None)
+                        if old is not None and old.store in self._users:
+                            self._dropped.add(old.store)
+                        elif old is not None:
+                            idle.append(old.store)
+                for store in idle:
+                    remove_tree(store)
+            if kept is None:
+                return False
+            with self._lock:
+                self._users[kept.store] = self._users.get(kept.store, 0) + 1
+        try:
+            _write(kept, work_tree)
+        finally:
+            self._release(kept.store)
         return True
 
-    @staticmethod
+    def _release(self, store: str) -> None:
+        """A checkout from *store* is written; the store goes if it was dropped meanwhile."""
+        with self._lock:
+            self._users[store] -= 1
+            gone = not self._users[store] and store in self._dropped
+            if not self._users[store]:
+                del self._users[store]
+            if gone:
+                self._dropped.discard(store)
+        if gone:
+            remove_tree(store)
+
+    def close(self) -> None:
+        """Remove the store (the node process is ending)."""
+        with self._lock:
+            self._trees.clear()
+            home, self._home = self._home, ""
+        if home:
+            remove_tree(home)
+
+    def _store(self) -> str:
+        """This process's store, made on first use (and a dead process's left in its root
+        removed then)."""
+        with self._lock:
+            if not self._home:
+                root = self.root or node_root()
+                _sweep(root)
+                self._home = tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-", dir=root)
+            return self._home
+
     def _extract(
-        bundle: bytes | Callable[[], bytes], extract: Callable[[bytes, str], str], tree: str
-    ) -> list[_Entry] | None:
+        self,
+        bundle: bytes | Callable[[], bytes],
+        extract: Callable[[bytes, str], str],
+        tree: str,
+        key: str,
+    ) -> _Tree | None:
         data = bundle() if callable(bundle) else bundle
-        scratch = tempfile.mkdtemp(prefix="fleet-node-tree-")
+        home = self._store()
+        scratch = tempfile.mkdtemp(prefix="making-", dir=home)
         try:
             work_tree = os.path.join(scratch, "tree")
             got = extract(data, work_tree)
             if tree and got != tree:
                 raise ValueError(f"the snapshot bundle holds tree {got}, not {tree}")
-            return _read(work_tree)
+            entries = _seal(work_tree)
+            store = os.path.join(home, key)
+            os.rename(work_tree, store)
+            return _Tree(store, entries)
         except _TooLarge:
             return None
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_tree(scratch)
+
+
+def _sweep(root: str) -> None:
+    """Remove the stores in *root* of node processes of this user that are gone."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            found = _STORE_NAME.fullmatch(name)
+            if found is None or _alive(int(found.group(1))):
+                continue
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                    remove_tree(path)
