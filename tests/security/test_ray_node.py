@@ -2,7 +2,8 @@
 
 Its node's actor runs its egress proxy in the child's node directory: a target off its list is
 refused there and the refusal still reaches the supervisor's run log and reject log. Another
-child's node directory (0700, outside the sandbox's view) is out of its reach.
+child's node directory (0700, outside the sandbox's view) is out of its reach, and so is its
+node's store of readers' snapshots: its checkout's files are links to it, read-only in its view.
 """
 
 import json
@@ -78,6 +79,13 @@ def loadouts(pid):
     return [n for n in attempt(lambda: os.listdir(fds)) if "fleet-loadout" in attempt(
         lambda: os.readlink(os.path.join(fds, n)))]
 out["loadout_fds"] = loadouts("self") + loadouts(os.getppid())
+# Its checkout's files are links to its node's one stored copy of the snapshot: it can neither
+# find that store nor change a file every reader of the snapshot on its node would read.
+root = os.path.dirname(own_node)
+out["stores"] = attempt(lambda: [n for n in os.listdir(root) if n.startswith("fleet-trees-")])
+out["readme"] = attempt(lambda: open("README.md").read())
+out["chmod_readme"] = attempt(lambda: os.chmod("README.md", 0o644))
+out["write_readme"] = attempt(lambda: open("README.md", "a").write("planted"))
 print(json.dumps(out))
 """
 
@@ -112,6 +120,16 @@ async def _until(done: Callable[[], bool]) -> None:
             return
         await trio.sleep(0.2)
     raise AssertionError("never happened")
+
+
+def _stored(checked_out: Path) -> list[str]:
+    """What the node's stores hold of the file *checked_out* (a reader's link to one)."""
+    inode = checked_out.stat().st_ino
+    return [
+        path.read_text()
+        for path in Path(node_root()).glob("fleet-trees-*/*/" + checked_out.name)
+        if path.stat().st_ino == inode
+    ]
 
 
 async def _report(sup: Supervisor, key: str) -> dict[str, Any]:
@@ -174,6 +192,7 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
             )
             got = await _report(sup, hostile.key)
             hostile_node = _node_of(config, hostile.key)
+            stored = _stored(hostile_node / "checkout" / "README.md")
             assert sibling_node.exists()  # it was there to be attacked all along
             sandboxed = {a["key"]: a["sandboxed"] for a in sup.peek()["agents"]}
             await sup.stop([sibling.key, hostile.key])
@@ -213,6 +232,13 @@ async def test_a_hostile_child_on_a_node_is_refused_and_the_supervisor_hears(hom
     # loadout as a memfd, read once and closed, so the command it runs finds neither.
     assert got["own_loadout"] == "error 2", got
     assert got["loadout_fds"] == [], got
+    # Its checkout is its node's stored snapshot, linked, read-only in its view.
+    readme = (repo / "README.md").read_text()
+    assert got["stores"] == [], got
+    assert got["readme"] == readme, got
+    assert got["chmod_readme"] == "error 30", got  # a read-only file system
+    assert got["write_readme"] in ("error 13", "error 30"), got  # 0400, and read-only
+    assert stored == [readme], stored
     assert not sibling_node.exists()
     assert not hostile_node.exists()
 
