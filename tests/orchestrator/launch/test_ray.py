@@ -127,7 +127,8 @@ async def test_a_batch_of_readers_puts_its_workspace_in_the_object_store_once(
     sizes: list[int] = []
     code = (
         "import hashlib, os, sys; p = os.path.join(sys.argv[1], 'data.bin'); "
-        "print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), oct(os.stat(p).st_mode & 0o777))"
+        "print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), oct(os.stat(p).st_mode & 0o777)); "
+        "import time; time.sleep(3)"  # each holds its slot: the four are on all three nodes
     )
     launcher = launcher_for(hosted=hosted)
     for batch in ("a", "b"):
