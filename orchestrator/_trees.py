@@ -29,8 +29,9 @@ def remove_tree(tree: Path | str) -> None:
             with contextlib.suppress(OSError):
                 if not os.path.islink(path):  # Linux has no lchmod
                     os.chmod(path, 0o700)
-        with contextlib.suppress(OSError):
-            func(name)
+        if func in (os.rmdir, os.unlink, os.remove):  # not os.open or a scan: nothing to retry
+            with contextlib.suppress(OSError):
+                func(name)
 
     tree = Path(tree)
     if tree.is_dir() and not tree.is_symlink():

@@ -272,7 +272,7 @@ def _sweep(root: str) -> None:
             if found is None or _alive(int(found.group(1))):
                 continue
             path = os.path.join(root, name)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # gone meanwhile: another node process swept it
                 info = os.lstat(path)
                 if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
                     remove_tree(path)

@@ -37,3 +37,24 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_tree_emptied_by_another_process_meanwhile_is_no_error(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Two node processes sweep the same dead store: one's rmtree finds a directory it listed
+    # already gone, and its os.open fails; that is not retried (os.open needs its flags).
+    tree = tmp_path / "store"
+    (tree / "gone").mkdir(parents=True)
+    real = os.open
+
+    def opened(path, flags, *args, **kwargs):
+        if os.path.basename(path) == "gone":
+            raise FileNotFoundError(2, "swept by another process", path)
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", opened)
+    remove_tree(tree)  # raised TypeError from retrying os.open without its flags
+    monkeypatch.undo()
+    remove_tree(tree)
+    assert not tree.exists()
