@@ -149,4 +149,3 @@ def test_a_store_left_by_a_node_process_that_died_goes_when_the_next_makes_its_o
     assert not left.exists()
     assert living.exists()  # its process runs
     trees.close()
-
