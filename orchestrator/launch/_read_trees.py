@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
+import psutil
 
 from orchestrator._trees import remove_tree
 from orchestrator.launch._nodeplan import node_root
@@ -131,16 +132,6 @@ def _copy(source: str, path: str, mode: int) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with open(source, "rb") as read, os.fdopen(os.open(path, flags, mode), "wb") as out:
         shutil.copyfileobj(read, out)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @attrs.define(eq=False)
@@ -269,7 +260,7 @@ def _sweep(root: str) -> None:
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
             found = _STORE_NAME.fullmatch(name)
-            if found is None or _alive(int(found.group(1))):
+            if found is None or psutil.pid_exists(int(found.group(1))):
                 continue
             path = os.path.join(root, name)
             with contextlib.suppress(OSError):  # gone meanwhile: another node process swept it
