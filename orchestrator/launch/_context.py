@@ -58,6 +58,8 @@ _ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: A file a keep in place (``_replace_one``) writes before its rename, left by one that died.
+_LEFTOVER = re.compile(r"\.[A-Za-z0-9._-]+\.\d+\.tmp")
 
 
 class ContextRefused(RuntimeError):
@@ -237,16 +239,28 @@ def restore(scratch: str, files: Mapping[str, bytes], cap: int = CAP) -> None:
         os.close(top)
 
 
+#: The places whose leftovers of dead supervisors :func:`_fresh` has removed (once a place a
+#: process: none is left by a supervisor that dies after this one has started keeping there);
+#: forgotten past :data:`_SWEPT_MAX` (a long session's places are swept again, no more).
+_swept: set[str] = set()
+_SWEPT_MAX = 4096
+
+
 def _fresh(place: str) -> str:
     """A new 0700 directory beside *place* (not yet there), for :func:`keep` to fill; what an
-    earlier supervisor that died mid-keep left beside it is removed first."""
+    earlier supervisor that died mid-keep left beside it is removed first (the first time this
+    process makes one for *place*)."""
     parent, base = os.path.split(place)
-    left = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\d+")
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            found = left.fullmatch(name)
-            if found and int(found.group(1)) != os.getpid():
-                remove_tree(os.path.join(parent, name))
+    if place not in _swept:
+        left = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\d+")
+        with contextlib.suppress(OSError):
+            for name in os.listdir(parent):
+                found = left.fullmatch(name)
+                if found and int(found.group(1)) != os.getpid():
+                    remove_tree(os.path.join(parent, name))
+        if len(_swept) >= _SWEPT_MAX:
+            _swept.clear()
+        _swept.add(place)
     for n in range(100):
         candidate = os.path.join(parent, f".{base}.{os.getpid()}.{n}")
         with contextlib.suppress(FileExistsError):
@@ -268,9 +282,12 @@ def _swap_in(fresh: str, place: str) -> None:
 def keep(place: str, files: Mapping[str, bytes], needs: list[Want], cap: int = CAP) -> None:
     """Keep *files* (what :func:`gather` sent for *needs*) as the directory *place* (a child's
     own scratch place in the state directory), replacing what was kept there: written into a
-    fresh directory beside it and swapped in. ValueError or :class:`ContextRefused` for files
-    that are not such a context, and nothing is changed."""
+    fresh directory beside it and swapped in, or, for a backend that resumes from one file
+    kept there before, that file replaced in place (:func:`_replace_one`). ValueError or
+    :class:`ContextRefused` for files that are not such a context, and nothing is changed."""
     _checked(files, needs, cap)
+    if _replace_one(place, files, needs):
+        return
     fresh = _fresh(place)
     try:
         top = os.open(fresh, _DIR_FLAGS)
@@ -283,6 +300,46 @@ def keep(place: str, files: Mapping[str, bytes], needs: list[Want], cap: int = C
     except BaseException:
         remove_tree(fresh)
         raise
+
+
+def _replace_one(place: str, files: Mapping[str, bytes], needs: list[Want]) -> bool:
+    """For a backend that resumes from one named file (the builtin agent's transcript, Pi's
+    session) whose copy at *place* holds that file and nothing else but leftovers of a keep
+    that died: the file in *files* written beside it, made durable and renamed over it (a
+    third of the system calls of a swap; a turn end of every remote child pays it). Whether
+    it did; ``False`` leaves *place* as it was."""
+    if len(needs) != 1 or needs[0].deep or needs[0].root or set(files) != {needs[0].pattern}:
+        return False
+    name = needs[0].pattern
+    try:
+        top = os.open(place, _DIR_FLAGS)
+    except OSError:  # not kept yet (or not a directory): the swap makes it
+        return False
+    try:
+        listed = os.listdir(top)
+        if name not in listed:
+            return False
+        temporary = f".{name}.{os.getpid()}.tmp"
+        for other in listed:
+            if other == name:
+                continue
+            if not _LEFTOVER.fullmatch(other):
+                return False  # a refusal, or a file of another layout: the swap replaces all
+            os.unlink(other, dir_fd=top)
+        out = os.open(temporary, _NEW_FLAGS, 0o600, dir_fd=top)
+        try:
+            with os.fdopen(out, "wb") as handle:
+                handle.write(files[name])
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(temporary, name, src_dir_fd=top, dst_dir_fd=top)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=top)
+            raise
+    finally:
+        os.close(top)
+    return True
 
 
 def refuse(place: str, line: str) -> None:

@@ -171,6 +171,33 @@ def test_what_the_supervisor_keeps_is_private_and_replaces_the_copy_before(
     assert _context.read_kept(str(place), needs) == {second: b"two"}
 
 
+def test_a_one_file_context_is_replaced_in_place_and_a_refusal_is_swapped_out(
+    tmp_path: Path,
+) -> None:
+    """The builtin agent's transcript kept again: the file renamed over in the same place (no
+    directory swapped), durable and private; a leftover of a keep that died there goes; a
+    place that holds a refusal (or anything else) is replaced whole, as before."""
+    place = tmp_path / "a1"
+    needs = wants("builtin", "")
+    keep(str(place), {"transcript.json": b"one"}, needs)
+    inode = place.stat().st_ino
+    (place / ".transcript.json.4194305.tmp").write_bytes(b"half")  # a keep that died
+    keep(str(place), {"transcript.json": b"two"}, needs)
+    assert place.stat().st_ino == inode  # replaced in place
+    assert sorted(os.listdir(place)) == ["transcript.json"]
+    assert stat.S_IMODE((place / "transcript.json").stat().st_mode) == 0o600
+    assert _context.read_kept(str(place), needs) == {"transcript.json": b"two"}
+    _context.refuse(str(place), "its context is over the cap")
+    keep(str(place), {"transcript.json": b"three"}, needs)
+    assert sorted(os.listdir(place)) == ["transcript.json"]
+    assert _context.refused(str(place)) == ""
+    assert _context.read_kept(str(place), needs) == {"transcript.json": b"three"}
+    # Nothing kept (no transcript yet): the place holds nothing, swapped whole.
+    keep(str(place), {}, needs)
+    assert os.listdir(place) == []
+    assert sorted(os.listdir(tmp_path)) == ["a1"]
+
+
 def test_a_restore_writes_only_beneath_the_new_scratch(actor: ChildActor, tmp_path: Path) -> None:
     scratch = _scratch(actor)
     outside = tmp_path / "outside"
