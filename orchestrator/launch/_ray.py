@@ -73,6 +73,7 @@ from orchestrator._errors import PolicyError
 from orchestrator.launch._launcher import LaunchSpec, OutputSink
 from orchestrator.launch._nodeplan import NodePlan, node_directory_name
 from orchestrator.launch._ray_bundles import SharedBundles
+from orchestrator.launch._ray_contexts import HostContexts
 from orchestrator.launch._ray_exits import HostExits
 from orchestrator.launch._ray_host import (
     HostedChild,
@@ -221,6 +222,8 @@ class RayLauncher:
     _links: dict[str, "_Link"] = attrs.field(factory=dict, init=False)
     #: Per node: its host's exit stream (carried children's ends, :mod:`._ray_exits`).
     _exit_streams: dict[str, HostExits] = attrs.field(factory=dict, init=False)
+    #: Per node: its host's context fetches, a call a batch (:mod:`._ray_contexts`).
+    _context_calls: dict[str, HostContexts] = attrs.field(factory=dict, init=False)
     _slots: Slots = attrs.field(factory=Slots, init=False)
     #: Readers' bundles in the object store, once a tree (:mod:`._ray_bundles`).
     _bundles: SharedBundles = attrs.field(factory=SharedBundles, init=False)
@@ -463,6 +466,14 @@ class RayLauncher:
             stream = self._exit_streams[child.node] = HostExits(child.host, self.nursery)
         return stream
 
+    def _contexts_of(self, child: HostedChild) -> HostContexts:
+        """The context fetches of *child*'s host (made on its first child)."""
+        calls = self._context_calls.get(child.node)
+        if calls is None or calls.host is not child.host:
+            assert self.nursery is not None  # noqa: S101 - only with the session's nursery
+            calls = self._context_calls[child.node] = HostContexts(child.host, self.nursery)
+        return calls
+
     def plan(self, key: str, plan: NodePlan) -> None:
         """Child *key*'s sandbox is made on its node from *plan* when it is launched: its
         actor builds the command (the spec's argv and cwd are not used) and wraps it there."""
@@ -554,8 +565,11 @@ class RayLauncher:
                 link.kept = True
                 assert self.nursery is not None  # noqa: S101 - a carrying launcher's
                 self.nursery.start_soon(self._keep_link, actor.node, link)
+        if isinstance(actor, HostedChild) and self.nursery is not None:
+            launched._contexts = functools.partial(self._contexts_of(actor).fetch, actor.ident)
         if isinstance(actor, HostedChild) and info.get("watched"):
             launched._outcome = self._exits_of(actor).expect(actor.ident)
+            launched.released_at_end = bool(info.get("released"))
         else:
             launched._outcome = functools.partial(resolved, actor.wait.remote())
         nursery.start_soon(launched._watch, sink)
@@ -586,9 +600,14 @@ class RayLauncher:
         if isinstance(actor, HostedChild) and actor.link and spec.door and plain is not None:
             # Its channel goes over its host's link: no key, no CSR, no leaf of its own.
             calls.append(("start", (spec.argv, spec.cwd, dict(spec.env), {}, plain, spec.door)))
-            calls.append(("watch", ()))  # its end goes to its host's exit stream
+            # Its end goes to its host's exit stream; its state goes there too when nothing
+            # is asked of it after its end (no bring-back, no egress refusals to poll).
+            release = (
+                not (spec.ship is not None and spec.ship.back) and spec.key not in self._refused
+            )
+            calls.append(("watch", (release,)))
             info = await self._started(actor, calls, spec.key)
-            return {**info, "watched": True}
+            return {**info, "watched": True, "released": release}
         if spec.tls:
             if self.certify is None:
                 raise ValueError("ray launcher: a TLS child needs the session CA (certify)")

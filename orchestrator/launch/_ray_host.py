@@ -16,16 +16,20 @@ child's first call, and :func:`forget_host` lets the next try start another).
 """
 
 import contextlib
+import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.launch._context import ContextRefused
 from orchestrator.launch._node_exits import NodeExits
 from orchestrator.launch._node_link import NodeLink
 from orchestrator.launch._node_loop import NodeLoop
 from orchestrator.launch._nodeplan import node_root
+from orchestrator.launch._ray_contexts import Asked, answer
 from orchestrator.launch._ray_forks import NodeForks
 from orchestrator.launch._ray_node import ChildActor, ray_module
 
@@ -98,6 +102,9 @@ class NodeHost:
         self._link = NodeLink(self._loop)
         #: Its children's ends, handed over in batches (:mod:`._node_exits`).
         self._exits = NodeExits(self._loop)
+        #: Watched children whose state goes when their end is handed over (``watch``'s
+        #: *release*): their end needs no call of its own.
+        self._release_at_end: set[str] = set()
 
     def link_request(self, session: str, owner: str) -> bytes:
         """A CSR for a new key of the node's link (:meth:`NodeLink.request`): its renewal."""
@@ -127,13 +134,20 @@ class NodeHost:
 
     def call(self, key: str, name: str, args: tuple[Any, ...]) -> Any:
         """Child *key*'s :class:`ChildActor` method *name* with *args*, as its actor would;
-        ``watch`` (after its start): its end goes to the host's exit stream (:meth:`exits`)."""
+        ``watch`` (after its start): its end goes to the host's exit stream (:meth:`exits`),
+        and with ``(True,)`` its state goes there too (it ships nothing back and serves no
+        egress proxy: nothing is asked of it after its end)."""
         if name not in _CALLS and name != "watch":
             raise RuntimeError(f"a node host does not serve {name!r}")
         with self._lock:
-            child = self._children[key]
+            child = self._children.get(key)
+        if child is None:
+            raise RuntimeError(f"child {key!r} is gone from its node host")
         if name == "watch":
             if child.proc is not None:  # none when its start refused it: nothing to watch
+                if args and args[0]:
+                    with self._lock:
+                        self._release_at_end.add(key)
                 self._exits.watch(key, child.proc)
             return None
         return getattr(child, name)(*args)
@@ -141,8 +155,28 @@ class NodeHost:
     def exits(self, wait: float) -> dict[str, tuple[int, bytes]]:
         """The watched children that ended since the last call (their state name → status
         and output tail), waiting up to *wait* seconds for one: one long poll a host for all
-        its children's ends (:mod:`._node_exits`)."""
-        return self._exits.collect(wait)
+        its children's ends (:mod:`._node_exits`). Those watched to be released are, first:
+        their node directories are gone when the supervisor learns of their ends."""
+        ended = self._exits.collect(wait)
+        for key in ended:
+            with self._lock:
+                release = key in self._release_at_end
+                self._release_at_end.discard(key)
+            if release:
+                self.release(key)
+        return ended
+
+    def contexts(self, asked: Sequence[Asked]) -> list[tuple[str, Any]]:
+        """The resume contexts of several children (:meth:`ChildActor.context`) in one round
+        trip, answered in order (:func:`._ray_contexts.answer`)."""
+        return answer(asked, self._context, ContextRefused)
+
+    def _context(self, key: str, backend: str, resume: str) -> dict[str, bytes]:
+        with self._lock:
+            child = self._children.get(key)
+        if child is None:
+            raise RuntimeError("the child is gone from its node host")
+        return child.context(backend, resume)
 
     def calls(self, key: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Child *key*'s methods, one after the other, in one round trip (a launch's steps are
@@ -151,21 +185,31 @@ class NodeHost:
 
     def finish(self, key: str, calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> list[Any]:
         """Child *key*'s last *calls* (its stop), then :meth:`release`, whatever they did: what
-        they returned. A child's end is one round trip, not a stop, a clean-up and a release."""
+        they returned (nothing when it was released at its end already). A child's end is one
+        round trip, not a stop, a clean-up and a release."""
+        with self._lock:
+            if key not in self._children:
+                return []
         try:
             return self.calls(key, calls)
         finally:
             self.release(key)
 
     def release(self, key: str) -> None:
-        """Child *key* is done here: its process group stopped (if it still runs), its node
-        directory removed, its state forgotten."""
+        """Child *key* is done here: its process group stopped (if it still runs; what is left
+        of it once its leader has ended is killed), its node directory removed, its state
+        forgotten."""
         with self._lock:
             child = self._children.pop(key, None)
+            self._release_at_end.discard(key)
         if child is None:
             return
-        if getattr(child, "proc", None) is not None and child.proc.poll() is None:
+        proc = getattr(child, "proc", None)
+        if proc is not None and proc.poll() is None:
             child.stop(1.0)
+        elif proc is not None:  # a background process it left in its group goes with it
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
         child.clean_up()
 
     def count(self) -> int:
@@ -219,6 +263,12 @@ class HostedChild:
         if not self._freed:
             self._freed = True
             self._slots.free(self.node)
+
+    def forget(self) -> None:
+        """The child ended and its host released it then (``watch``'s *release*): its slot
+        frees, and nothing is sent."""
+        self._released = True
+        self.free_slot()
 
     def release(self) -> None:
         """The child is done: the host forgets it (fire and forget) and its slot frees."""

@@ -23,6 +23,10 @@ __all__ = ["LaunchedRay"]
 
 log = logging.getLogger("orchestrator")
 
+#: How long a stop waits for a child whose host releases it at its end to end on its own (its
+#: channel closed) before it asks its host to stop it.
+END_WAIT_S = 1.0
+
 
 @attrs.define(eq=False)
 class LaunchedRay:
@@ -36,6 +40,9 @@ class LaunchedRay:
     #: What awaits the child's end (its status and output tail): its own ``wait`` call, or its
     #: host's exit stream (:mod:`._ray_exits`).
     _outcome: Callable[[], Awaitable[tuple[int, bytes]]] | None = None
+    #: ``(backend, resume)``: its context, fetched with its host's other children's
+    #: (:mod:`._ray_contexts`); ``None``: a call of its own.
+    _contexts: Callable[[str, str], Awaitable[dict[str, bytes] | str]] | None = None
     #: A shipped worktree comes back: at terminate, before the actor goes, its bundle is
     #: fetched into :attr:`returned` (or the reason it could not be, in :attr:`lost`).
     ships_back: bool = False
@@ -58,6 +65,9 @@ class LaunchedRay:
     #: Whether its channel rides its node host's link (:mod:`._node_link`), not a TLS
     #: connection of its own.
     carried: bool = False
+    #: Whether its host releases it when its end is handed over (its node directory gone, its
+    #: group killed): an end before its stop needs no call (``NodeHost.exits``).
+    released_at_end: bool = False
     #: The child's node directory on its node; removed by its actor when the child ends, or
     #: by a task pinned to its node when the actor was lost (:mod:`._ray_sweep`).
     node_dir: str = ""
@@ -128,7 +138,7 @@ class LaunchedRay:
                 self.actor.free_slot()  # its host is gone, and the child with it
                 return True
             self.actor.free_slot()  # stopped and released: its lane is free
-            if child_running:
+            if child_running and done:  # none: its host released it at its end meanwhile
                 self._stopped = int(done[0])
             return False
 
@@ -152,6 +162,16 @@ class LaunchedRay:
 
         if not self._killed:
             self._killed = True
+            if isinstance(self.actor, HostedChild) and self.released_at_end:
+                # Its channel is closed (or it was told to shut down): it ends on its own,
+                # and its host releases it then. Asked to stop only if it does not.
+                with trio.move_on_after(min(grace, END_WAIT_S)):
+                    await self.exited.wait()
+                if self.exited.is_set():
+                    self.actor.forget()
+                    with trio.move_on_after(grace + 15):
+                        await self.exited.wait()
+                    return
             if isinstance(self.actor, HostedChild) and not self.ships_back:
                 orphaned = await finish(not self.exited.is_set())
             else:
@@ -178,6 +198,8 @@ class LaunchedRay:
         """What the child's backend resumes from, fetched from its node (``ChildActor.context``):
         its files, or the one line why they are not sent (over the cap). Raises when the
         actor or its node is gone."""
+        if self._contexts is not None:
+            return await self._contexts(backend, resume)
         try:
             got: dict[str, bytes] = await resolved(
                 self.actor.context.remote(backend, resume), timeout=60

@@ -348,6 +348,74 @@ async def test_a_hostile_childs_context_comes_back_through_ray_without_links_or_
     assert not await trio.Path(again).exists()
 
 
+async def test_a_hosts_childrens_contexts_come_in_one_call_a_batch(cluster, tmp_path, monkeypatch):
+    """Context fetches of a host's children asked at once share one ``contexts`` call (a
+    fleet's turns end together); each child gets its own files, and a child that has ended
+    (its state gone from its host) fails its fetch alone."""
+    from orchestrator.launch import _ray_contexts  # noqa: PLC0415
+    from orchestrator.remote._ca import SessionCA  # noqa: PLC0415
+
+    ca = SessionCA("t")
+    calls: list[int] = []  # the fetches each call carried
+    real = _ray_contexts.resolved
+
+    async def counted(ref, **kwargs):
+        got = await real(ref, **kwargs)
+        calls.append(len(got))
+        return got
+
+    monkeypatch.setattr(_ray_contexts, "resolved", counted)
+    code = (
+        "import os, sys, time; s = os.environ['NODE'] + '/scratch'; "
+        "open(s + '/transcript.json', 'w').write(sys.argv[1]); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    async with trio.open_nursery() as session:
+        launcher = launcher_for(
+            hosted=True,
+            session="t",
+            spread=False,
+            certify=lambda owner, csr: (ca.sign(csr, owner), ca.certificate_pem),
+            placed=lambda _link, _key: None,
+            vouch=lambda _link, _seconds: None,
+            nursery=session,
+        )
+        launched = []
+        async with trio.open_nursery() as nursery:
+            for i in range(4):  # packed: the node of two lanes holds two of them
+                node = await launcher.open_node(f"x{i}")
+                child = attrs.evolve(
+                    spec(tmp_path, code, f"x{i}"),
+                    argv=(sys.executable, "-c", code, f"transcript {i}"),
+                    env={"NODE": node},
+                )
+                launched.append(await launcher.launch(child, lambda *_: None, nursery))
+            with trio.fail_after(30):
+                for r in launched:
+                    while not await trio.Path(r.node_dir, "scratch/transcript.json").exists():  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+            hosts = len({r.node for r in launched})
+            assert hosts < len(launched)  # two share a host
+            got: dict[int, object] = {}
+
+            async def fetch(i: int) -> None:
+                got[i] = await launched[i].context("builtin", "")
+
+            async with trio.open_nursery() as fetches:
+                for i in range(4):
+                    fetches.start_soon(fetch, i)
+            assert got == {i: {"transcript.json": f"transcript {i}".encode()} for i in range(4)}
+            assert max(calls) == 2  # the two children of one host, in one call
+            assert len(calls) == hosts
+            await launched[0].terminate(1.0)  # its state goes with it
+            with pytest.raises(RuntimeError, match="gone from its node host"):
+                await launched[0].context("builtin", "")
+            assert await launched[1].context("builtin", "") == {"transcript.json": b"transcript 1"}
+            for r in launched[1:]:
+                await r.terminate(1.0)
+        session.cancel_scope.cancel()
+
+
 async def test_a_step_that_waited_for_the_launch_fails_it_and_leaves_nothing(
     cluster, tmp_path, hosted
 ):
@@ -477,7 +545,7 @@ async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
     assert b"['ca.pem', 'cert.pem', 'key.pem']" in b"".join(out)
     await gone_path(node)
     host, ident = r.actor.host, r.actor.ident
-    with pytest.raises(ray.exceptions.RayTaskError, match="KeyError"):  # its state is gone
+    with pytest.raises(ray.exceptions.RayTaskError, match="gone from its node host"):  # its state is gone
         await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "clean_up", ())))
 
 
