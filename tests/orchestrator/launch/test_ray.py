@@ -352,12 +352,12 @@ async def test_a_hosts_childrens_contexts_come_in_one_call_a_batch(cluster, tmp_
     """Context fetches of a host's children asked at once share one ``contexts`` call (a
     fleet's turns end together); each child gets its own files, and a child that has ended
     (its state gone from its host) fails its fetch alone."""
-    from orchestrator.launch import _ray_contexts  # noqa: PLC0415
+    from orchestrator.launch import _ray_contexts, _ray_refs  # noqa: PLC0415
     from orchestrator.remote._ca import SessionCA  # noqa: PLC0415
 
     ca = SessionCA("t")
     calls: list[int] = []  # the fetches each call carried
-    real = _ray_contexts.resolved
+    real = _ray_refs.resolved
 
     async def counted(ref, **kwargs):
         got = await real(ref, **kwargs)
@@ -545,7 +545,7 @@ async def test_a_tls_child_on_a_host_opens_starts_and_ends_in_a_round_trip_each(
     assert b"['ca.pem', 'cert.pem', 'key.pem']" in b"".join(out)
     await gone_path(node)
     host, ident = r.actor.host, r.actor.ident
-    with pytest.raises(ray.exceptions.RayTaskError, match="gone from its node host"):  # its state is gone
+    with pytest.raises(ray.exceptions.RayTaskError, match="gone from its node host"):
         await trio.to_thread.run_sync(lambda: ray.get(host.call.remote(ident, "clean_up", ())))
 
 
