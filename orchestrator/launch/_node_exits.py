@@ -4,7 +4,8 @@ An exit watch that is a Ray call of its own held one of the host's threads for i
 whole life (reading the child's output, then waiting for it) and cost a call a child on both
 ends. Here a child the supervisor asks to have watched (the ``watch`` step of its launch) gets
 a task on the host's one trio thread (:mod:`._node_loop`) that drains its output, keeping the
-last 8 KiB, and waits for its exit without a thread (a forked child's reaper tells it, a
+last 8 KiB (to its end, or for :data:`DRAIN_S` past the child's exit: what it left running
+may hold it open), and waits for its exit without a thread (a forked child's reaper tells it, a
 ``Popen`` child's pidfd); its status and output tail then wait here until the supervisor's one
 long poll for the whole host (:meth:`NodeExits.collect`, ``NodeHost.exits``) takes them, with
 every other child's that ended meanwhile. A host that dies fails that poll, and so every watch
@@ -31,6 +32,9 @@ log = logging.getLogger("orchestrator")
 TAIL = 8192
 #: The most bytes one read of a child's output takes.
 _CHUNK = 65536
+#: How long a child's output is still read once it has ended (a process it left behind may
+#: hold it open for ever; its host kills those when it releases the child).
+DRAIN_S = 1.0
 
 
 class NodeExits:
@@ -57,30 +61,42 @@ class NodeExits:
             return got
 
     async def _watch(self, ident: str, proc: Any) -> None:
-        tail, status = b"", UNKNOWN_STATUS
+        output, status = _Tail(), UNKNOWN_STATUS
         try:
-            tail = await _drain(proc)
-            status = await _exited(proc)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(output.drain, proc)
+                status = await _exited(proc)
+                # What it left running may hold its output open: its end is told anyway.
+                with trio.move_on_after(DRAIN_S):
+                    await output.done.wait()
+                nursery.cancel_scope.cancel()
         except Exception as exc:  # never into the loop: every other child's watch runs there
             log.warning("the watch of %s failed: %r", ident, exc)
         finally:
             with self._changed:
-                self._ended[ident] = (status, tail)
+                self._ended[ident] = (status, output.tail)
                 self._changed.notify_all()
 
 
-async def _drain(proc: Any) -> bytes:
-    """Read *proc*'s output to its end; its last :data:`TAIL` bytes."""
-    if proc.stdout is None:
-        return b""
-    with proc.stdout as out:
-        stream = trio.lowlevel.FdStream(os.dup(out.fileno()))
-    tail = b""
-    async with stream:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            while chunk := await stream.receive_some(_CHUNK):
-                tail = (tail + chunk)[-TAIL:]
-    return tail
+class _Tail:
+    """The last :data:`TAIL` bytes of a child's output, read to its end (or until cancelled)."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.done = trio.Event()
+
+    async def drain(self, proc: Any) -> None:
+        try:
+            if proc.stdout is None:
+                return
+            with proc.stdout as out:
+                stream = trio.lowlevel.FdStream(os.dup(out.fileno()))
+            async with stream:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while chunk := await stream.receive_some(_CHUNK):
+                        self.tail = (self.tail + chunk)[-TAIL:]
+        finally:
+            self.done.set()
 
 
 async def _exited(proc: Any) -> int:

@@ -601,3 +601,54 @@ async def test_a_carried_child_on_a_host_launches_in_one_round_trip(cluster, tmp
     with pytest.raises(ray.exceptions.RayTaskError, match="none of this node's roots"):
         await trio.to_thread.run_sync(lambda: ray.get(host.open.remote(ident, [elsewhere])))
     assert isinstance(r.actor, _ray_host.HostedChild)
+
+
+def test_a_child_watched_to_be_released_is_gone_with_its_group_when_its_end_is_handed_over(
+    cluster,
+):
+    """A child that ships nothing back ends without a call of its own: the poll that hands its
+    end over has released it first (its node directory removed, what it left running in its
+    process group killed, its state gone, a late finish a no-op); a child watched without
+    *release* keeps its state for the supervisor's finish."""
+    from orchestrator.launch._ray_host import NodeHost  # noqa: PLC0415
+
+    host = NodeHost()  # in this process: the driver's node
+    code = "import subprocess; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True)"
+    argv = [sys.executable, "-c", code]
+    ends = {}
+    for key, release in (("r#1", True), ("k#1", False)):
+        [directory, started] = host.open(
+            key, [("make_node", ("t", key[0])), ("start", (argv, "/", {}, {}, None))]
+        )
+        assert started["pid"] > 0
+        host.call(key, "watch", (release,))
+        ends[key] = directory
+    got: dict[str, tuple[int, bytes]] = {}
+    deadline = time.monotonic() + 30
+    while len(got) < 2:
+        assert time.monotonic() < deadline, got
+        got |= host.exits(1.0)
+    left = {key: int(tail.split()[0]) for key, (_status, tail) in got.items()}
+    assert not os.path.exists(ends["r#1"])  # released: gone before its end was handed over
+    assert _gone(left["r#1"])  # its group's straggler with it
+    assert os.path.exists(ends["k#1"])  # kept for its finish
+    assert not _gone(left["k#1"])
+    assert host.count() == 1
+    assert host.finish("r#1", [("stop", (1.0,))]) == []  # released already: nothing to do
+    host.finish("k#1")
+    assert host.count() == 0
+    assert not os.path.exists(ends["k#1"])
+    assert _gone(left["k#1"])
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ")[1][0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
