@@ -7,6 +7,7 @@ explicit arguments.
 Watchdog budgets are global only: never a spawn parameter.
 """
 
+import functools
 import hashlib
 import os
 import re
@@ -249,8 +250,10 @@ class Config:
     #: given (``spend._pacing.parse_pacing`` validates it).
     pacing: object = None
 
-    @property
+    @functools.cached_property
     def paths(self) -> "SessionPaths":
+        """Where this session keeps its state; made once (its runtime directory is a
+        ``realpath`` and a digest away: a few dozen µs, asked many times a child)."""
         return SessionPaths(root=self.home / "sessions" / self.session)
 
 
