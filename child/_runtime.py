@@ -259,13 +259,19 @@ class Runtime:
             aborted=result.aborted,
             error=result.error,
             side=side,
+            context=dict(result.context),
         )
         if self.view is not None:
             self.view.on_settled(settled)
         try:
             async with self._sending:
                 await self._flush()
-                await self.channel.send_event(settled)
+                try:
+                    await self.channel.send_event(settled)
+                except ipc.FrameError:  # its context does not fit: the supervisor fetches it
+                    if not settled.context:
+                        raise
+                    await self.channel.send_event(attrs.evolve(settled, context={}))
         except ipc.ChannelClosed:
             log.info("settled turn %s could not be delivered: channel closed", body.turn)
 

@@ -127,6 +127,10 @@ class Loadout:
     resume: str = ""
     #: This child is a revive of one whose supervisor died: its first prompt says so.
     restarted: bool = False
+    #: A child on a node: each turn's ``Settled`` carries what its backend resumes from, when
+    #: the backend can say and it fits the frame (the supervisor keeps a copy; without it,
+    #: the copy is fetched from the node).
+    context_inline: bool = False
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> "Loadout":

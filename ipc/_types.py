@@ -143,6 +143,11 @@ class Settled:
     aborted: bool = False
     error: str = ""
     side: bool = False
+    #: What the child's backend resumes from, as its scratch holds it after this turn (a
+    #: name below the scratch → its text): sent by a child whose loadout asks
+    #: (``context_inline``) when it fits the frame; the supervisor checks it as it checks a
+    #: copy fetched from the node (each value must be a string). Empty: not sent.
+    context: dict[str, Any] = attrs.Factory(dict)
 
 
 @attrs.frozen(kw_only=True)

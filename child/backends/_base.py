@@ -27,6 +27,9 @@ class TurnResult:
     ok: bool = True
     aborted: bool = False
     error: str = ""
+    #: What the backend resumes from after this turn (a name below the scratch → its text),
+    #: for a child whose loadout asks (``context_inline``); empty when it cannot say.
+    context: dict[str, str] = attrs.Factory(dict)
 
 
 class TurnAborted(Exception):

@@ -2,17 +2,21 @@
 
 A child on a Ray node keeps its backend's session store on its node, which may be gone by the
 time the child is revived. So at each turn end, before the turn's settle note goes out, the
-supervisor fetches what the backend resumes from and keeps it in the child's own scratch place
+supervisor keeps what the backend resumes from: as the child sent it with its ``Settled``
+(:func:`keep_sent`: the builtin agent's transcript, when it fits the frame), else fetched
+from its node (:func:`fetch_context`), and keeps it in the child's own scratch place
 in the state directory (``scratch/KEY``, 0700; laid out as the node's scratch, so a revive's
 checks read it as a local child's), replacing the copy before. A context over the cap is not
 kept: ``scratch/KEY/context-refused`` says why in one line and the child cannot be revived. A
 revive ships the kept copy into the new node directory (``core._launching``).
 """
 
+import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -26,6 +30,7 @@ __all__ = [
     "LATER_FETCH_S",
     "LATE_WRITERS",
     "fetch_context",
+    "keep_sent",
     "kept_context",
     "refusal",
 ]
@@ -59,6 +64,52 @@ async def fetch_context(
     except Exception as exc:  # the node or its actor is gone, or slow: the last copy stays
         log.write(f"context not fetched from its node: {type(exc).__name__}: {exc}")
         return
+    await _keep_or_refuse(place, got, needs, log=log, ended=ended)
+
+
+async def keep_sent(
+    place: Path,
+    sent: Mapping[str, Any],
+    backend: str,
+    resume: str,
+    *,
+    log: RunLog,
+    ended: Callable[[], bool],
+) -> None:
+    """Keep at *place* the context the child sent with its turn's ``Settled`` (*sent*: a name
+    below its scratch → its text), checked as a fetched one is: only its backend's files,
+    within the caps; anything else is refused in one line and the child cannot be revived
+    (what it sends is its own scratch's, so it can only cost itself that)."""
+    needs = _context.wants(backend, resume)
+    if not needs:
+        return
+    await _keep_or_refuse(place, _as_files(sent), needs, log=log, ended=ended)
+
+
+def _as_files(sent: Mapping[str, Any]) -> dict[str, bytes] | str:
+    """*sent*'s texts as the files they are, or the one line why they are not."""
+    files: dict[str, bytes] = {}
+    for name, value in sent.items():
+        data = None
+        if isinstance(value, str):
+            with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate in it
+                data = value.encode()
+        if data is None:
+            return f"its context's {str(name)[:64]!r} is not text"
+        files[str(name)] = data
+    return files
+
+
+async def _keep_or_refuse(
+    place: Path,
+    got: dict[str, bytes] | str,
+    needs: list[_context.Want],
+    *,
+    log: RunLog,
+    ended: Callable[[], bool],
+) -> None:
+    """Keep *got* (files, or the one line why they are not sent) at *place*, replacing the
+    copy before; a context that is not one is refused there, in one line."""
     if ended():
         return
     why = ""

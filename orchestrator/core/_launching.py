@@ -138,6 +138,7 @@ class Launching:
             scratch=str(layout.scratch),
             tls=str(layout.tls),
             resume=resume,
+            context_inline=True,  # its turns' Settled carry its context: no fetch a turn
         )
         if remote.carries and loadout.socket.startswith(ipc.TLS_SCHEME):
             # Its node host's link carries its channel: the door is no egress of its own.

@@ -11,7 +11,7 @@ records the failure and retires the record.
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -22,7 +22,7 @@ from orchestrator._errors import OperationFailed, UsageError
 from orchestrator._records import TERMINAL, ChildRecord, State
 from orchestrator._sync import wait_first
 from orchestrator.core._capacity import LaneSlot
-from orchestrator.core._context import LATE_WRITERS, LATER_FETCH_S, fetch_context
+from orchestrator.core._context import LATE_WRITERS, LATER_FETCH_S, fetch_context, keep_sent
 from orchestrator.core._isolation import settle_worktree
 from orchestrator.core._loops import intervene
 from orchestrator.core._requests import ChildRequests, Question, Turn
@@ -431,7 +431,7 @@ class ChildRun:
             self.turn = None
         await self._check_result(turn)
         await self._observe(turn)
-        await self._keep_context()
+        await self._keep_context(turn.result.context if turn.result is not None else {})
         self._settled(turn)
         remote = isinstance(self.launched, LaunchedRay)
         if remote and self.record.backend in LATE_WRITERS and self._nursery is not None:
@@ -527,23 +527,21 @@ class ChildRun:
             report=turn.result.text, tokens=record.tokens, cost_usd=record.cost_usd, files=files
         )
 
-    async def _keep_context(self) -> None:
-        """A remote child's resume context, fetched from its node and kept on our side before
-        its turn settles (:mod:`._context`): a revive needs it when the node is gone."""
+    async def _keep_context(self, sent: Mapping[str, Any] | None = None) -> None:
+        """A remote child's resume context, kept on our side before its turn settles
+        (:mod:`._context`): a revive needs it when the node is gone. *sent*: what the child
+        sent with its ``Settled`` (its loadout asked); without it, fetched from its node."""
         launched = self.launched
         if self.finishing or not isinstance(launched, LaunchedRay):
             return
         resume = self.resume_id or (self.card.resume if self.card is not None else "")
         place = self.host.config.paths.scratch / self.key
+        backend, ended = self.record.backend, lambda: self.finishing
         async with self._context_lock:
-            await fetch_context(
-                place,
-                launched,
-                self.record.backend,
-                resume,
-                log=self.log,
-                ended=lambda: self.finishing,
-            )
+            if sent:
+                await keep_sent(place, sent, backend, resume, log=self.log, ended=ended)
+            else:
+                await fetch_context(place, launched, backend, resume, log=self.log, ended=ended)
 
     async def _keep_context_later(self) -> None:
         """An agent CLI writes its session when it sees fit (Claude Code was seen writing a

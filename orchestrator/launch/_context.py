@@ -24,9 +24,11 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import attrs
 
+import ipc
 from orchestrator._trees import remove_tree
 
 __all__ = [
@@ -58,8 +60,9 @@ _ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-#: A file a keep in place (``_replace_one``) writes before its rename, left by one that died.
-_LEFTOVER = re.compile(r"\.[A-Za-z0-9._-]+\.\d+\.tmp")
+#: A file a keep in place (``_replace_one``, :func:`ipc.write_private`) writes before its
+#: rename, left by one that died.
+_LEFTOVER = re.compile(r"\.[A-Za-z0-9._-]+\.\d+\.[0-9a-f]+\.tmp")
 
 
 class ContextRefused(RuntimeError):
@@ -305,9 +308,9 @@ def keep(place: str, files: Mapping[str, bytes], needs: list[Want], cap: int = C
 def _replace_one(place: str, files: Mapping[str, bytes], needs: list[Want]) -> bool:
     """For a backend that resumes from one named file (the builtin agent's transcript, Pi's
     session) whose copy at *place* holds that file and nothing else but leftovers of a keep
-    that died: the file in *files* written beside it, made durable and renamed over it (a
-    third of the system calls of a swap; a turn end of every remote child pays it). Whether
-    it did; ``False`` leaves *place* as it was."""
+    that died: the file in *files* written beside it, made durable and renamed over it
+    (:func:`ipc.write_private`: a third of the system calls of a swap, which a turn end of
+    every remote child pays). Whether it did; ``False`` leaves *place* as it was."""
     if len(needs) != 1 or needs[0].deep or needs[0].root or set(files) != {needs[0].pattern}:
         return False
     name = needs[0].pattern
@@ -319,26 +322,15 @@ def _replace_one(place: str, files: Mapping[str, bytes], needs: list[Want]) -> b
         listed = os.listdir(top)
         if name not in listed:
             return False
-        temporary = f".{name}.{os.getpid()}.tmp"
         for other in listed:
             if other == name:
                 continue
             if not _LEFTOVER.fullmatch(other):
                 return False  # a refusal, or a file of another layout: the swap replaces all
             os.unlink(other, dir_fd=top)
-        out = os.open(temporary, _NEW_FLAGS, 0o600, dir_fd=top)
-        try:
-            with os.fdopen(out, "wb") as handle:
-                handle.write(files[name])
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.rename(temporary, name, src_dir_fd=top, dst_dir_fd=top)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=top)
-            raise
     finally:
         os.close(top)
+    ipc.write_private(Path(place) / name, files[name])
     return True
 
 

@@ -49,14 +49,35 @@ class BurstBackend:
         pass
 
 
-async def one_turn(monkeypatch: pytest.MonkeyPatch, *, storm: bool = False) -> list[str]:
-    """Serve a real runtime over a socket pair, prompt one turn; what the parent received."""
+@attrs.define(eq=False)
+class ContextBackend(BurstBackend):
+    """A backend whose turn ends with its resume context in its result."""
+
+    context: dict[str, str] = attrs.Factory(dict)
+
+    async def run_turn(self, text: str, *, side: bool = False) -> TurnResult:
+        return TurnResult(text="done", context=self.context)
+
+
+async def one_turn(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    storm: bool = False,
+    backend: BurstBackend | None = None,
+    settles: list[ipc.Settled] | None = None,
+) -> list[str]:
+    """Serve a real runtime over a socket pair, prompt one turn; what the parent received
+    (*settles*: the turn's ``Settled`` too)."""
     key = ipc.new_session_key()
     token = ipc.derive_token(key, "a1")
     loadout = ipc.Loadout(
         session="t", owner="a1", name="n", agent="scout", token=token, socket="", workspace="/"
     )
-    monkeypatch.setattr(_runtime, "make_backend", lambda _loadout, host: BurstBackend(host, storm))
+    monkeypatch.setattr(
+        _runtime,
+        "make_backend",
+        lambda _loadout, host: backend if backend is not None else BurstBackend(host, storm),
+    )
     near, far = trio.socket.socketpair()
     child = ipc.Channel(stream=trio.SocketStream(near), owner="a1", token=token)
     parent = ipc.Channel(stream=trio.SocketStream(far), owner="a1", token=token)
@@ -67,6 +88,8 @@ async def one_turn(monkeypatch: pytest.MonkeyPatch, *, storm: bool = False) -> l
         body = envelope.body
         if isinstance(body, ipc.Settled):
             received.append("settled")
+            if settles is not None:
+                settles.append(body)
             settled.set()
         elif isinstance(body, ipc.Event) and body.activity == "tool_start":
             received.append(body.text)
@@ -95,6 +118,21 @@ async def test_every_event_of_a_turn_arrives_before_its_settled(monkeypatch):
     for _ in range(5):
         received = await one_turn(monkeypatch)
         assert received == [*map(str, range(TOOLS_BEFORE_THE_END)), "settled"]
+
+
+@pytest.mark.parametrize("size", [1000, 2 * ipc.MAX_FRAME])
+async def test_a_turns_context_rides_its_settled_or_stays_behind_when_it_does_not_fit(
+    monkeypatch, size
+):
+    """A context that fits the frame goes with the ``Settled``; one that does not is left out
+    (the supervisor fetches it from the node) and the turn still settles."""
+    context = {"transcript.json": "x" * size}
+    backend = ContextBackend(host=None, context=context)  # type: ignore[arg-type]
+    settles: list[ipc.Settled] = []
+    assert await one_turn(monkeypatch, backend=backend, settles=settles) == ["settled"]
+    [settled] = settles
+    assert settled.text == "done"
+    assert settled.context == (context if size < ipc.MAX_FRAME else {})
 
 
 async def test_a_storm_of_events_drops_shown_activity_but_never_a_tool_start(monkeypatch):

@@ -76,9 +76,17 @@ def left_on_nodes(dirs: list[str]) -> list[str]:
 
 
 async def test_64_scouts_on_four_nodes_all_report_as_forks_spread_over_every_node(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     repo, script = workspace(tmp_path)
+    fetched: list[str] = []  # contexts fetched from a node: none, each came with its Settled
+    fetch = LaunchedRay.context
+
+    async def counted(self: LaunchedRay, backend: str, resume: str) -> object:
+        fetched.append(backend)
+        return await fetch(self, backend, resume)
+
+    monkeypatch.setattr(LaunchedRay, "context", counted)
     config = Config(
         home=tmp_path / "state",
         session="s",
@@ -107,6 +115,9 @@ async def test_64_scouts_on_four_nodes_all_report_as_forks_spread_over_every_nod
             records = sup.all_records()
             unsettled = {k: (records[k].state, records[k].error) for k in keys}
             unsettled = {k: v for k, v in unsettled.items() if v[0] != "idle"}
+            # Each one's transcript is kept here before its turn settled (a revive needs it).
+            places = [config.paths.scratch / key / "transcript.json" for key in keys]
+            kept = [path.read_text() for path in places if path.exists()]
             handoffs = await sup.stop(keys)
             launched = [run.launched for run in runs]
     finally:
@@ -121,3 +132,6 @@ async def test_64_scouts_on_four_nodes_all_report_as_forks_spread_over_every_nod
     assert sorted(per_node.values()) == [SCOUTS // NODES] * NODES  # spread: every slot used
     assert len({one.actor_pid for one in remote}) == NODES  # one host a node
     assert left_on_nodes([one.node_dir for one in remote]) == []
+    assert fetched == []
+    assert len(kept) == SCOUTS
+    assert all(README.strip() in text for text in kept)

@@ -29,6 +29,9 @@ from child.tools import Progress, Tool, ToolContext, build_tools
 from child.tools._shell import ShellTool
 
 MAX_STEPS = 200
+#: The longest transcript a turn's result carries (its ``Settled`` must fit one frame: the
+#: transcript is ASCII, and JSON escapes at most double it); a longer one is fetched.
+INLINE_MAX = 384 * 1024
 _ARG_PREVIEW = 80
 _WAKE_TEXT = 200
 
@@ -98,6 +101,9 @@ class BuiltinBackend:
     #: Where the conversation is saved after each turn (``None``: it is not).
     transcript: Path | None = None
     restarted: bool = False
+    #: Each turn's result carries the transcript saved (a child on a node: ``context_inline``)
+    #: when it is at most :data:`INLINE_MAX` characters.
+    inline: bool = False
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _turn: int = attrs.field(default=0, init=False)
     _usage: ipc.Usage = attrs.field(factory=ipc.Usage, init=False)
@@ -141,6 +147,7 @@ class BuiltinBackend:
             messages=messages,
             transcript=transcript,
             restarted=loadout.restarted,
+            inline=loadout.context_inline,
             notes=notes,
         )
 
@@ -162,17 +169,24 @@ class BuiltinBackend:
         # After each turn that ended (an aborted one too); a turn cut short by the child's own
         # end is not saved: a revive starts from the last turn that ended.
         if self.transcript is not None:
-            await self._save()
+            saved = await self._save()
+            if self.inline and not side and saved is not None and len(saved) <= INLINE_MAX:
+                result = attrs.evolve(result, context={self.transcript.name: saved})
         return result
 
-    async def _save(self) -> None:
+    async def _save(self) -> str | None:
+        """The transcript saved (its text), or ``None`` when it could not be."""
         assert self.transcript is not None  # noqa: S101 - only called with one
+        saved = None
         try:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(save_transcript, self.transcript, self.messages)
+                saved = await trio.to_thread.run_sync(
+                    save_transcript, self.transcript, self.messages
+                )
         except (OSError, ipc.LoadoutError) as exc:  # a full disk costs the revive, not the turn
             why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             self.host.emit(ipc.Event(activity="status", text=f"transcript not saved: {why}"))
+        return saved
 
     async def _turn_of(self, text: str, *, side: bool) -> TurnResult:
         if not side:

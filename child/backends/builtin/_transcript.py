@@ -22,10 +22,12 @@ class TranscriptError(Exception):
     """The transcript a revive needs cannot be used; the message says why, in one line."""
 
 
-def save_transcript(path: Path, messages: list[dict[str, Any]]) -> None:
-    """Replace *path* with *messages*, atomically (blocking: call it from a thread)."""
-    data = json.dumps({"version": TRANSCRIPT_VERSION, "messages": messages}).encode()
-    ipc.write_private(path, data)  # the scratch is ours and 0700: the loadout's own writer
+def save_transcript(path: Path, messages: list[dict[str, Any]]) -> str:
+    """Replace *path* with *messages*, atomically (blocking: call it from a thread); the text
+    written (ASCII JSON)."""
+    text = json.dumps({"version": TRANSCRIPT_VERSION, "messages": messages})
+    ipc.write_private(path, text.encode())  # the scratch is ours and 0700: the loadout's writer
+    return text
 
 
 def load_transcript(path: Path) -> list[dict[str, Any]]:

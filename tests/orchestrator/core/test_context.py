@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from orchestrator.core._context import fetch_context, kept_context, refusal
+from orchestrator.core._context import fetch_context, keep_sent, kept_context, refusal
 from orchestrator.core._revive import Revival, why_not
 from orchestrator.governance._diagnostics import RunLog
 from orchestrator.launch._context import over
@@ -75,6 +75,35 @@ async def test_a_turn_ends_context_is_kept_replaced_and_refused_in_one_line(
     await _fetch(place, {"transcript.json": b"[3]"}, log)
     assert why_not(_revival(place), place) == ""
     assert not (place / "context-refused").exists()
+
+
+async def test_a_context_sent_with_the_settled_is_kept_as_a_fetched_one_and_checked_alike(
+    tmp_path: Path, log: RunLog
+) -> None:
+    """What a child sends with its ``Settled`` is its own scratch's, as a fetch reads it: kept
+    the same way, and held to the same names and caps; what is not text is refused in one
+    line (the child can cost only itself its revive)."""
+    place = tmp_path / "scratch" / "a1"
+
+    async def sent(files: dict[str, Any], backend: str = "builtin") -> None:
+        await keep_sent(place, files, backend, "", log=log, ended=lambda: False)
+
+    await sent({"transcript.json": '{"version": 1}'})
+    assert (place / "transcript.json").read_bytes() == b'{"version": 1}'
+    assert why_not(_revival(place), place) == ""
+    await sent({"transcript.json": "[2]", "../../planted": "x"})
+    assert not (tmp_path / "planted").exists()
+    assert "is not a context file" in refusal(place)
+    await sent({"transcript.json": "[3]"})
+    assert why_not(_revival(place), place) == ""
+    for hostile in ({"transcript.json": 3}, {"transcript.json": "\ud800"}):
+        await sent(hostile)
+        assert refusal(place) == "its context's 'transcript.json' is not text; it cannot be revived"
+        assert not (place / "transcript.json").exists()
+    await sent({"transcript.json": "[4]"}, backend="codex")  # no thread id: nothing it resumes
+    assert not (place / "transcript.json").exists()
+    await keep_sent(place, {"transcript.json": "[5]"}, "builtin", "", log=log, ended=lambda: True)
+    assert not (place / "transcript.json").exists()  # the child is ending: its place goes
 
 
 async def test_a_revived_pi_or_claude_session_is_filed_for_its_new_checkout(

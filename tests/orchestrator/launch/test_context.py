@@ -181,7 +181,7 @@ def test_a_one_file_context_is_replaced_in_place_and_a_refusal_is_swapped_out(
     needs = wants("builtin", "")
     keep(str(place), {"transcript.json": b"one"}, needs)
     inode = place.stat().st_ino
-    (place / ".transcript.json.4194305.tmp").write_bytes(b"half")  # a keep that died
+    (place / ".transcript.json.4194305.0a1b2c3d.tmp").write_bytes(b"half")  # a keep that died
     keep(str(place), {"transcript.json": b"two"}, needs)
     assert place.stat().st_ino == inode  # replaced in place
     assert sorted(os.listdir(place)) == ["transcript.json"]

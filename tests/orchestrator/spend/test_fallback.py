@@ -35,8 +35,8 @@ def record(role: str = "worker") -> ChildRecord:
     )
 
 
-def failed(error: str, **fields: bool) -> ipc.Settled:
-    return ipc.Settled(turn=1, text="", ok=False, error=error, **fields)
+def failed(error: str, *, aborted: bool = False, side: bool = False) -> ipc.Settled:
+    return ipc.Settled(turn=1, text="", ok=False, error=error, aborted=aborted, side=side)
 
 
 def test_a_quota_failure_moves_to_each_next_candidate_until_none_is_left():

@@ -63,3 +63,28 @@ async def test_a_gate_stop_asks_the_model_nothing_more_and_waits_for_the_abort(t
     [result] = results
     assert result.aborted
     assert len(host.activities("tool_end")) == ran
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_a_node_childs_turn_result_carries_the_transcript_it_saved(tmp_path, inline):
+    """With ``context_inline`` (a child on a node) each turn's result carries the transcript
+    just saved, byte for byte; a side question's does not, nor does any without the flag."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    async with ModelServer() as srv:
+        srv.script("a", [{"text": "first"}, {"text": "aside"}])
+        spec = ipc.ModelSpec(kind="openai", name="fake-model", base_url=f"{srv.base_url('a')}/v1")
+        loadout = make_loadout(
+            tmp_path, model=spec, resume=str(scratch / "transcript.json"), context_inline=inline
+        )
+        backend = BuiltinBackend.from_loadout(loadout, Host())
+        try:
+            with trio.fail_after(20):
+                result = await backend.run_turn("go")
+                saved = (scratch / "transcript.json").read_text()
+                side = await backend.run_turn("what?", side=True)
+        finally:
+            await backend.aclose()
+    assert result.text == "first"
+    assert result.context == ({"transcript.json": saved} if inline else {})
+    assert side.context == {}
