@@ -450,8 +450,10 @@ async def test_a_step_that_waited_for_the_launch_fails_it_and_leaves_nothing(
     async with trio.open_nursery() as nursery:
         r = await launcher.launch(child, sink_into(out), nursery)
         assert await r.wait() == 0
+        await r.terminate(1.0)
     assert b"True\n" in out
     assert _ray_host._hosts == hosts
+    await gone_path(again)  # its end removes it (the test left it in /dev/shm before)
 
 
 async def gone_path(path: Path, within: float = 10.0) -> None:
