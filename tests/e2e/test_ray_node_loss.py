@@ -6,6 +6,7 @@ The cluster is ``ray.cluster_utils.Cluster`` on this machine: a head node with n
 """
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from ray.cluster_utils import Cluster
 
 from tests.e2e.conftest import Fleet, running_fleet
 from tests.e2e.test_governance import define
-from tests.e2e.test_ray_fleet import child_pids
+from tests.e2e.test_ray_fleet import child_pids, node_directory
 
 pytestmark = pytest.mark.slow
 
@@ -121,3 +122,6 @@ def test_a_lost_node_fails_its_worker_once_and_gives_back_locks_and_capacity(
         [handoff] = fleet.json("stop", "a2", timeout=150)["handoffs"]
         assert handoff["applied"] == ["src/held.txt"], json.dumps(handoff)
         assert (fleet.repo / "src" / "held.txt").read_text() == "mine now\n"
+        # The lost node's directory went with its node on a real cluster; here every
+        # simulated node shares this machine's /dev/shm, where nothing can sweep it.
+        shutil.rmtree(node_directory(fleet, "a1"), ignore_errors=True)
