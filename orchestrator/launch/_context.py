@@ -242,28 +242,18 @@ def restore(scratch: str, files: Mapping[str, bytes], cap: int = CAP) -> None:
         os.close(top)
 
 
-#: The places whose leftovers of dead supervisors :func:`_fresh` has removed (once a place a
-#: process: none is left by a supervisor that dies after this one has started keeping there);
-#: forgotten past :data:`_SWEPT_MAX` (a long session's places are swept again, no more).
-_swept: set[str] = set()
-_SWEPT_MAX = 4096
-
-
-def _fresh(place: str) -> str:
+def _fresh(place: str, *, sweep: bool = True) -> str:
     """A new 0700 directory beside *place* (not yet there), for :func:`keep` to fill; what an
-    earlier supervisor that died mid-keep left beside it is removed first (the first time this
-    process makes one for *place*)."""
+    earlier supervisor that died mid-keep left beside it is removed first (*sweep*: a keep's
+    second directory, made once the first has swept, does not look again)."""
     parent, base = os.path.split(place)
-    if place not in _swept:
+    if sweep:
         left = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\d+")
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 found = left.fullmatch(name)
                 if found and int(found.group(1)) != os.getpid():
                     remove_tree(os.path.join(parent, name))
-        if len(_swept) >= _SWEPT_MAX:
-            _swept.clear()
-        _swept.add(place)
     for n in range(100):
         candidate = os.path.join(parent, f".{base}.{os.getpid()}.{n}")
         with contextlib.suppress(FileExistsError):
@@ -275,7 +265,7 @@ def _fresh(place: str) -> str:
 def _swap_in(fresh: str, place: str) -> None:
     old = ""
     if os.path.lexists(place):
-        old = _fresh(place)
+        old = _fresh(place, sweep=False)  # keep and refuse swept beside it just now
         os.rename(place, old)  # onto the empty directory just made
     os.rename(fresh, place)
     if old:
