@@ -169,8 +169,6 @@ class LaunchedRay:
                     await self.exited.wait()
                 if self.exited.is_set():
                     self.actor.forget()
-                    with trio.move_on_after(grace + 15):
-                        await self.exited.wait()
                     return
             if isinstance(self.actor, HostedChild) and not self.ships_back:
                 orphaned = await finish(not self.exited.is_set())
