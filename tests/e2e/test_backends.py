@@ -174,7 +174,7 @@ async def test_a_steered_command_child_says_so_in_peek(repo, home):
 async def test_steer_reaches_the_working_child(kind, repo, home, monkeypatch):
     use_cli(monkeypatch, kind)
     async with ModelServer() as srv:
-        srv.script(CHILD, [{"delay": 2, **read_call(kind, repo)}, {"text": "went east"}])
+        srv.script(CHILD, [{"hold": True, **read_call(kind, repo)}, {"text": "went east"}])
         async with fleet(repo, home) as sup:
             [record] = await sup.spawn([spawn_request(kind, srv.base_url(CHILD), "go west")])
             with trio.fail_after(60):
@@ -182,6 +182,7 @@ async def test_steer_reaches_the_working_child(kind, repo, home, monkeypatch):
                     await trio.sleep(0.05)
                 await trio.sleep(0.3)  # the turn is known to the backend (turn ids, echoes)
             await sup.steer(record.key, "go east instead")
+            srv.release()  # the read answers once the steer is in
             note = await settle(sup, record.key)
             await sup.stop([record.key])
         calls = [r for r in srv.requests(CHILD) if r.api]

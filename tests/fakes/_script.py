@@ -8,6 +8,10 @@ A script is a list of turns written as JSON-like dicts (or `Turn` objects). A tu
     {"status": 500, "body": "overloaded"}      # HTTP error, body sent verbatim
     {"stall": True, "text": "partial"}         # headers + first chunk, then nothing until close
     {"delay": 0.5, "text": "late"}             # wait, then answer
+    {"hold": True, "text": "when let go"}      # wait until the test calls ModelServer.release()
+
+A held turn is how a test acts while a client waits on its model call (steers it, looks at its
+processes) without a race against a fixed delay that a loaded machine can lose.
     {"text": "hi", "usage": {"input_tokens": 7, "output_tokens": 3}}
 
 Tool names are whatever the client under test calls its tools (Pi: ``read``; Claude Code:
@@ -22,7 +26,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-_TURN_KEYS = ("text", "tool_calls", "status", "body", "stall", "delay", "usage")
+_TURN_KEYS = ("text", "tool_calls", "status", "body", "stall", "delay", "hold", "usage")
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cost")
 
 T = TypeVar("T")
@@ -68,6 +72,8 @@ class Turn:
     body: str = ""
     stall: bool = False
     delay: float = 0.0
+    #: Answer only once the test has called :meth:`ModelServer.release` (after any delay).
+    hold: bool = False
     usage: Usage = Usage()
 
     @classmethod
@@ -86,6 +92,7 @@ class Turn:
         if body and status is None:
             raise ScriptError(where, "body is only sent with a status; add one or drop body")
         stall = _typed(raw, "stall", bool, default=False, where=where)
+        hold = _typed(raw, "hold", bool, default=False, where=where)
         delay = raw.get("delay", 0.0)
         if (
             not isinstance(delay, int | float)
@@ -109,6 +116,7 @@ class Turn:
             body=body,
             stall=stall,
             delay=float(delay),
+            hold=hold,
             usage=_usage(raw.get("usage", {}), where=f"{where} usage"),
         )
 

@@ -175,6 +175,8 @@ class ModelServer:
     _port: int | None = attrs.field(default=None, init=False)
     _token: trio.lowlevel.TrioToken | None = attrs.field(default=None, init=False)
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    #: Set by :meth:`release`: held turns answer from then on.
+    _released: trio.Event | None = attrs.field(default=None, init=False)
     _failure: BaseException | None = attrs.field(default=None, init=False)
     #: A provider's rate limit (:meth:`rate_limit`): the window, its Retry-After, when it ends.
     _window: float = attrs.field(default=0.0, init=False)
@@ -274,6 +276,13 @@ class ModelServer:
         with self._lock:
             self._default = parsed
 
+    def release(self) -> None:
+        """Let every held turn (``"hold": True``) answer, those waiting now and any to come."""
+        if self._released is not None and self._token is not None:
+            # run_sync_soon: callable from any thread, also from a test's own trio loop.
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._released.set)
+
     def rate_limit(self, window: float, retry_after: str) -> None:
         """Answer the next model request, and every one for *window* seconds after it, with
         ``429`` and ``Retry-After: <retry_after>`` (a provider's limit; the script waits)."""
@@ -316,6 +325,7 @@ class ModelServer:
         with trio.CancelScope() as scope:
             self._scope = scope
             self._token = trio.lowlevel.current_trio_token()
+            self._released = trio.Event()
             self._port = plain[0].socket.getsockname()[1]
             self._started.set()
             await trio.serve_listeners(self._handle, listeners)
@@ -388,6 +398,9 @@ class ModelServer:
         reply = Reply(
             turn=turn, model=str(body.get("model", "scripted")), reply_id=f"{child}-{turn_index}"
         )
+        await trio.sleep(turn.delay)
+        if turn.hold and self._released is not None:
+            await self._released.wait()
         await _serve_turn(connection, api, reply, stream=request.stream)
         return http.keep_alive
 
@@ -414,7 +427,6 @@ class ModelServer:
 
 async def _serve_turn(connection: Connection, api: Api, reply: Reply, *, stream: bool) -> None:
     turn = reply.turn
-    await trio.sleep(turn.delay)
     if turn.status is not None:
         if turn.body:
             await connection.send_whole(turn.status, turn.body.encode(), "text/plain")

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -342,6 +343,27 @@ def test_delay_holds_the_answer_but_records_the_request_at_once():
     assert 0.4 <= elapsed < 5
 
 
+def test_a_held_turn_answers_only_once_released_and_its_request_is_recorded_at_once():
+    with ModelServer() as srv:
+        srv.script("a", [{"hold": True, "text": "let go"}, {"hold": True, "text": "again"}])
+        answers: list[bytes] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(post(srv, "/v1/chat/completions", {"model": "m"})[2])
+        )
+        asking.start()
+        deadline = time.monotonic() + 10
+        while not srv.requests("a"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        asking.join(0.5)
+        assert asking.is_alive(), "a held turn answered before its release"
+        srv.release()
+        asking.join(10)
+        _, _, later = post(srv, "/v1/chat/completions", {"model": "m"})  # released: no wait
+    assert [json.loads(a)["choices"][0]["message"]["content"] for a in answers] == ["let go"]
+    assert json.loads(later)["choices"][0]["message"]["content"] == "again"
+
+
 def test_a_non_json_body_to_a_model_api_is_a_400_and_takes_no_turn():
     with ModelServer() as srv:
         srv.script("a", [{"text": "kept"}])
@@ -468,6 +490,7 @@ def test_request_records_headers_body_and_tool_results_of_each_api():
         ({"body": "x"}, "body is only sent with a status"),
         ({"status": 500, "text": "x"}, "cannot also carry text"),
         ({"delay": -1}, "delay must be a finite number"),
+        ({"hold": 1}, "hold must be"),
         ({"tool_calls": [{"name": ""}]}, "tool_calls[0]: name must be a non-empty string"),
         ({"usage": {"input_tokens": -1}}, "input_tokens must be an int >= 0"),
     ],

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from typing import Any
 
@@ -264,23 +263,16 @@ def _runs_of(faults, key: str) -> list[int]:
 def test_a_pi_child_hibernates_and_wakes_with_its_session(faults, monkeypatch) -> None:
     monkeypatch.setenv("FLEET_PI_BIN", str(NPM_BIN / "pi"))
     (faults.home / "config.yaml").write_text("subagents:\n  hibernate_after_s: 0\n")
-    seen = threading.Event()
-    turns = iter([{"text": "## Summary\nfirst"}, {"text": "it was turn one"}])
-
-    def player(request: Any) -> dict[str, Any]:
+    with ModelServer() as srv:
         # The first answer waits until the test has seen the child and its pi at work: with no
         # idle time before hibernation, a fixed delay was a race the loaded CI machine lost.
-        seen.wait(90)
-        return next(turns)
-
-    with ModelServer() as srv:
-        srv.play("c1", player)
+        srv.script("c1", [{"hold": True, "text": "## Summary\nfirst"}, {"text": "it was turn one"}])
         model = f"openai:fake-model@{srv.base_url('c1')}/v1"
         _cli_json(faults, "spawn", "--backend", "pi", "--model", model, "turn one", timeout=90)
         try:
             _until(lambda: len(_runs_of(faults, "a1")) >= 2)  # the child and its pi, working
         finally:
-            seen.set()
+            srv.release()
         assert _cli_json(faults, "wait", "a1")["settled"][0]["report"] == "## Summary\nfirst"
         _until(lambda: _cli_json(faults, "peek", "a1")["agents"][0]["state"] == "hibernated")
         assert _runs_of(faults, "a1") == []  # no process of it is left while it sleeps

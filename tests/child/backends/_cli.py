@@ -180,13 +180,15 @@ async def paused_then_resumed(srv, backend, *, requests=1):
 
 async def steered(srv, backend, *, requests=1, ready=lambda: True):
     """The result of a turn on "go west" steered with "go east instead" once the server has
-    seen *requests* requests and ``ready()`` holds."""
+    seen *requests* requests and ``ready()`` holds; held turns (``"hold": True``) answer once
+    the steer is in."""
 
     async def steer():
         await wait_for_requests(srv, "a", requests)
         while not ready():  # noqa: ASYNC110 - polling the backend
             await trio.sleep(0.05)
         await backend.steer("go east instead")
+        srv.release()
 
     async with closing(backend):
         return await turn_while(backend, "go west", steer)

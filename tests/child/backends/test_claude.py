@@ -105,7 +105,7 @@ async def test_steer_reaches_the_running_turn_at_its_next_model_call(tmp_path):
             "a",
             [
                 {
-                    "delay": 1.5,
+                    "hold": True,
                     "tool_calls": [{"name": "Read", "arguments": {"file_path": str(notes)}}],
                 },
                 {"text": "went east"},
@@ -119,7 +119,7 @@ async def test_steer_reaches_the_running_turn_at_its_next_model_call(tmp_path):
 
 async def test_a_steer_during_the_last_model_call_settles_after_the_follow_up(tmp_path):
     async with ModelServer() as srv:
-        srv.script("a", [{"delay": 1.5, "text": "went west"}, {"text": "went east after all"}])
+        srv.script("a", [{"hold": True, "text": "went west"}, {"text": "went east after all"}])
         backend, _host = make_backend("claude", tmp_path, srv)
         result = await steered(srv, backend, requests=2)
         assert (result.ok, result.text) == (True, "went east after all")

@@ -134,7 +134,7 @@ def _alive(pid):
 
 async def test_steer_joins_the_running_turn(tmp_path):
     async with ModelServer() as srv:
-        srv.script("a", [{"delay": 1.5, **exec_call("cat notes.txt")}, {"text": "went east"}])
+        srv.script("a", [{"hold": True, **exec_call("cat notes.txt")}, {"text": "went east"}])
         backend, _host = make_backend("codex", tmp_path, srv)
         result = await steered(srv, backend, ready=lambda: backend._turn_id)
         assert (result.ok, result.text) == (True, "went east")

@@ -98,7 +98,7 @@ async def test_steer_reaches_the_model_before_its_next_call(tmp_path, binary):
             "a",
             [
                 {
-                    "delay": 1.5,
+                    "hold": True,
                     "tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}],
                 },
                 {"text": "went east"},
