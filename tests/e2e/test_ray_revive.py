@@ -156,6 +156,20 @@ CLIS = {
 }
 
 
+def _why_not_revivable(fleet: Fleet, lost: list[dict[str, Any]]) -> str:
+    """Each lost child's state and reason, and what the supervisor kept of it (its files)."""
+    lines = []
+    for entry in lost:
+        place = fleet.paths.scratch / entry["key"]
+        kept = sorted(str(p.relative_to(place)) for p in place.rglob("*")) if place.is_dir() else []
+        beside = sorted(p.name for p in place.parent.glob(f".{entry['key']}.*"))
+        lines.append(
+            f"{entry['key']} {entry['state']}: {entry.get('revive')!r}; kept {kept}; "
+            f"beside it {beside}"
+        )
+    return "\n".join(lines)
+
+
 def _kept_text(fleet: Fleet, key: str) -> str:
     """Every file of the context the supervisor keeps for *key*, as text."""
     place = fleet.paths.scratch / key
@@ -238,7 +252,7 @@ def test_remote_agent_cli_children_are_revived_on_another_node_with_their_sessio
             lost = fleet.json("peek", timeout=120)["stale"]
             assert sorted((s["key"], s["state"], s["revivable"]) for s in lost) == [
                 (key, "lost", True) for key in sorted(keys.values())
-            ], lost
+            ], _why_not_revivable(fleet, lost)
             each("resume", "turn four", timeout=180)  # revives each first
             assert reports(150) == dict.fromkeys(CLIS, "## Summary\nafter the revive")
             for backend in CLIS:
