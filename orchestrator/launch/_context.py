@@ -19,6 +19,8 @@ as new 0600 files in 0700 directories made for it, beneath one directory opened 
 """
 
 import contextlib
+import ctypes
+import errno
 import fnmatch
 import os
 import re
@@ -59,6 +61,9 @@ _PART = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: A file a keep in place (``_replace_one``, :func:`ipc.write_private`) writes before its
 #: rename, left by one that died.
@@ -263,6 +268,12 @@ def _fresh(place: str, *, sweep: bool = True) -> str:
 
 
 def _swap_in(fresh: str, place: str) -> None:
+    """*fresh* as *place*: exchanged with the copy before in one step (a supervisor killed
+    meanwhile leaves one copy or the other at *place*, never none), or, where the file system
+    cannot exchange, moved aside and in."""
+    if os.path.lexists(place) and _exchange(fresh, place):
+        remove_tree(fresh)  # now the copy before
+        return
     old = ""
     if os.path.lexists(place):
         old = _fresh(place, sweep=False)  # keep and refuse swept beside it just now
@@ -270,6 +281,20 @@ def _swap_in(fresh: str, place: str) -> None:
     os.rename(fresh, place)
     if old:
         remove_tree(old)
+
+
+def _exchange(one: str, other: str) -> bool:
+    """``renameat2(RENAME_EXCHANGE)``: swap the two paths atomically. ``False`` where the C
+    library or the file system cannot (nothing changed); any other failure raises."""
+    renameat2 = getattr(_LIBC, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(one), _AT_FDCWD, os.fsencode(other), _RENAME_EXCHANGE):
+        code = ctypes.get_errno()
+        if code in {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP}:
+            return False
+        raise OSError(code, os.strerror(code), other)
+    return True
 
 
 def keep(place: str, files: Mapping[str, bytes], needs: list[Want], cap: int = CAP) -> None:

@@ -171,6 +171,36 @@ def test_what_the_supervisor_keeps_is_private_and_replaces_the_copy_before(
     assert _context.read_kept(str(place), needs) == {second: b"two"}
 
 
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchanged", "moved-aside"])
+def test_a_kept_context_is_never_missing_while_it_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """A supervisor killed mid-keep must leave a copy at the place: the new one is exchanged
+    with the one before in one step, nothing moves the kept copy away first. Where the file
+    system cannot exchange, the copy is moved aside and the new one in, as before."""
+    place = tmp_path / "a1"
+    needs = wants("codex", "t-9")
+    name = "codex/config/codex/sessions/2026/12/04/rollout-t-9.jsonl"
+    keep(str(place), {name: b"one"}, needs)
+    moved: list[tuple[str, str]] = []
+    rename = os.rename
+
+    def recorded(src: str, dst: str) -> None:
+        moved.append((str(src), str(dst)))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", recorded)
+    if not exchange:
+        monkeypatch.setattr(_context, "_exchange", lambda *_: False)
+    for data in (b"two", b"three"):
+        keep(str(place), {name: data}, needs)
+        assert _context.read_kept(str(place), needs) == {name: data}
+    away = [dst for src, dst in moved if src == str(place)]  # the kept copy moved off
+    assert len(away) == (0 if exchange else 2)
+    assert sorted(os.listdir(tmp_path)) == ["a1"]
+    assert {m for _, m in _modes(place)} == {0o700, 0o600}
+
+
 def test_a_one_file_context_is_replaced_in_place_and_a_refusal_is_swapped_out(
     tmp_path: Path,
 ) -> None:
