@@ -61,10 +61,12 @@ _PART = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: ``renameat2`` (:func:`_exchange`): the C library, its "relative to the working directory"
+#: and its flag that swaps the two paths.
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
-_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: A file a keep in place (``_replace_one``, :func:`ipc.write_private`) writes before its
 #: rename, left by one that died.
 _LEFTOVER = re.compile(r"\.[A-Za-z0-9._-]+\.\d+\.[0-9a-f]+\.tmp")

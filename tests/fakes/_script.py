@@ -9,10 +9,10 @@ A script is a list of turns written as JSON-like dicts (or `Turn` objects). A tu
     {"stall": True, "text": "partial"}         # headers + first chunk, then nothing until close
     {"delay": 0.5, "text": "late"}             # wait, then answer
     {"hold": True, "text": "when let go"}      # wait until the test calls ModelServer.release()
+    {"text": "hi", "usage": {"input_tokens": 7, "output_tokens": 3}}
 
 A held turn is how a test acts while a client waits on its model call (steers it, looks at its
 processes) without a race against a fixed delay that a loaded machine can lose.
-    {"text": "hi", "usage": {"input_tokens": 7, "output_tokens": 3}}
 
 Tool names are whatever the client under test calls its tools (Pi: ``read``; Claude Code:
 ``Read``; Codex: ``exec_command``): the server does not interpret them.
