@@ -273,15 +273,14 @@ def _swap_in(fresh: str, place: str) -> None:
     """*fresh* as *place*: exchanged with the copy before in one step (a supervisor killed
     meanwhile leaves one copy or the other at *place*, never none), or, where the file system
     cannot exchange, moved aside and in."""
-    if os.path.lexists(place) and _exchange(fresh, place):
+    if not os.path.lexists(place):
+        os.rename(fresh, place)
+    elif _exchange(fresh, place):
         remove_tree(fresh)  # now the copy before
-        return
-    old = ""
-    if os.path.lexists(place):
+    else:
         old = _fresh(place, sweep=False)  # keep and refuse swept beside it just now
         os.rename(place, old)  # onto the empty directory just made
-    os.rename(fresh, place)
-    if old:
+        os.rename(fresh, place)
         remove_tree(old)
 
 
